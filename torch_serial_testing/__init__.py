@@ -1,0 +1,63 @@
+"""Serialization round-trip tests that know what ``torch.load`` should do.
+
+Since torch 2.6 a bare ``torch.load`` is weights-only.  This library saves a
+module to memory and reloads it in every load mode -- ``weights_only=False``,
+``weights_only=True`` inside ``safe_globals``, and the bare default -- per
+quantized engine and device, and asserts in each generated test exactly what
+torch should do in the current environment.
+"""
+
+from .allowlist import dangerous_reason, qualified_name, required_globals, safe_globals_snippet
+from .case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
+from .checkpoint import Checkpoint, CheckpointInfo, scan_checkpoint
+from .comparison import RoundTripMismatch, assert_round_trip_equal
+from .devices import available_device_types
+from .engines import override_qengine, supported_qengines
+from .errors import (
+    AllowlistError,
+    CheckpointFormatError,
+    ConflictingEnvironmentError,
+    LeakedGlobalStateError,
+    RoundTripConfigError,
+    UnexpectedLoadOutcome,
+    UnsafeLoadRefused,
+)
+from .instantiation import cross_engine, instantiate_round_trip_tests
+from .isolation import GlobalState
+from .load_modes import Expectation, LoadMode, LoadResult, load, predict, round_trip
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllowlistError",
+    "CaseSpec",
+    "Checkpoint",
+    "CheckpointFormatError",
+    "CheckpointInfo",
+    "ConflictingEnvironmentError",
+    "Expectation",
+    "ExpectedRejection",
+    "GlobalState",
+    "LeakedGlobalStateError",
+    "LoadMode",
+    "LoadResult",
+    "RoundTripConfigError",
+    "RoundTripMismatch",
+    "SerializationRoundTripTestCase",
+    "UnexpectedLoadOutcome",
+    "UnsafeLoadRefused",
+    "assert_round_trip_equal",
+    "available_device_types",
+    "cross_engine",
+    "dangerous_reason",
+    "instantiate_round_trip_tests",
+    "load",
+    "override_qengine",
+    "predict",
+    "qualified_name",
+    "required_globals",
+    "round_trip",
+    "safe_globals_snippet",
+    "scan_checkpoint",
+    "supported_qengines",
+]

@@ -1,0 +1,163 @@
+"""Generate one named test per load mode x quantized engine x device, pytorch style.
+
+``instantiate_round_trip_tests(TestFoo, globals())`` replaces the generic
+``TestFoo`` in the caller's scope with ``TestFooCPU``, ``TestFooCUDA``, ...
+(as pytorch's ``instantiate_device_type_tests`` does), each holding methods
+named ``test_<name>_<qengine>_<load_mode>_<device>``:
+
+* cross-engine tests (``@cross_engine``): ``test_<name>_fbgemm_to_qnnpack_<mode>_<device>``
+* for a non-cpu device, a save-there-load-on-cpu twin: ``..._<device>_to_cpu``
+
+The expansion is done with ``parameterized.expand``.  Cases that cannot run
+here (engine unsupported, device absent, mode unsupported by this torch) are
+still generated and skip with the reason, so test ids are the same everywhere.
+The generic class is removed from the scope, so no runner collects it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import unittest
+from typing import Any, Callable, MutableMapping, Optional, TypeVar
+
+from .case import CaseSpec, SerializationRoundTripTestCase
+from .devices import class_suffix, device_skip_reason, resolve_devices
+from .engines import override_qengine, qengine_skip_reason, validate_qengines
+from .errors import RoundTripConfigError
+from .load_modes import LoadMode
+
+__all__ = ["instantiate_round_trip_tests", "cross_engine"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cross_engine(fn: F) -> F:
+    """Mark a test to run for every ordered pair of distinct declared engines (save, load)."""
+    fn._tst_cross_engine = True  # type: ignore[attr-defined]
+    return fn
+
+
+def _device_part(device_type: str) -> str:
+    return class_suffix(device_type).lower()
+
+
+def _specs(fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optional[tuple[str, ...]], device: str) -> list[CaseSpec]:
+    if engines is None:
+        pairs: list[tuple[Optional[str], Optional[str]]] = [(None, None)]
+    elif getattr(fn, "_tst_cross_engine", False):
+        pairs = list(itertools.permutations(engines, 2))
+    else:
+        pairs = [(e, e) for e in engines]
+    targets = [False] if device == "cpu" else [False, True]
+    return [
+        CaseSpec(mode, device, save, load, to_cpu)
+        for save, load in pairs
+        for mode in modes
+        for to_cpu in targets
+    ]
+
+
+def _skip_reason(spec: CaseSpec) -> Optional[str]:
+    import torch
+
+    for engine in dict.fromkeys(e for e in (spec.save_qengine, spec.load_qengine) if e):
+        reason = qengine_skip_reason(engine)
+        if reason:
+            return reason
+    reason = device_skip_reason(spec.device_type)
+    if reason:
+        return reason
+    if spec.mode is LoadMode.SAFE_GLOBALS and not hasattr(torch.serialization, "safe_globals"):
+        return (
+            f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+            f"torch {torch.__version__} lacks it"
+        )
+    return None
+
+
+def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
+    takes_device = len(inspect.signature(fn).parameters) >= 2
+
+    def run_case(self: Any, spec: CaseSpec) -> Any:
+        reason = _skip_reason(spec)
+        if reason:
+            raise unittest.SkipTest(reason)
+        self._tst_case = spec
+        device = class_suffix(spec.device_type).lower() if spec.device_type == "privateuse1" else spec.device_type
+        engine_ctx = override_qengine(spec.save_qengine) if spec.save_qengine else _null()
+        with engine_ctx:
+            return fn(self, device) if takes_device else fn(self)
+
+    run_case.__name__ = fn.__name__
+    run_case.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+    run_case.__doc__ = fn.__doc__
+    run_case.__module__ = fn.__module__
+    return run_case
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, Any]) -> list[type]:
+    """Replace *generic_cls* in *scope* (usually ``globals()``) by one class per device type.
+
+    Returns the generated classes.  Raises :class:`RoundTripConfigError` for an
+    unknown engine or device, an empty dimension, a class without test methods
+    or a generated name that already exists in *scope*.
+    """
+    if not (isinstance(generic_cls, type) and issubclass(generic_cls, SerializationRoundTripTestCase)
+            and issubclass(generic_cls, unittest.TestCase)):
+        raise RoundTripConfigError(
+            f"{generic_cls!r} must subclass SerializationRoundTripTestCase and unittest.TestCase "
+            "(class TestFoo(SerializationRoundTripTestCase, TestCase))"
+        )
+    from parameterized import param, parameterized  # imported on use: it pulls in unittest.mock
+
+    modes = tuple(generic_cls.load_modes) if generic_cls.load_modes is not None else tuple(LoadMode)
+    engines = validate_qengines(generic_cls.qengines)
+    devices = resolve_devices(generic_cls.devices)
+    tests = {n: f for n, f in generic_cls.__dict__.items() if n.startswith("test") and callable(f)}
+    if not tests:
+        raise RoundTripConfigError(
+            f"{generic_cls.__name__} has no test methods; define at least one 'def test_...(self, device)'"
+        )
+    for name, fn in tests.items():
+        if getattr(fn, "_tst_cross_engine", False) and (engines is None or len(engines) < 2):
+            raise RoundTripConfigError(
+                f"{generic_cls.__name__}.{name} is @cross_engine but the class declares "
+                f"{len(engines or ())} qengine(s); declare at least two"
+            )
+    module_name = scope.get("__name__", generic_cls.__module__)
+    # The base the generated classes share: the generic class minus its test methods.
+    base_dict = {k: v for k, v in generic_cls.__dict__.items() if k not in tests and k not in ("__dict__", "__weakref__")}
+    base = type(generic_cls.__name__, generic_cls.__bases__, base_dict)
+
+    generated = []
+    for device in devices:
+        class_name = generic_cls.__name__ + class_suffix(device)
+        if class_name in scope:
+            raise RoundTripConfigError(
+                f"{class_name} already exists in the module; rename {generic_cls.__name__} or the "
+                f"existing {class_name}"
+            )
+        methods: dict[str, Any] = {}
+        for name, fn in tests.items():
+            specs = _specs(fn, modes, engines, device)
+            parameterized.expand(
+                [param(spec) for spec in specs],
+                name_func=lambda f, num, p, dev=device: p.args[0].method_name(f.__name__, _device_part(dev)),
+                doc_func=lambda f, num, p: f.__doc__,
+                namespace=methods,
+            )(_runner(fn))
+        cls = type(class_name, (base,), {**methods, "__module__": module_name, "__qualname__": class_name})
+        scope[class_name] = cls
+        generated.append(cls)
+    if scope.get(generic_cls.__name__) is generic_cls:
+        del scope[generic_cls.__name__]
+    return generated

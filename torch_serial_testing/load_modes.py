@@ -1,0 +1,316 @@
+"""Load modes, and what torch *should* do with each of them here and now.
+
+A round trip is loaded in one of three modes, each an exact ``torch.load`` call:
+
+* ``weights_only_false``: ``torch.load(buf, weights_only=False)``
+* ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
+* ``default``: ``torch.load(buf)``, no ``weights_only`` argument at all
+
+Before loading, :func:`predict` works out the effective ``weights_only`` with
+torch's own rules (version default, explicit argument, the two
+``TORCH_FORCE_*`` switches) and whether the checkpoint's globals are all
+allowed.  :func:`load` then performs the call and asserts that torch did
+exactly that -- loaded, or rejected naming a missing global -- so a test is
+green for the right reason in every environment.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pickle
+import re
+import unittest
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+from .allowlist import SafeGlobal, registered_globals, registry_lock, preserved_registry, torch_allowlist
+from .checkpoint import Checkpoint
+from .errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
+
+__all__ = [
+    "LoadMode",
+    "WeightsOnlySwitches",
+    "Expectation",
+    "LoadResult",
+    "TRUE_VALUES",
+    "torch_default_weights_only",
+    "torch_load_replacement",
+    "predict",
+    "load",
+    "round_trip",
+]
+
+#: torch's truthy spellings for the TORCH_FORCE_* switches (compared lower-cased).
+TRUE_VALUES = ("1", "y", "yes", "true")
+FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+_FORCE_NO_WARNING = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
+
+
+class LoadMode(enum.Enum):
+    """How a round trip is loaded; the value is the stable name used in test ids."""
+
+    WEIGHTS_ONLY_FALSE = "weights_only_false"
+    SAFE_GLOBALS = "safe_globals"
+    DEFAULT = "default"
+
+    @property
+    def explicit_weights_only(self) -> Optional[bool]:
+        """The ``weights_only`` argument this mode passes (None: not passed at all)."""
+        return {"weights_only_false": False, "safe_globals": True, "default": None}[self.value]
+
+    @classmethod
+    def parse(cls, value: "LoadMode | str") -> "LoadMode":
+        if isinstance(value, LoadMode):
+            return value
+        for mode in cls:
+            if value == mode.value or (isinstance(value, str) and value.upper() == mode.name):
+                return mode
+        raise RoundTripConfigError(
+            f"unknown load mode {value!r}; use one of {', '.join(m.value for m in cls)} "
+            "(or LoadMode.WEIGHTS_ONLY_FALSE / SAFE_GLOBALS / DEFAULT)"
+        )
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def _truthy(value: Optional[str]) -> bool:
+    return value is not None and value.lower() in TRUE_VALUES
+
+
+@dataclass(frozen=True)
+class WeightsOnlySwitches:
+    """The two TORCH_FORCE_* switches as torch reads them."""
+
+    force_weights_only: bool = False
+    force_no_weights_only: bool = False
+    raw: Mapping[str, Optional[str]] = field(default_factory=dict)
+
+    @classmethod
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "WeightsOnlySwitches":
+        env = os.environ if environ is None else environ
+        raw = {FORCE_WO: env.get(FORCE_WO), FORCE_NO_WO: env.get(FORCE_NO_WO)}
+        return cls(_truthy(raw[FORCE_WO]), _truthy(raw[FORCE_NO_WO]), raw)
+
+    @property
+    def conflict(self) -> bool:
+        return self.force_weights_only and self.force_no_weights_only
+
+    def conflict_message(self) -> str:
+        return (
+            f"{FORCE_WO}={self.raw.get(FORCE_WO)!s} and {FORCE_NO_WO}={self.raw.get(FORCE_NO_WO)!s} "
+            "are both set: torch.load raises RuntimeError on every load. Unset one of them."
+        )
+
+
+def torch_default_weights_only() -> tuple[bool, str]:
+    """torch's default for a bare ``torch.load`` and why, derived from torch's own code."""
+    import torch
+
+    default_fn = getattr(torch.serialization, "_default_to_weights_only", None)
+    if default_fn is not None:
+        if default_fn(None):
+            return True, "since torch 2.6"
+        return False, "this torch build (fbcode) keeps the old default"
+    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    if (major, minor) >= (2, 6):
+        return True, "since torch 2.6"
+    return False, f"the default before torch 2.6 (torch {torch.__version__})"
+
+
+def torch_load_replacement() -> Optional[str]:
+    """Who replaced ``torch.load`` (out-of-tree backends patch it), or None if it is torch's own."""
+    import torch
+    import torch.serialization as ser
+
+    fn = torch.load
+    code = getattr(fn, "__code__", None)
+    own_file = os.path.splitext(os.path.realpath(ser.__file__))[0]
+    if code is not None and os.path.splitext(os.path.realpath(code.co_filename))[0] == own_file:
+        return None
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What torch should do with one load, and why."""
+
+    mode: LoadMode
+    weights_only: bool
+    warns: bool
+    loads: bool
+    missing: tuple[str, ...]
+    reason: str
+    replaced_by: Optional[str] = None
+
+    def summary(self, loaded: Optional[bool] = None) -> str:
+        """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``."""
+        loaded = self.loads if loaded is None else loaded
+        verb = "loaded" if loaded else "rejected"
+        why = self.reason
+        if not loaded and self.missing:
+            why += f"; {', '.join(self.missing)} not allowlisted"
+        if self.warns:
+            why += "; torch warned"
+        if self.replaced_by:
+            why += f"; torch.load is replaced by {self.replaced_by}"
+        return f"{self.mode.value}: {verb} as expected ({why})"
+
+
+@dataclass
+class LoadResult:
+    """A performed load: the object (when it loaded) and the expectation it met."""
+
+    expectation: Expectation
+    loaded: bool
+    value: Any = None
+    error: Optional[BaseException] = None
+
+    @property
+    def summary(self) -> str:
+        return self.expectation.summary(self.loaded)
+
+
+def _decide(mode: LoadMode, switches: WeightsOnlySwitches) -> tuple[bool, bool, str]:
+    """(effective weights_only, torch warns, reason) with torch.load's own precedence."""
+    explicit = mode.explicit_weights_only
+    if switches.conflict:
+        raise ConflictingEnvironmentError(switches.conflict_message())
+    if switches.force_weights_only:
+        over = " over explicit weights_only=False" if explicit is False else ""
+        return True, False, f"weights_only=True forced by {FORCE_WO}={switches.raw[FORCE_WO]}{over}"
+    if explicit is not None:
+        return explicit, False, f"weights_only={explicit} explicit"
+    if switches.force_no_weights_only:
+        return False, True, f"weights_only=False forced by {FORCE_NO_WO}={switches.raw[FORCE_NO_WO]}"
+    default, why = torch_default_weights_only()
+    return default, False, f"weights_only={default} {why}"
+
+
+def predict(
+    mode: LoadMode | str,
+    checkpoint: Checkpoint,
+    safe_globals: Sequence[SafeGlobal] = (),
+    environ: Optional[Mapping[str, str]] = None,
+) -> Expectation:
+    """What torch should do loading *checkpoint* in *mode*, here and now."""
+    mode = LoadMode.parse(mode)
+    weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_environ(environ))
+    missing: tuple[str, ...] = ()
+    if weights_only:
+        allowed = set(torch_allowlist()) | set(registered_globals())
+        if mode is LoadMode.SAFE_GLOBALS:
+            allowed |= {sg.name for sg in safe_globals}
+        missing = tuple(g for g in checkpoint.info.globals if g not in allowed)
+    return Expectation(mode, weights_only, warns, not missing, missing, reason, torch_load_replacement())
+
+
+def load(
+    checkpoint: Checkpoint,
+    mode: LoadMode | str,
+    safe_globals: Sequence[SafeGlobal] = (),
+    map_location: Any = None,
+) -> LoadResult:
+    """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says.
+
+    ``weights_only=False`` is applied only to a checkpoint this process saved
+    (:meth:`Checkpoint.save`); anything else raises :class:`UnsafeLoadRefused`
+    before torch sees it.  A rejection never leads to a retry in another mode.
+    """
+    import torch
+
+    mode = LoadMode.parse(mode)
+    if not isinstance(checkpoint, Checkpoint):
+        raise TypeError(
+            f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
+            "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
+        )
+    if mode is LoadMode.SAFE_GLOBALS and not hasattr(torch.serialization, "safe_globals"):
+        raise unittest.SkipTest(
+            f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+            f"torch {torch.__version__} lacks it"
+        )
+    with registry_lock:
+        expectation = predict(mode, checkpoint, safe_globals)
+        if not expectation.weights_only and not checkpoint.owned:
+            raise UnsafeLoadRefused(
+                f"refusing a weights_only=False load ({expectation.reason}) of bytes this process did "
+                "not just produce: only Checkpoint.save() output may be fully unpickled"
+            )
+        if checkpoint.info.format == "torchscript":
+            raise UnexpectedLoadOutcome(
+                "this is a TorchScript archive: torch.load would hand it to torch.jit.load; "
+                "load it with torch.jit.load instead"
+            )
+        kwargs: dict[str, Any] = {}
+        if map_location is not None:
+            kwargs["map_location"] = map_location
+        value: Any = None
+        error: Optional[BaseException] = None
+        with preserved_registry(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            buf = checkpoint.rewound()
+            try:
+                if mode is LoadMode.WEIGHTS_ONLY_FALSE:
+                    value = torch.load(buf, weights_only=False, **kwargs)
+                elif mode is LoadMode.SAFE_GLOBALS:
+                    with torch.serialization.safe_globals([sg.torch_entry for sg in safe_globals]):
+                        value = torch.load(buf, weights_only=True, **kwargs)
+                else:
+                    value = torch.load(buf, **kwargs)
+            except pickle.UnpicklingError as e:
+                error = e
+            except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome below
+                raise UnexpectedLoadOutcome(
+                    f"{mode.value}: expected to be {'loaded' if expectation.loads else 'rejected'} "
+                    f"({expectation.reason}); torch.load raised {type(e).__name__}: {e}"
+                ) from e
+    warned = False
+    for w in caught:
+        if _FORCE_NO_WARNING.search(str(w.message)):
+            warned = True
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return _verify(expectation, value, error, warned)
+
+
+def _verify(exp: Expectation, value: Any, error: Optional[BaseException], warned: bool) -> LoadResult:
+    loaded = error is None
+    problem: Optional[str] = None
+    if exp.loads and not loaded:
+        problem = f"expected to load ({exp.reason}); torch rejected it:\n{error}"
+    elif not exp.loads and loaded:
+        problem = (
+            f"expected rejection ({exp.reason}; {', '.join(exp.missing)} not allowlisted); "
+            "torch loaded it: unexpected success"
+        )
+    elif not loaded and not any(name in str(error) for name in exp.missing):
+        problem = (
+            f"rejected, but the message names none of the missing globals {list(exp.missing)}:\n{error}"
+        )
+    elif loaded and exp.warns != warned:
+        problem = (
+            f"expected torch {'to' if exp.warns else 'not to'} warn about {FORCE_NO_WO}; "
+            f"it {'did' if warned else 'did not'}"
+        )
+    if problem is not None:
+        if exp.replaced_by:
+            raise unittest.SkipTest(
+                f"torch.load is replaced by {exp.replaced_by}; torch's own rules predicted "
+                f"{exp.mode.value} would be {'loaded' if exp.loads else 'rejected'} but: {problem}"
+            )
+        raise UnexpectedLoadOutcome(f"{exp.mode.value}: {problem}")
+    return LoadResult(exp, loaded, value, error)
+
+
+def round_trip(
+    obj: Any,
+    mode: LoadMode | str,
+    safe_globals: Sequence[SafeGlobal] = (),
+    map_location: Any = None,
+) -> LoadResult:
+    """``torch.save`` *obj* to memory and :func:`load` it back in *mode* (outside any test class)."""
+    return load(Checkpoint.save(obj), mode, safe_globals, map_location)
