@@ -1,0 +1,321 @@
+"""instantiate_round_trip_tests: names, dimensions, skips, restores, runners, composition, vendoring."""
+
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+from unittest import mock
+
+import torch
+
+from roundtrip_fixtures import TinyNet
+from torch_serial_testing import (
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    cross_engine,
+    engines,
+    instantiate_round_trip_tests,
+)
+from torch_serial_testing.devices import resolve_devices
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def make_generic(name="TestThing", body=None, **attrs):
+    def test_rt(self, device):
+        self.round_trip(TinyNet().to(device))
+
+    def test_nodevice(self):
+        pass
+
+    namespace = {"safe_globals": (TinyNet,), "test_rt": test_rt, "test_nodevice": test_nodevice}
+    namespace.update(body or {})
+    namespace.update(attrs)
+    return type(name, (SerializationRoundTripTestCase, unittest.TestCase), namespace)
+
+
+def run(classes):
+    stream = io.StringIO()
+    suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in classes)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    with mock.patch.dict(os.environ, env, clear=True):
+        return unittest.TextTestRunner(stream=stream, verbosity=2).run(suite), stream.getvalue()
+
+
+class TestNames(unittest.TestCase):
+    def test_pytorch_style_names(self):
+        @cross_engine
+        def test_cross(self, device):
+            pass
+
+        generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu", "cuda"), body={"test_cross": test_cross})
+        scope = {"__name__": "fake_module", "TestThing": generic}
+        classes = instantiate_round_trip_tests(generic, scope)
+        self.assertEqual(sorted(scope), ["TestThingCPU", "TestThingCUDA", "__name__"])
+        self.assertEqual([c.__name__ for c in classes], ["TestThingCPU", "TestThingCUDA"])
+        cpu = sorted(n for n in dir(scope["TestThingCPU"]) if n.startswith("test"))
+        expected_cpu = sorted(
+            [f"test_rt_{e}_{m}_cpu" for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "safe_globals", "default")]
+            + [f"test_nodevice_{e}_{m}_cpu" for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "safe_globals", "default")]
+            + [f"test_cross_{a}_to_{b}_{m}_cpu" for a, b in (("fbgemm", "qnnpack"), ("qnnpack", "fbgemm"))
+               for m in ("weights_only_false", "safe_globals", "default")]
+        )
+        self.assertEqual(cpu, expected_cpu)
+        cuda = sorted(n for n in dir(scope["TestThingCUDA"]) if n.startswith("test"))
+        self.assertEqual(len(cuda), 2 * len(expected_cpu))
+        self.assertIn("test_rt_qnnpack_default_cuda_to_cpu", cuda)
+        self.assertIn("test_cross_qnnpack_to_fbgemm_safe_globals_cuda", cuda)
+        self.assertEqual(scope["TestThingCPU"].__module__, "fake_module")
+
+    def test_no_engine_dimension_and_narrowed_modes(self):
+        generic = make_generic(load_modes=("default",), devices=("cpu",))
+        scope = {}
+        (cls,) = instantiate_round_trip_tests(generic, scope)
+        self.assertEqual(sorted(n for n in dir(cls) if n.startswith("test")),
+                         ["test_nodevice_default_cpu", "test_rt_default_cpu"])
+
+    def test_names_identical_across_processes(self):
+        code = ("import sys; sys.path.insert(0, %r); import unittest, test_example_roundtrip as m; "
+                "print(sorted(c + '.' + n for c, v in vars(m).items() if isinstance(v, type) and issubclass(v, unittest.TestCase) "
+                "for n in unittest.defaultTestLoader.getTestCaseNames(v)))") % HERE
+        outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               env=dict(os.environ, PYTHONHASHSEED=str(seed))).stdout for seed in (1, 2)}
+        self.assertEqual(len(outs), 1)
+
+
+class TestDimensions(unittest.TestCase):
+    def test_unavailable_device_and_unsupported_engine_skip_with_reason(self):
+        generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu", "cuda"))
+        scope = {}
+        classes = instantiate_round_trip_tests(generic, scope)
+        with mock.patch.object(engines, "supported_qengines", lambda: ("fbgemm",)):
+            result, out = run(classes)
+        self.assertTrue(result.wasSuccessful(), out)
+        reasons = {reason for _, reason in result.skipped}
+        if not torch.cuda.is_available():
+            self.assertIn("CUDA is not available", reasons)
+        self.assertTrue(any(r.startswith("quantized engine 'qnnpack' is not supported by this torch build") for r in reasons))
+        skipped_ids = {t.id().rsplit(".", 1)[1] for t, _ in result.skipped}
+        self.assertIn("test_rt_qnnpack_default_cpu", skipped_ids)
+        self.assertNotIn("test_rt_fbgemm_default_cpu", skipped_ids)
+
+    def test_engine_and_allocator_set_during_test_and_restored(self):
+        seen = {}
+
+        def test_engine(self, device):
+            seen[self.id().rsplit(".", 1)[1]] = (torch.backends.quantized.engine, engines._allocator_ours)
+
+        generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("default",),
+                               body={"test_engine": test_engine})
+        before = torch.backends.quantized.engine
+        (cls,) = instantiate_round_trip_tests(generic, {})
+        result, out = run([cls])
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertEqual(seen["test_engine_fbgemm_default_cpu"], ("fbgemm", False))
+        self.assertEqual(seen["test_engine_qnnpack_default_cpu"], ("qnnpack", True))
+        self.assertEqual(torch.backends.quantized.engine, before)
+        self.assertIs(engines.allocator_installed(), False)
+
+    def test_restored_after_failure(self):
+        def test_boom(self):
+            raise ValueError("boom")
+
+        generic = make_generic(qengines=("qnnpack",), devices=("cpu",), load_modes=("default",), body={"test_boom": test_boom})
+        before = torch.backends.quantized.engine
+        (cls,) = instantiate_round_trip_tests(generic, {})
+        result, _ = run([cls])
+        self.assertEqual(len(result.errors), 1)
+        self.assertEqual(torch.backends.quantized.engine, before)
+        self.assertIs(engines.allocator_installed(), False)
+
+    def test_cross_engine_loads_under_second_engine(self):
+        seen = []
+
+        @cross_engine
+        def test_x(self, device):
+            built = torch.backends.quantized.engine
+            with self.loading_engine():
+                seen.append((built, torch.backends.quantized.engine, self.qengine, self.load_qengine))
+
+        generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("default",), body={"test_x": test_x})
+        (cls,) = instantiate_round_trip_tests(generic, {})
+        result, out = run([cls])
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertIn(("fbgemm", "qnnpack", "fbgemm", "qnnpack"), seen)
+        self.assertIn(("qnnpack", "fbgemm", "qnnpack", "fbgemm"), seen)
+
+    def test_env_device_filters(self):
+        self.assertEqual(resolve_devices(("cpu", "cuda"), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cuda"}), ("cuda",))
+        self.assertEqual(resolve_devices(("cpu", "cuda"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda, xpu"}), ("cpu",))
+        self.assertEqual(resolve_devices(None, {}), ("cpu",) + (("cuda",) if torch.cuda.is_available() else ()))
+        with self.assertRaisesRegex(RoundTripConfigError, "set only one of"):
+            resolve_devices(("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda"})
+
+    def test_privateuse1_backend_naming_and_aliases(self):
+        # Renaming privateuse1 is irreversible, so it runs in a subprocess.
+        code = textwrap.dedent("""
+            import torch, types
+            from torch_serial_testing import devices
+            print(devices.class_suffix("privateuse1"))
+            torch.utils.rename_privateuse1_backend("npu")
+            mod = types.ModuleType("torch.npu"); mod.is_available = lambda: True; torch._register_device_module("npu", mod)
+            print(devices.class_suffix("privateuse1"), devices.available_device_types())
+            print(devices.resolve_devices(("cpu", "npu"), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "privateuse1"}))
+            print(devices.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
+        """)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+        self.assertEqual(out[0], "PRIVATEUSE1")
+        self.assertEqual(out[1], "NPU ('cpu', 'npu')")
+        self.assertEqual(out[2], "('npu',)")
+        self.assertEqual(out[3], "('cpu',)")
+
+
+class TestBadInput(unittest.TestCase):
+    def test_errors(self):
+        cases = [
+            (dict(qengines=("fbgemm", "tpu")), "unknown quantized engine 'tpu'"),
+            (dict(qengines=()), "qengines is empty"),
+            (dict(qengines="fbgemm"), "qengines must be a tuple"),
+            (dict(devices=("gpu",)), "unknown device type 'gpu'"),
+            (dict(devices=()), "devices is empty"),
+            (dict(load_modes=()), "load_modes must be a non-empty tuple"),
+        ]
+        for attrs, message in cases:
+            with self.subTest(attrs=attrs), self.assertRaisesRegex(RoundTripConfigError, re.escape(message)):
+                instantiate_round_trip_tests(make_generic(**attrs), {})
+
+    def test_no_test_methods(self):
+        generic = type("TestEmpty", (SerializationRoundTripTestCase, unittest.TestCase), {})
+        with self.assertRaisesRegex(RoundTripConfigError, "TestEmpty has no test methods"):
+            instantiate_round_trip_tests(generic, {})
+
+    def test_name_clash(self):
+        generic = make_generic(devices=("cpu",))
+        with self.assertRaisesRegex(RoundTripConfigError, "TestThingCPU already exists"):
+            instantiate_round_trip_tests(generic, {"TestThingCPU": object()})
+
+    def test_cross_engine_needs_two(self):
+        generic = make_generic(qengines=("fbgemm",), body={"test_c": cross_engine(lambda self: None)})
+        with self.assertRaisesRegex(RoundTripConfigError, "@cross_engine but the class declares 1 qengine"):
+            instantiate_round_trip_tests(generic, {})
+
+    def test_not_a_mixin_class(self):
+        with self.assertRaisesRegex(RoundTripConfigError, "must subclass SerializationRoundTripTestCase"):
+            instantiate_round_trip_tests(unittest.TestCase, {})
+
+
+def _python(args, cwd=HERE, env=None):
+    full = dict(os.environ)
+    for k in list(full):
+        if k.startswith("TORCH_FORCE_"):
+            del full[k]
+    full.update(env or {})
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=full, capture_output=True, text=True)
+
+
+def _ids_from_unittest(output):
+    return sorted(re.findall(r"^(test_\w+) \(", output, re.M))
+
+
+def _ids_from_pytest(output):
+    return sorted(re.findall(r"::(test_\w+)", output))
+
+
+class TestRunners(unittest.TestCase):
+    """unittest discovery, explicit ids, pytest, -k and xdist all see the same generated tests."""
+
+    def test_runners_agree(self):
+        discover = _python(["-m", "unittest", "discover", "-s", ".", "-p", "test_example_roundtrip.py", "-v"])
+        self.assertEqual(discover.returncode, 0, discover.stderr)
+        ids = _ids_from_unittest(discover.stderr)
+        self.assertEqual(len(ids), 12)
+        self.assertNotIn("TestTinyNetSerialization ", discover.stderr)  # generic class never collected
+
+        one = _python(["-m", "unittest", "test_example_roundtrip.TestTinyNetSerializationCPU.test_round_trip_qnnpack_default_cpu", "-v"])
+        self.assertEqual(one.returncode, 0, one.stderr)
+        self.assertIn("default: rejected as expected", one.stderr)
+        self.assertIn("Ran 1 test", one.stderr)
+
+        collected = _python(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test_example_roundtrip.py"])
+        self.assertEqual(_ids_from_pytest(collected.stdout), ids, collected.stdout)
+
+        selected = _python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "-k", "qnnpack and default", "test_example_roundtrip.py"])
+        self.assertEqual(selected.returncode, 0, selected.stdout)
+        self.assertEqual(_ids_from_pytest(selected.stdout),
+                         ["test_round_trip_qnnpack_default_cpu", "test_state_dict_qnnpack_default_cpu"])
+
+        xdist = _python(["-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-rA", "-q", "test_example_roundtrip.py"])
+        self.assertEqual(xdist.returncode, 0, xdist.stdout)
+        self.assertEqual(sorted(set(_ids_from_pytest(xdist.stdout))), ids)
+        self.assertIn("12 passed", xdist.stdout)
+
+
+class TestComposition(unittest.TestCase):
+    SOURCE = textwrap.dedent("""
+        import unittest, sys
+        {imports}
+        from roundtrip_fixtures import TinyNet
+        from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
+
+        class TestComposed(SerializationRoundTripTestCase, {base}):
+            safe_globals = (TinyNet,)
+            devices = ("cpu",)
+
+            def test_rt(self, device):
+                loaded = self.round_trip(TinyNet())
+                self.assertRoundTripEqual(TinyNet(), loaded)
+                {extra}
+
+        instantiate_round_trip_tests(TestComposed, globals())
+    """)
+
+    def _run(self, imports, base, extra="pass"):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "test_composed.py"), "w") as fh:
+                fh.write(self.SOURCE.format(imports=imports, base=base, extra=extra))
+            proc = _python(["-m", "unittest", "test_composed", "-v"], cwd=d, env={"PYTHONPATH": HERE})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("Ran 3 tests", proc.stderr)
+        self.assertIn("default: rejected as expected", proc.stderr)
+        return proc
+
+    def test_expecttest_testcase(self):
+        self._run("import expecttest", "expecttest.TestCase", 'self.assertExpectedInline("x", """x""")')
+
+    def test_pytorch_common_utils_testcase(self):
+        # The library never imports torch.testing._internal; composing with it must still work.
+        self._run("from torch.testing._internal.common_utils import TestCase", "TestCase",
+                  "self.assertEqual(loaded.weight, TinyNet().weight)")
+
+    def test_library_does_not_import_internal_or_numpy(self):
+        code = "import torch_serial_testing, sys; print(sorted(m for m in sys.modules if m.startswith(('numpy', 'torch.testing._internal', 'parameterized'))))"
+        proc = _python(["-c", code])
+        self.assertEqual(proc.stdout.strip(), "[]", proc.stderr)
+
+
+class TestVendoring(unittest.TestCase):
+    def test_copied_folder_works_without_pip(self):
+        with tempfile.TemporaryDirectory() as d:
+            shutil.copytree(os.path.join(ROOT, "torch_serial_testing"), os.path.join(d, "vendored_tst"),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copy(os.path.join(HERE, "roundtrip_fixtures.py"), d)
+            with open(os.path.join(HERE, "test_example_roundtrip.py")) as fh:
+                source = fh.read().replace("from torch_serial_testing import", "from vendored_tst import")
+            with open(os.path.join(d, "test_vendored.py"), "w") as fh:
+                fh.write(source + textwrap.dedent("""
+                    import sys as _sys
+                    assert "torch_serial_testing" not in _sys.modules, "vendored copy imported the installed package"
+                """))
+            proc = _python(["-m", "unittest", "test_vendored", "-v"], cwd=d, env={"PYTHONPATH": ""})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("Ran 12 tests", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,173 @@
+"""Load modes: torch's weights_only rules, predictions, and real torch agreeing with them."""
+
+import os
+import pickle
+import unittest
+import warnings
+from unittest import mock
+
+import torch
+
+import torch_serial_testing as tst
+from roundtrip_fixtures import TINY_GLOBALS, TinyNet
+from torch_serial_testing import Checkpoint, LoadMode, load_modes
+from torch_serial_testing.allowlist import normalize_safe_globals, preserved_registry
+from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
+
+WO, NO_WO = load_modes.FORCE_WO, load_modes.FORCE_NO_WO
+TINY = normalize_safe_globals([TinyNet])
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    env.update(extra)
+    return mock.patch.dict(os.environ, env, clear=True)
+
+
+class TestLoadModeNames(unittest.TestCase):
+    def test_values_are_stable_snake_case(self):
+        self.assertEqual([m.value for m in LoadMode], ["weights_only_false", "safe_globals", "default"])
+
+    def test_explicit_arguments(self):
+        self.assertIs(LoadMode.WEIGHTS_ONLY_FALSE.explicit_weights_only, False)
+        self.assertIs(LoadMode.SAFE_GLOBALS.explicit_weights_only, True)
+        self.assertIsNone(LoadMode.DEFAULT.explicit_weights_only)
+
+    def test_parse(self):
+        self.assertIs(LoadMode.parse("default"), LoadMode.DEFAULT)
+        self.assertIs(LoadMode.parse("SAFE_GLOBALS"), LoadMode.SAFE_GLOBALS)
+        self.assertIs(LoadMode.parse(LoadMode.WEIGHTS_ONLY_FALSE), LoadMode.WEIGHTS_ONLY_FALSE)
+        with self.assertRaisesRegex(RoundTripConfigError, "unknown load mode 'weights_only'.*weights_only_false, safe_globals, default"):
+            LoadMode.parse("weights_only")
+
+
+class TestSwitches(unittest.TestCase):
+    def test_truthy_spellings_match_torch(self):
+        for value in ["1", "y", "yes", "true", "Y", "YES", "True", "TRUE", "yEs"]:
+            with self.subTest(value=value):
+                self.assertTrue(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
+                self.assertTrue(load_modes.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only)
+        for value in ["0", "", "false", "no", "n", "2", " 1", "on"]:
+            with self.subTest(value=value):
+                self.assertFalse(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
+                self.assertFalse(load_modes.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only)
+
+    def _predict(self, mode, environ):
+        return load_modes.predict(mode, Checkpoint.save(TinyNet()), TINY, environ=environ)
+
+    def test_defaults(self):
+        self.assertEqual(load_modes.torch_default_weights_only(), (True, "since torch 2.6"))
+        exp = self._predict("default", {})
+        self.assertEqual((exp.weights_only, exp.loads, exp.missing), (True, False, tuple(TINY_GLOBALS)))
+        self.assertEqual(
+            exp.summary(),
+            "default: rejected as expected (weights_only=True since torch 2.6; roundtrip_fixtures.TinyNet not allowlisted)",
+        )
+        self.assertTrue(self._predict("weights_only_false", {}).loads)
+        self.assertTrue(self._predict("safe_globals", {}).loads)
+
+    def test_force_weights_only_beats_explicit_false(self):
+        exp = self._predict("weights_only_false", {WO: "Yes"})
+        self.assertEqual((exp.weights_only, exp.loads), (True, False))
+        self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=Yes over explicit weights_only=False", exp.reason)
+        self.assertTrue(self._predict("safe_globals", {WO: "1"}).loads)
+
+    def test_force_no_weights_only_only_when_not_passed(self):
+        exp = self._predict("default", {NO_WO: "true"})
+        self.assertEqual((exp.weights_only, exp.loads, exp.warns), (False, True, True))
+        exp = self._predict("safe_globals", {NO_WO: "1"})
+        self.assertEqual((exp.weights_only, exp.warns), (True, False))
+
+    def test_both_set_is_one_clear_error(self):
+        for mode in LoadMode:
+            with self.subTest(mode=mode), self.assertRaises(ConflictingEnvironmentError) as cm:
+                self._predict(mode, {WO: "1", NO_WO: "y"})
+            self.assertIn("TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 and TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=y", str(cm.exception))
+
+    def test_registered_globals_count(self):
+        ckpt = Checkpoint.save(TinyNet())
+        with preserved_registry():
+            torch.serialization.add_safe_globals([TinyNet])
+            self.assertTrue(load_modes.predict("default", ckpt, environ={}).loads)
+        self.assertFalse(load_modes.predict("default", ckpt, environ={}).loads)
+
+    def test_version_fallback_without_feature(self):
+        # Simulates a torch without _default_to_weights_only: the version decides.
+        with mock.patch.object(torch.serialization, "_default_to_weights_only", None, create=True), \
+             mock.patch.object(torch, "__version__", "2.5.1"):
+            self.assertEqual(load_modes.torch_default_weights_only()[0], False)
+        with mock.patch.object(torch.serialization, "_default_to_weights_only", None, create=True), \
+             mock.patch.object(torch, "__version__", "2.6.0"):
+            self.assertEqual(load_modes.torch_default_weights_only()[0], True)
+
+
+class TestRealTorchAgrees(unittest.TestCase):
+    """The library's load asserts its prediction against real torch in every env state."""
+
+    ENV_STATES = [{}, {WO: "1"}, {NO_WO: "1"}, {WO: "TRUE"}, {NO_WO: "Yes"}, {WO: "0"}, {NO_WO: ""}]
+
+    def test_every_mode_in_every_env_state(self):
+        for env in self.ENV_STATES:
+            for mode in LoadMode:
+                with self.subTest(env=env, mode=mode.value), clean_env(**env):
+                    expected = load_modes.predict(mode, Checkpoint.save(TinyNet()), TINY)
+                    result = tst.round_trip(TinyNet(), mode, TINY)
+                    self.assertEqual(result.loaded, expected.loads)
+                    if result.loaded:
+                        self.assertIsInstance(result.value, TinyNet)
+                        tst.assert_round_trip_equal(TinyNet(), result.value)
+                    else:
+                        self.assertIsInstance(result.error, pickle.UnpicklingError)
+                        self.assertIn("roundtrip_fixtures.TinyNet", str(result.error))
+
+    def test_force_no_warning_is_checked_and_swallowed(self):
+        with clean_env(**{NO_WO: "1"}), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = tst.round_trip(TinyNet(), "default")
+        self.assertTrue(result.loaded and result.expectation.warns)
+        self.assertFalse([w for w in caught if "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" in str(w.message)])
+
+    def test_unexpected_success_fails(self):
+        # A prediction of rejection that torch does not honour is reported, not hidden.
+        ckpt = Checkpoint.save({"t": torch.ones(2)})
+        with clean_env(), mock.patch.object(load_modes, "torch_allowlist", lambda: frozenset()):
+            with self.assertRaisesRegex(UnexpectedLoadOutcome, "unexpected success"):
+                load_modes.load(ckpt, "default")
+
+    def test_unexpected_rejection_fails(self):
+        ckpt = Checkpoint.save(TinyNet())
+        with clean_env(), mock.patch.object(load_modes, "registered_globals", lambda: frozenset(TINY_GLOBALS)):
+            with self.assertRaisesRegex(UnexpectedLoadOutcome, r"expected to load .*torch rejected it"):
+                load_modes.load(ckpt, "default")
+
+    def test_replaced_torch_load_is_reported(self):
+        real = torch.load
+
+        def patched_load(*args, **kwargs):
+            return real(*args, **kwargs)
+
+        with clean_env(), mock.patch.object(torch, "load", patched_load):
+            self.assertIn("patched_load", load_modes.torch_load_replacement())
+            result = tst.round_trip(TinyNet(), "default")
+            self.assertIn("torch.load is replaced by", result.summary)
+
+        def lenient_load(f, *args, **kwargs):
+            kwargs["weights_only"] = False
+            return real(f, *args, **kwargs)
+
+        with clean_env(), mock.patch.object(torch, "load", lenient_load):
+            with self.assertRaisesRegex(unittest.SkipTest, "torch.load is replaced by .*lenient_load"):
+                tst.round_trip(TinyNet(), "default")
+        self.assertIsNone(load_modes.torch_load_replacement())
+
+    def test_map_location(self):
+        result = tst.round_trip({"t": torch.ones(2)}, "default", map_location="cpu")
+        self.assertEqual(result.value["t"].device.type, "cpu")
+
+    def test_load_takes_a_checkpoint(self):
+        with self.assertRaisesRegex(TypeError, "Checkpoint.from_bytes"):
+            load_modes.load(b"bytes", "default")  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,237 @@
+"""The SerializationRoundTripTestCase mixin: round trips, allowlist checks, reporting, bad input."""
+
+import io
+import json
+import os
+import tempfile
+import textwrap
+import unittest
+from unittest import mock
+
+import torch
+
+from roundtrip_fixtures import SEED_GLOBALS, TinyNet, Wrapper, tiny_qlinear
+from torch_serial_testing import (
+    AllowlistError,
+    LoadMode,
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+)
+from torch_serial_testing.case import REPORT_ENV
+
+
+def run_inner(*classes, verbosity=2):
+    """Run mixin classes defined inside a test; return (result, verbose output)."""
+    stream = io.StringIO()
+    suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in classes)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    with mock.patch.dict(os.environ, env, clear=True):
+        result = unittest.TextTestRunner(stream=stream, verbosity=verbosity).run(suite)
+    return result, stream.getvalue()
+
+
+class TestRoundTrip(unittest.TestCase):
+    def test_each_mode_explicitly(self):
+        seen = {}
+
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (TinyNet,)
+
+            def test_modes(self):
+                for mode in LoadMode:
+                    original = TinyNet()
+                    with self.subTest(mode=mode.value):
+                        loaded = self.round_trip(original, mode=mode)
+                        seen[mode] = loaded
+                        self.assertRoundTripEqual(original, loaded)
+
+        result, out = run_inner(Inner)
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertEqual(set(seen), {LoadMode.WEIGHTS_ONLY_FALSE, LoadMode.SAFE_GLOBALS})
+        self.assertIn("default: rejected as expected (weights_only=True since torch 2.6; "
+                      "roundtrip_fixtures.TinyNet not allowlisted)", out)
+        self.assertIn("safe_globals: loaded as expected (weights_only=True explicit)", out)
+
+    def test_rejection_ends_test_as_pass_and_skips_later_checks(self):
+        after = []
+
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            def test_default(self):
+                self.round_trip(TinyNet(), mode="default")
+                after.append("ran")  # never reached: the load was rejected as expected
+
+        result, _ = run_inner(Inner)
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual(after, [])
+
+    def test_mode_is_required_outside_instantiation(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            def test_no_mode(self):
+                with self.assertRaisesRegex(RoundTripConfigError, "pass mode=LoadMode.DEFAULT"):
+                    self.round_trip(TinyNet())
+
+        result, out = run_inner(Inner)
+        self.assertTrue(result.wasSuccessful(), out)
+
+    def test_missing_safe_globals_listed_at_once_with_snippet(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (TinyNet,)
+
+            def test_wrapper(self):
+                self.round_trip(Wrapper(), mode="safe_globals")
+
+        result, out = run_inner(Inner)
+        self.assertEqual(len(result.failures), 1, out)
+        message = result.failures[0][1]
+        self.assertIn("AllowlistError: safe_globals misses 2 global(s) the checkpoint needs: "
+                      "roundtrip_fixtures.Wrapper, torch.nn.modules.linear.Linear", message)
+        self.assertIn("from roundtrip_fixtures import TinyNet", message)
+        self.assertIn("from torch.nn.modules.linear import Linear", message)
+        self.assertIn("with torch.serialization.safe_globals([TinyNet, Wrapper, Linear]):", message)
+
+    def test_over_trust_fails_unless_relaxed(self):
+        class Strict(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (TinyNet, Wrapper)
+
+            def test_tiny(self):
+                self.round_trip(TinyNet(), mode="safe_globals")
+
+        class Relaxed(Strict):
+            allow_unneeded_safe_globals = True
+
+        result, out = run_inner(Strict, Relaxed)
+        self.assertEqual(len(result.failures), 1, out)
+        self.assertIn("over-trusts: the checkpoint does not need roundtrip_fixtures.Wrapper",
+                      result.failures[0][1])
+        self.assertEqual(result.testsRun, 2)
+
+    def test_state_dict_form(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            def make_module(self):
+                return TinyNet()
+
+            def test_sd(self):
+                for mode in LoadMode:
+                    original = self.make_module()
+                    with torch.no_grad():
+                        original.weight.add_(1)
+                    loaded = self.round_trip_state_dict(original, mode=mode)
+                    self.assertIsNot(loaded, original)
+                    self.assertRoundTripEqual(original.state_dict(), loaded.state_dict())
+
+        result, out = run_inner(Inner)
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertIn("default: loaded as expected", out)
+
+    def test_factory_must_return_module(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            def make_module(self):
+                return {"not": "a module"}
+
+            def test_sd(self):
+                with self.assertRaisesRegex(RoundTripConfigError, "returned dict, not a torch.nn.Module"):
+                    self.round_trip_state_dict(mode="default")
+
+        result, out = run_inner(Inner)
+        self.assertTrue(result.wasSuccessful(), out)
+
+    def test_report_file(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (TinyNet,)
+
+            def test_all(self):
+                for mode in LoadMode:
+                    with self.subTest(mode=mode.value):
+                        self.round_trip(TinyNet(), mode=mode)
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "report.jsonl")
+            with mock.patch.dict(os.environ, {REPORT_ENV: path}):
+                run_inner(Inner)
+            with open(path) as fh:
+                records = [json.loads(line) for line in fh]
+        self.assertEqual([(r["mode"], r["loaded"]) for r in records],
+                         [("weights_only_false", True), ("safe_globals", True), ("default", False)])
+        self.assertTrue(all(r["test"].endswith("Inner.test_all") for r in records))
+
+    def test_seed_module_expected_inline(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            def test_pinned(self):
+                self.assertRequiredGlobalsExpectedInline(tiny_qlinear(), """\
+torch.ScriptObject
+torch.ao.nn.sparse.quantized.dynamic.linear.Linear
+torch.ao.nn.sparse.quantized.linear.LinearPackedParams
+""")
+
+            def test_wrong_pin_fails(self):
+                self.assertRequiredGlobalsExpectedInline(TinyNet(), """\
+something.Else
+""")
+
+        with mock.patch.dict(os.environ, {"EXPECTTEST_ACCEPT": ""}):
+            result, out = run_inner(Inner)
+        self.assertEqual(result.testsRun, 2)
+        self.assertEqual([t.id().rsplit(".", 1)[1] for t, _ in result.failures], ["test_wrong_pin_fails"], out)
+        self.assertIn("EXPECTTEST_ACCEPT=1", result.failures[0][1])
+        self.assertEqual(SEED_GLOBALS, sorted(SEED_GLOBALS))
+
+
+class TestExpectAccept(unittest.TestCase):
+    def test_accept_rewrites_golden_record(self):
+        source = textwrap.dedent('''
+            import unittest
+            from roundtrip_fixtures import TinyNet
+            from torch_serial_testing import SerializationRoundTripTestCase
+
+            class TestPin(SerializationRoundTripTestCase, unittest.TestCase):
+                def test_pin(self):
+                    self.assertRequiredGlobalsExpectedInline(TinyNet(), """\\
+            wrong
+            """)
+            ''')
+        import subprocess
+        import sys
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "test_pin.py")
+            with open(path, "w") as fh:
+                fh.write(source)
+            env = dict(os.environ, EXPECTTEST_ACCEPT="1",
+                       PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+            proc = subprocess.run([sys.executable, "-m", "unittest", "test_pin"], cwd=d, env=env,
+                                  capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            with open(path) as fh:
+                self.assertIn("roundtrip_fixtures.TinyNet\n", fh.read())
+
+
+class TestClassCreationErrors(unittest.TestCase):
+    def test_unimportable_global(self):
+        with self.assertRaisesRegex(RoundTripConfigError, "'nowhere.Missing' is not importable"):
+            type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": ("nowhere.Missing",)})
+
+    def test_string_global_resolves(self):
+        cls = type("Ok", (SerializationRoundTripTestCase, unittest.TestCase),
+                   {"safe_globals": ("roundtrip_fixtures.TinyNet",)})
+        self.assertIs(cls._tst_safe_globals[0].obj, TinyNet)
+
+    def test_dangerous_global_refused(self):
+        for bad in (os.system, eval, "subprocess.Popen", getattr):
+            with self.subTest(bad=bad), self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": (bad,)})
+
+    def test_safe_globals_must_be_a_sequence(self):
+        with self.assertRaisesRegex(RoundTripConfigError, "must be a tuple or list"):
+            type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": "roundtrip_fixtures.TinyNet"})
+
+    def test_unknown_mode(self):
+        with self.assertRaisesRegex(RoundTripConfigError, "unknown load mode 'pickle'"):
+            type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"load_modes": ("pickle",)})
+
+    def test_make_module_not_callable(self):
+        with self.assertRaisesRegex(RoundTripConfigError, "make_module must be a method"):
+            type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"make_module": 3})
+
+
+if __name__ == "__main__":
+    unittest.main()
