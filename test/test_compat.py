@@ -1,0 +1,91 @@
+"""Older or future torch, simulated by hiding the features the library derives behaviour from."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import unittest
+from unittest import mock
+
+import torch
+
+from roundtrip_fixtures import TinyNet
+from torch_serial_testing import Checkpoint, LoadMode, engines, instantiate_round_trip_tests, load_modes
+from torch_serial_testing.allowlist import normalize_safe_globals
+from test_instantiation import make_generic, run
+
+TINY = normalize_safe_globals([TinyNet])
+
+
+class TestOlderTorch(unittest.TestCase):
+    def test_without_safe_globals_context_the_mode_skips_visibly(self):
+        generic = make_generic(devices=("cpu",))
+        (cls,) = instantiate_round_trip_tests(generic, {})
+        with mock.patch.object(torch.serialization, "safe_globals", create=True) as _:
+            del torch.serialization.safe_globals
+            result, out = run([cls])
+            with self.assertRaisesRegex(unittest.SkipTest, r"needs torch.serialization.safe_globals \(torch >= 2.5\)"):
+                load_modes.load(Checkpoint.save(TinyNet()), "safe_globals", TINY)
+        self.assertTrue(hasattr(torch.serialization, "safe_globals"))
+        self.assertTrue(result.wasSuccessful(), out)
+        skipped = sorted(t.id().rsplit(".", 1)[1] for t, _ in result.skipped)
+        self.assertEqual(skipped, ["test_nodevice_safe_globals_cpu", "test_rt_safe_globals_cpu"])
+        self.assertIn("torch >= 2.5", result.skipped[0][1])
+
+    def test_before_the_default_flip_default_is_expected_to_load(self):
+        ckpt = Checkpoint.save(TinyNet())
+        with mock.patch.object(torch.serialization, "_default_to_weights_only", None), \
+             mock.patch.object(torch, "__version__", "2.5.1"):
+            exp = load_modes.predict(LoadMode.DEFAULT, ckpt, environ={})
+        self.assertEqual((exp.weights_only, exp.loads), (False, True))
+        self.assertIn("before torch 2.6", exp.reason)
+        # The feature, not the version string, decides when it exists:
+        with mock.patch.object(torch, "__version__", "2.5.1"):
+            self.assertTrue(load_modes.predict(LoadMode.DEFAULT, ckpt, environ={}).weights_only)
+
+    def test_fbcode_style_default(self):
+        with mock.patch.object(torch.serialization, "_default_to_weights_only", lambda pickle_module: False):
+            self.assertEqual(load_modes.torch_default_weights_only()[0], False)
+
+
+class TestFutureTorchWithoutQuantization(unittest.TestCase):
+    def test_engine_tests_skip_with_reason_rest_keeps_working(self):
+        generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("weights_only_false",))
+        (cls,) = instantiate_round_trip_tests(generic, {})
+        with mock.patch.object(engines, "supported_qengines", lambda: ()):
+            result, out = run([cls])
+            self.assertTrue(load_modes.round_trip(TinyNet(), "weights_only_false").loaded)
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertEqual(len(result.skipped), result.testsRun)
+        self.assertIn("not supported by this torch build", result.skipped[0][1])
+        self.assertIn("supported: none", result.skipped[0][1])
+
+    def test_flagship_file_skips_when_sparse_quantization_is_gone(self):
+        # A torch without torch.ao.nn.sparse: the flagship still imports, and its tests skip with the reason.
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = textwrap.dedent("""
+            import sys, unittest
+            class _Gone:
+                def find_spec(self, name, path=None, target=None):
+                    if name.startswith("torch.ao.nn.sparse"):
+                        raise ImportError("simulated: torch.ao.nn.sparse was removed")
+            sys.meta_path.insert(0, _Gone())
+            import test_qlinear_packed_params as m
+            suite = unittest.defaultTestLoader.loadTestsFromModule(m)
+            result = unittest.TextTestRunner(verbosity=0).run(suite)
+            reasons = sorted({r for _, r in result.skipped})
+            print(result.testsRun, len(result.skipped), len(result.errors) + len(result.failures), reasons)
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(here, "ao", "sparsity"),
+                              capture_output=True, text=True,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")})
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        run_count, skipped, bad, reasons = proc.stdout.strip().split(" ", 3)
+        self.assertEqual(run_count, skipped)
+        self.assertGreater(int(run_count), 0)
+        self.assertEqual(bad, "0")
+        self.assertIn("torch.ao.nn.sparse", reasons)
+
+
+if __name__ == "__main__":
+    unittest.main()
