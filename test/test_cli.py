@@ -1,0 +1,432 @@
+"""``python -m torch_serial_testing doctor|inspect``, run for real in subprocesses.
+
+Every checkpoint is written by these tests; the CLI only ever scans them.  Each
+subprocess pays for ``import torch`` (~3 s), so checks are combined per
+invocation; usage errors and ``--help`` never import torch and are cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+import warnings
+
+import torch
+
+from torch_serial_testing import cli
+from torch_serial_testing.engines import override_qengine
+
+from hostile_checkpoints import DANGEROUS_GLOBALS, build_all, legacy_tar
+
+SEED_GLOBALS = [
+    "torch.ScriptObject",
+    "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
+    "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
+]
+ENV_SWITCHES = cli.ENV_VARS
+
+DOCTOR_KEYS = {
+    "schema", "command", "status", "exit_code", "problems", "torch", "torch_load_replaced_by",
+    "default_weights_only", "environment", "backend_entry_points", "safe_globals",
+    "quantized_engines", "devices",
+}
+INSPECT_KEYS = {
+    "schema", "command", "status", "exit_code", "checkpoint", "nbytes", "format", "error", "globals",
+    "required_globals", "dangerous", "unknown", "safe_globals", "modes", "snippet", "torch",
+    "torch_load_replaced_by",
+}
+MODE_KEYS = {"weights_only", "outcome", "missing", "summary"}
+
+
+def _seed_module():
+    from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
+
+    with override_qengine("qnnpack"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor creation is deprecated
+        w = torch.quantize_per_tensor(torch.randn(3, 16), 2.0, 0, torch.qint8)
+        lin = Linear(3, 16, 1, 4, bias=True, dtype=torch.qint8)
+        lin.set_weight_bias(w, torch.ones(3), 1, 4)
+    return lin
+
+
+class CLITestBase(unittest.TestCase):
+    tmp: str
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tst-cli-")
+        cls.seed = os.path.join(cls.tmp, "seed.pt")
+        torch.save(_seed_module(), cls.seed)
+        cls.state_dict = os.path.join(cls.tmp, "state_dict.pt")
+        torch.save({"weight": torch.randn(2, 3), "bias": torch.zeros(2), "step": torch.tensor(7)}, cls.state_dict)
+        with open(cls.seed, "rb") as f:
+            seed_bytes = f.read()
+        cls.truncated = os.path.join(cls.tmp, "truncated.pt")
+        with open(cls.truncated, "wb") as f:
+            f.write(seed_bytes[: len(seed_bytes) // 3])
+        cls.not_checkpoint = os.path.join(cls.tmp, "notes.txt")
+        with open(cls.not_checkpoint, "w") as f:
+            f.write("just some text, not a checkpoint\n")
+        cls.sentinel = os.path.join(cls.tmp, "SENTINEL")
+        cls.hostile = {}
+        for name, data in build_all(cls.sentinel).items():
+            path = os.path.join(cls.tmp, f"hostile-{name}.pt")
+            with open(path, "wb") as f:
+                f.write(data)
+            cls.hostile[name] = path
+        cls.hostile_expected = DANGEROUS_GLOBALS
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def tearDown(self):
+        self.assertFalse(os.path.exists(self.sentinel), "a hostile payload ran")
+
+    # -- running the real command ---------------------------------------------------------------
+
+    def env(self, **switches: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ENV_SWITCHES}
+        env.update(switches)
+        return env
+
+    def run_cli(self, *args: str, stdin: bytes | None = None, **switches: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "torch_serial_testing", *args],
+            input=stdin, capture_output=True, cwd=self.tmp, env=self.env(**switches), timeout=300,
+        )
+
+    def run_code(self, code: str, **switches: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            capture_output=True, cwd=self.tmp, env=self.env(**switches), timeout=300,
+        )
+
+    def json_of(self, proc: subprocess.CompletedProcess, expect_code: int) -> dict:
+        self.assertEqual(proc.returncode, expect_code, proc.stdout.decode() + proc.stderr.decode())
+        report = json.loads(proc.stdout)
+        self.assertEqual(report["schema"], cli.SCHEMA_VERSION)
+        self.assertEqual(report["exit_code"], expect_code)
+        return report
+
+    def text_of(self, proc: subprocess.CompletedProcess, expect_code: int) -> str:
+        out = proc.stdout.decode()
+        self.assertEqual(proc.returncode, expect_code, out + proc.stderr.decode())
+        return out
+
+
+class TestInspect(CLITestBase):
+    def test_seed_module_text(self):
+        out = self.text_of(self.run_cli("inspect", self.seed), cli.EXIT_ATTENTION)
+        self.assertIn("format zip", out)
+        for name in SEED_GLOBALS:
+            self.assertIn(f"  {name}\n", out)
+        self.assertIn("globals beyond torch's allowlist (3), found without unpickling", out)
+        self.assertRegex(out, r"default +rejected: weights_only=True since torch 2\.6")
+        self.assertIn("Unsupported global", out)
+        self.assertRegex(out, r"weights_only_false +unsafe: .*execute arbitrary pickle code.*never does it")
+        self.assertIn("with torch.serialization.safe_globals([torch.ScriptObject, Linear, LinearPackedParams]):", out)
+        self.assertIn("from torch.ao.nn.sparse.quantized.dynamic.linear import Linear", out)
+        self.assertIn("status: NEEDS_ALLOWLIST (exit 1)", out)
+        self.assertNotIn("DANGEROUS", out)
+
+    def test_seed_module_json(self):
+        r = self.json_of(self.run_cli("inspect", self.seed, "--json"), cli.EXIT_ATTENTION)
+        self.assertEqual(set(r), INSPECT_KEYS)
+        self.assertEqual(r["command"], "inspect")
+        self.assertEqual(r["status"], "needs_allowlist")
+        self.assertEqual(r["format"], "zip")
+        self.assertEqual(r["required_globals"], SEED_GLOBALS)
+        self.assertTrue(set(SEED_GLOBALS) < set(r["globals"]))
+        self.assertEqual((r["dangerous"], r["unknown"], r["error"]), ([], [], None))
+        self.assertEqual(r["nbytes"], os.path.getsize(self.seed))
+        self.assertEqual(list(r["modes"]), list(cli.MODES))
+        for mode in r["modes"].values():
+            self.assertEqual(set(mode), MODE_KEYS)
+        wof, sg, default = (r["modes"][m] for m in cli.MODES)
+        self.assertEqual((wof["weights_only"], wof["outcome"]), (False, "unsafe"))
+        self.assertEqual((sg["weights_only"], sg["outcome"], sg["missing"]), (True, "rejected", SEED_GLOBALS))
+        self.assertEqual((default["weights_only"], default["outcome"]), (True, "rejected"))
+        self.assertTrue(default["summary"].startswith("rejected: "))
+        self.assertIn("safe_globals([torch.ScriptObject, Linear, LinearPackedParams])", r["snippet"])
+
+    def test_prediction_matches_real_torch_here(self):
+        # What the CLI predicts for the seed file, checked against torch.load in this (test) process.
+        with self.assertRaisesRegex(pickle.UnpicklingError, "Unsupported global: GLOBAL torch.ao.nn.sparse"):
+            torch.load(self.seed, weights_only=True)
+        from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
+        from torch.ao.nn.sparse.quantized.linear import LinearPackedParams
+
+        with override_qengine("qnnpack"), torch.serialization.safe_globals(
+            [torch.ScriptObject, Linear, LinearPackedParams]
+        ):
+            self.assertIsInstance(torch.load(self.seed, weights_only=True), Linear)
+
+    def test_all_three_safe_globals_from_stdin(self):
+        args = ["inspect", "-", "--json"] + [a for n in SEED_GLOBALS for a in ("--safe-global", n)]
+        with open(self.seed, "rb") as f:
+            r = self.json_of(self.run_cli(*args, "--safe-global", "not.Needed", stdin=f.read()), cli.EXIT_OK)
+        self.assertEqual((r["checkpoint"], r["status"], r["format"]), ("-", "loads", "zip"))
+        self.assertEqual(r["safe_globals"], {"given": SEED_GLOBALS + ["not.Needed"], "unused": ["not.Needed"]})
+        self.assertEqual(r["modes"]["safe_globals"]["outcome"], "loads")
+        self.assertEqual(r["modes"]["default"]["outcome"], "rejected")  # a bare torch.load still needs them
+
+    def test_two_of_three_safe_globals(self):
+        proc = self.run_cli("inspect", self.seed, "--safe-global", SEED_GLOBALS[0], "--safe-global", SEED_GLOBALS[1])
+        out = self.text_of(proc, cli.EXIT_ATTENTION)
+        self.assertRegex(out, rf"safe_globals +rejected: weights_only=True explicit; not allowlisted: {SEED_GLOBALS[2]} ")
+
+    def test_state_dict_loads(self):
+        out = self.text_of(self.run_cli("inspect", self.state_dict), cli.EXIT_OK)
+        self.assertIn("globals beyond torch's allowlist (0), found without unpickling: none", out)
+        self.assertRegex(out, r"safe_globals +loads \(weights_only=True explicit\)")
+        self.assertRegex(out, r"default +loads \(weights_only=True since torch 2\.6\)")
+        self.assertIn("status: LOADS (exit 0)", out)
+
+    def test_hostile_text_flagged_dangerous(self):
+        name = "os_system"
+        out = self.text_of(self.run_cli("inspect", self.hostile[name]), cli.EXIT_DANGEROUS)
+        expected = self.hostile_expected[name]
+        self.assertRegex(out, rf"{expected} +<-- DANGEROUS: ")
+        self.assertIn("status: DANGEROUS (exit 2)", out)
+        self.assertNotIn("safe_globals([", out)  # never suggested
+        self.assertNotIn(f"import {expected.rsplit('.', 1)[1]}", out)
+
+    def test_every_hostile_checkpoint_and_other_formats(self):
+        # One process runs cli.main on every file, with torch.load and the unpicklers booby-trapped:
+        # the CLI must never reach them, and no payload may run (the sentinel is checked in tearDown).
+        ts = os.path.join(self.tmp, "scripted.pt")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated
+            torch.jit.script(torch.nn.Linear(2, 2)).save(ts)
+        tar = os.path.join(self.tmp, "legacy.tar.pt")
+        with open(tar, "wb") as f:
+            f.write(legacy_tar(pickle.dumps({"epoch": 1}, protocol=2)))
+        files = dict(self.hostile, torchscript=ts, legacy_tar_benign=tar)
+        proc = self.run_code(
+            f"""
+            import contextlib, io, json, pickle, sys
+            import torch
+            import torch._weights_only_unpickler as wou
+
+            def trap(*a, **k):
+                raise SystemExit("TRAPPED: the CLI tried to unpickle or torch.load its input")
+
+            torch.load = torch.serialization.load = torch.jit.load = trap
+            wou.Unpickler.load = trap
+            pickle.load = pickle.loads = trap
+            from torch_serial_testing import cli
+            results = {{}}
+            for name, path in {files!r}.items():
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    code = cli.main(["inspect", path, "--json"])
+                results[name] = (code, json.loads(out.getvalue()))
+            print(json.dumps(results))
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        results = json.loads(proc.stdout)
+        for name in self.hostile:
+            code, r = results[name]
+            with self.subTest(name):
+                self.assertEqual(code, cli.EXIT_DANGEROUS, r)
+                self.assertIn(r["status"], ("dangerous", "unloadable"))
+                flagged = {d["name"] for d in r["dangerous"] + r["unknown"]}
+                self.assertIn(self.hostile_expected[name], flagged)
+                self.assertIsNone(r["snippet"])
+                self.assertNotEqual(r["modes"]["safe_globals"]["outcome"], "loads")
+        code, r = results["torchscript"]
+        self.assertEqual((code, r["status"], r["format"]), (cli.EXIT_ATTENTION, "needs_trusted_loader", "torchscript"))
+        self.assertIn("torch.jit.load", r["modes"]["default"]["summary"])
+        code, r = results["legacy_tar_benign"]
+        self.assertEqual((code, r["status"], r["format"]), (cli.EXIT_ATTENTION, "needs_trusted_loader", "tar"))
+        self.assertIn("legacy .tar", r["modes"]["safe_globals"]["summary"])
+
+    def test_truncated_and_not_a_checkpoint(self):
+        proc = self.run_cli("inspect", self.truncated)
+        self.text_of(proc, cli.EXIT_DANGEROUS)
+        self.assertIn("truncated", proc.stderr.decode())
+        r = self.json_of(self.run_cli("inspect", self.not_checkpoint, "--json"), cli.EXIT_DANGEROUS)
+        self.assertEqual((r["status"], r["format"]), ("unreadable", None))
+        self.assertIn("not a torch checkpoint", r["error"])
+
+    def test_force_switches_change_the_predictions(self):
+        proc = self.run_code(
+            f"""
+            import contextlib, io, json, os
+            from torch_serial_testing import cli
+            results = {{}}
+            for name, env in [("force", {{"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}}),
+                              ("force_no", {{"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "yes"}}),
+                              ("both", {{"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "TRUE", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "y"}})]:
+                for k in {list(cli.ENV_VARS)!r}:
+                    os.environ.pop(k, None)
+                os.environ.update(env)
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    code = cli.main(["inspect", {self.state_dict!r}, "--json"])
+                results[name] = (code, json.loads(out.getvalue()))
+            print(json.dumps(results))
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        results = json.loads(proc.stdout)
+        code, r = results["force"]  # weights_only=False is overridden: even that mode runs weights-only
+        self.assertEqual(code, cli.EXIT_OK)
+        self.assertEqual((r["modes"]["weights_only_false"]["weights_only"], r["modes"]["weights_only_false"]["outcome"]),
+                         (True, "loads"))
+        self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 over explicit weights_only=False",
+                      r["modes"]["weights_only_false"]["summary"])
+        code, r = results["force_no"]  # the bare default now fully unpickles; explicit True still obeyed
+        self.assertEqual(code, cli.EXIT_OK)
+        self.assertEqual((r["modes"]["default"]["weights_only"], r["modes"]["default"]["outcome"]), (False, "unsafe"))
+        self.assertIn("torch warns", r["modes"]["default"]["summary"])
+        self.assertEqual(r["modes"]["safe_globals"]["outcome"], "loads")
+        code, r = results["both"]
+        self.assertEqual((code, r["status"]), (cli.EXIT_DANGEROUS, "environment_error"))
+        self.assertEqual({m["outcome"] for m in r["modes"].values()}, {"error"})
+        self.assertIn("RuntimeError", r["modes"]["default"]["summary"])
+
+
+class TestUsage(CLITestBase):
+    def test_usage_errors_exit_3(self):
+        for args in ([], ["bogus"], ["inspect"], ["doctor", "--bogus"], ["inspect", self.seed, "--safe-global"]):
+            with self.subTest(args=args):
+                proc = self.run_cli(*args)
+                self.assertEqual(proc.returncode, cli.EXIT_USAGE, proc.stderr.decode())
+                self.assertIn("usage: python -m torch_serial_testing", proc.stderr.decode())
+                self.assertIn("error:", proc.stderr.decode())
+                self.assertEqual(proc.stdout, b"")
+
+    def test_help_documents_exit_codes_and_json_keys(self):
+        top = self.text_of(self.run_cli("--help"), 0)
+        self.assertIn("doctor", top)
+        self.assertIn("3  usage error", top)
+        doctor = self.text_of(self.run_cli("doctor", "--help"), 0)
+        for key in DOCTOR_KEYS | {"TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT"}:
+            self.assertIn(key, doctor)
+        inspect = self.text_of(self.run_cli("inspect", "--help"), 0)
+        for key in INSPECT_KEYS | MODE_KEYS | {"--safe-global", "CHECKPOINT", "needs_allowlist"}:
+            self.assertIn(key, inspect)
+        for key in DOCTOR_KEYS | INSPECT_KEYS:
+            self.assertIn(f"``{key}``", cli.__doc__)
+
+
+class TestDoctor(CLITestBase):
+    def test_clean_environment_text(self):
+        out = self.text_of(self.run_cli("doctor"), self._clean_code())
+        self.assertIn(f"torch {torch.__version__}", out)
+        self.assertIn("torch.load: torch's own", out)
+        self.assertIn("bare torch.load(f): weights_only=True -- torch's default since torch 2.6", out)
+        for name in ENV_SWITCHES:
+            self.assertIn(f"  {name}=unset\n", out)
+        self.assertIn("waits up to 10 s", out)
+        self.assertIn(f"(current: {torch.backends.quantized.engine})", out)
+        self.assertIn("devices: cpu", out)
+
+    def _clean_code(self) -> int:
+        import importlib.metadata as md
+
+        if list(md.entry_points(group="torch.backends")):
+            self.skipTest("an out-of-tree backend is installed; a clean doctor is not expected here")
+        return cli.EXIT_OK
+
+    def test_json_and_imports_nothing_beyond_torch(self):
+        proc = self.run_code(
+            """
+            import contextlib, io, json, sys
+            import torch
+            before = set(sys.modules)
+            from torch_serial_testing import cli
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = cli.main(["doctor", "--json"])
+            print(json.dumps({"code": code, "report": json.loads(out.getvalue()),
+                              "new_modules": sorted(set(sys.modules) - before)}))
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        result = json.loads(proc.stdout)
+        new = result["new_modules"]
+        # torch itself may import numpy (when installed) and parts of torch.testing._internal;
+        # the CLI must add none of that, nor any test machinery.
+        banned = ("numpy", "torch.testing", "expecttest", "parameterized", "unittest.mock", "pytest")
+        self.assertEqual([m for m in new if m.startswith(banned)], [], new)
+        self.assertEqual([m for m in new if m.startswith("torch.") and not m.startswith("torch_")], [], new)
+        r = result["report"]
+        self.assertEqual(result["code"], r["exit_code"])
+        self.assertEqual(set(r), DOCTOR_KEYS)
+        self.assertEqual((r["schema"], r["command"]), (cli.SCHEMA_VERSION, "doctor"))
+        self.assertEqual(set(r["environment"]), set(ENV_SWITCHES))
+        for entry in r["environment"].values():
+            self.assertEqual(set(entry), {"raw", "value", "effect"})
+        self.assertEqual(r["torch"]["version"], torch.__version__)
+        self.assertEqual(r["torch"]["git_version"], torch.version.git_version)
+        self.assertEqual(r["default_weights_only"]["value"], True)
+        self.assertEqual(r["quantized_engines"]["current"], torch.backends.quantized.engine)
+        self.assertIn("qnnpack", r["quantized_engines"]["supported"])
+        self.assertEqual(r["devices"]["available"][0], "cpu")
+        self.assertIsNone(r["torch_load_replaced_by"])
+        self.assertEqual(r["safe_globals"], sorted(r["safe_globals"]))
+
+    def test_force_weights_only(self):
+        r = self.json_of(
+            self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="1",
+                         TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="on", TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT="2.5"),
+            cli.EXIT_ATTENTION,
+        )
+        self.assertEqual(r["status"], "attention")
+        force, force_no = r["environment"][cli.FORCE_WO], r["environment"][cli.FORCE_NO_WO]
+        self.assertEqual((force["raw"], force["value"]), ("1", True))
+        self.assertIn("even where the call site passes weights_only=False", force["effect"])
+        self.assertEqual((force_no["raw"], force_no["value"]), ("on", False))  # not a spelling torch reads
+        self.assertIn("ignored", force_no["effect"])
+        self.assertEqual(r["default_weights_only"]["value"], True)
+        self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1", r["default_weights_only"]["reason"])
+        wait = r["environment"][cli.WAIT_LIMIT]
+        self.assertEqual(wait["value"], 2.5)
+        self.assertIn("waits up to 2.5 s", wait["effect"])
+        self.assertEqual(len(r["problems"]), 2, r["problems"])
+
+    def test_force_no_weights_only(self):
+        proc = self.run_cli("doctor", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="yes", TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT="-1")
+        out = self.text_of(proc, cli.EXIT_ATTENTION)
+        self.assertIn("bare torch.load(f): weights_only=False -- forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=yes", out)
+        self.assertIn("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD='yes'", out)
+        self.assertIn("UserWarning", out)
+        self.assertIn("explicit weights_only=True/False is obeyed", out)
+        self.assertIn("does not wait for autograd worker threads", out)
+        self.assertIn("status: ATTENTION (exit 1)", out)
+
+    def test_both_force_switches_is_an_error(self):
+        r = self.json_of(
+            self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="True", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="Y"),
+            cli.EXIT_DANGEROUS,
+        )
+        self.assertEqual(r["status"], "error")
+        self.assertIsNone(r["default_weights_only"]["value"])
+        self.assertIn("RuntimeError", r["default_weights_only"]["reason"])
+        self.assertTrue(r["environment"][cli.FORCE_WO]["value"] and r["environment"][cli.FORCE_NO_WO]["value"])
+        self.assertIn("both set", r["problems"][0])
+
+    def test_backend_autoload_disabled(self):
+        code = self._clean_code()
+        r = self.json_of(self.run_cli("doctor", "--json", TORCH_DEVICE_BACKEND_AUTOLOAD="0"), code)
+        auto = r["environment"][cli.AUTOLOAD]
+        self.assertEqual((auto["raw"], auto["value"]), ("0", False))
+        self.assertIn("disabled", auto["effect"])
+        self.assertIn("no effect", auto["effect"])  # nothing installed in group torch.backends
+        self.assertEqual(r["backend_entry_points"], [])
+        self.assertEqual(r["status"], "ok")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,8 @@
+"""``python -m torch_serial_testing {doctor,inspect}``: see :mod:`torch_serial_testing.cli`."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
