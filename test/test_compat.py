@@ -65,6 +65,9 @@ class TestFutureTorchWithoutQuantization(unittest.TestCase):
         here = os.path.dirname(os.path.abspath(__file__))
         code = textwrap.dedent("""
             import sys, unittest
+            import torch  # torch itself imports torch.ao.nn.sparse; forget it, then block re-imports
+            for name in [m for m in sys.modules if m.startswith("torch.ao.nn.sparse")]:
+                del sys.modules[name]
             class _Gone:
                 def find_spec(self, name, path=None, target=None):
                     if name.startswith("torch.ao.nn.sparse"):

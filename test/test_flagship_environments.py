@@ -1,0 +1,197 @@
+"""The flagship port (test/ao/sparsity/test_qlinear_packed_params.py) under each weights-only environment.
+
+Each test runs the flagship file once in a subprocess (``python -m unittest -v``)
+with one combination of the two ``TORCH_FORCE_*`` switches and
+``TORCH_SERIAL_TESTING_REPORT`` pointing at a temporary file, then checks per
+generated test id what happened: which round trips loaded, which were rejected,
+how many tests ran, the exit code.  The expected outcome of every id is
+derived below from the load mode, the environment and what the checkpoint
+needs -- not copied from a run.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+FLAGSHIP_DIR = ROOT / "test" / "ao" / "sparsity"
+FLAGSHIP_MODULE = "test_qlinear_packed_params"
+GENERATED_CLASS = "TestQlinearPackedParamsCPU"
+FACTS_CLASS = "TestQlinearPackedParamsCheckpointFacts"
+
+FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
+
+MODES = ("weights_only_false", "safe_globals", "default")
+ENGINES = ("fbgemm", "qnnpack")
+WEIGHT_CASES = 3  # per_tensor_small, per_channel_small, per_tensor_large
+# What a full-module checkpoint of the sparse Linear needs beyond torch's allowlist.
+MODULE_GLOBALS = (
+    "torch.ScriptObject",
+    "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
+    "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
+)
+
+
+def torch_defaults_to_weights_only():
+    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    return (major, minor) >= (2, 6)
+
+
+def effective_weights_only(mode, env):
+    """torch.load's precedence: force-on beats everything, then an explicit argument, then force-off."""
+    if env.get(FORCE_WO):
+        return True
+    if mode == "weights_only_false":
+        return False
+    if mode == "safe_globals":
+        return True
+    if env.get(FORCE_NO_WO):
+        return False
+    return torch_defaults_to_weights_only()
+
+
+def round_trip_tests():
+    """test id -> (what it saves: 'module' or 'state_dict', load mode, round trips per run)."""
+    tests = {}
+    for mode in MODES:
+        for engine in ENGINES:
+            tests[f"test_qlinear_packed_params_{engine}_{mode}_cpu"] = ("module", mode, WEIGHT_CASES)
+            tests[f"test_qlinear_packed_params_state_dict_{engine}_{mode}_cpu"] = ("state_dict", mode, WEIGHT_CASES)
+        for save, load in ((a, b) for a in ENGINES for b in ENGINES if a != b):
+            tests[f"test_qlinear_packed_params_cross_compatibility_{save}_to_{load}_{mode}_cpu"] = ("module", mode, 1)
+    return {f"{FLAGSHIP_MODULE}.{GENERATED_CLASS}.{name}": spec for name, spec in tests.items()}
+
+
+NO_LOAD_TESTS = tuple(
+    f"{FLAGSHIP_MODULE}.{FACTS_CLASS}.{name}"
+    for name in ("test_required_globals", "test_full_module_state_dict_load_is_broken_in_torch")
+)
+
+
+def expected_load(saved, mode, env):
+    """(loads, weights_only) for one round trip."""
+    weights_only = effective_weights_only(mode, env)
+    # A state_dict needs nothing beyond torch's allowlist; the module needs MODULE_GLOBALS,
+    # which only the safe_globals mode declares.
+    loads = not weights_only or saved == "state_dict" or mode == "safe_globals"
+    return loads, weights_only
+
+
+def run_flagship(extra_env):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    for name in (REPORT_ENV, "EXPECTTEST_ACCEPT"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env.update(extra_env)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.jsonl"
+        env[REPORT_ENV] = str(report)
+        proc = subprocess.run(
+            [sys.executable, "-m", "unittest", "-v", FLAGSHIP_MODULE],
+            cwd=FLAGSHIP_DIR,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=900,  # a hang guard only
+        )
+        records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+    return proc, records
+
+
+class TestFlagshipEnvironments(unittest.TestCase):
+    maxDiff = None
+
+    def run_and_check_ids(self, extra_env):
+        proc, records = run_flagship(extra_env)
+        out = proc.stdout + proc.stderr
+        self.addTypeEqualityFunc(str, self.assertMultiLineEqual)
+        ran = re.findall(r"^Ran (\d+) tests? in ", out, re.M)
+        expected_ids = set(round_trip_tests()) | set(NO_LOAD_TESTS)
+        self.assertEqual(ran, [str(len(expected_ids))], out[-3000:])
+        started = set(re.findall(r"^test\w+ \(([\w.]+)\)", out, re.M))
+        self.assertEqual(started, expected_ids)
+        return proc, records, out
+
+    def check_environment(self, extra_env):
+        proc, records, out = self.run_and_check_ids(extra_env)
+        self.assertEqual(proc.returncode, 0, out[-5000:])
+        self.assertRegex(out, r"\nOK\n")
+        by_test = {}
+        for record in records:
+            by_test.setdefault(record["test"], []).append(record)
+        expected = round_trip_tests()
+        self.assertEqual(set(by_test), set(expected), "tests that reported round trips")
+        for test_id, (saved, mode, count) in expected.items():
+            with self.subTest(test=test_id):
+                loads, weights_only = expected_load(saved, mode, extra_env)
+                got = by_test[test_id]
+                self.assertEqual(len(got), count)
+                for record in got:
+                    self.assertEqual(record["mode"], mode)
+                    self.assertIs(record["loaded"], loads, record["summary"])
+                    self.assertIs(record["weights_only"], weights_only, record["summary"])
+                    verb = "loaded" if loads else "rejected"
+                    self.assertTrue(record["summary"].startswith(f"{mode}: {verb} as expected ("), record["summary"])
+                    if not loads:
+                        self.assertIn(f"{', '.join(MODULE_GLOBALS)} not allowlisted", record["summary"])
+                    if extra_env.get(FORCE_WO) and mode != "safe_globals":
+                        self.assertIn(f"forced by {FORCE_WO}=", record["summary"])
+                    # verbose output shows the outcome next to the test
+                    self.assertIn(record["summary"] + " ... ", out)
+        return records
+
+    def test_default_environment(self):
+        records = self.check_environment({})
+        # the seed failure of the upstream test (bare torch.load), now an asserted, explained rejection
+        rejected = {r["summary"] for r in records if not r["loaded"]}
+        if torch_defaults_to_weights_only():
+            self.assertEqual(
+                rejected,
+                {f"default: rejected as expected (weights_only=True since torch 2.6; "
+                 f"{', '.join(MODULE_GLOBALS)} not allowlisted)"},
+            )
+        else:
+            self.assertEqual(rejected, set())
+
+    def test_force_no_weights_only(self):
+        records = self.check_environment({FORCE_NO_WO: "1"})
+        self.assertTrue(all(r["loaded"] for r in records))
+
+    def test_force_weights_only(self):
+        records = self.check_environment({FORCE_WO: "1"})
+        self.assertTrue(any(not r["loaded"] and r["mode"] == "weights_only_false" for r in records))
+
+    def test_both_forced_fail_with_one_clear_message(self):
+        env = {FORCE_WO: "1", FORCE_NO_WO: "1"}
+        proc, records, out = self.run_and_check_ids(env)
+        self.assertEqual(proc.returncode, 1, out[-5000:])
+        self.assertEqual(records, [], "no load may be attempted when both switches are set")
+        message = (
+            f"{FORCE_WO}=1 and {FORCE_NO_WO}=1 are both set: torch.load raises RuntimeError on every "
+            "load. Unset one of them."
+        )
+        # Every failure report (one per failing test or subtest) carries that message.
+        blocks = [b for b in re.split(r"^={50,}\n", out, flags=re.M) if re.match(r"(ERROR|FAIL): ", b)]
+        self.assertTrue(blocks, out[-5000:])
+        failed = set()
+        for block in blocks:
+            failed.add(re.match(r"(?:ERROR|FAIL): test\w+ \(([\w.]+)\)", block).group(1))
+            self.assertIn(message, block)
+        self.assertEqual(failed, set(round_trip_tests()))
+        for test_id in NO_LOAD_TESTS:
+            self.assertRegex(out, rf"\({re.escape(test_id)}\) \.\.\. ok\n")
+        self.assertRegex(out, r"\nFAILED \(")
+
+
+if __name__ == "__main__":
+    unittest.main()
