@@ -23,6 +23,7 @@ from .errors import RoundTripConfigError
 __all__ = [
     "SafeGlobal",
     "normalize_safe_globals",
+    "refuse_dangerous",
     "qualified_name",
     "torch_allowlist",
     "registered_globals",
@@ -156,15 +157,32 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
             sg = SafeGlobal(item[0], item[1], explicit_name=True)
         else:
             sg = SafeGlobal(item, qualified_name(item))
-        reason = dangerous_reason(sg.name)
-        if reason:
-            raise RoundTripConfigError(f"refusing to allowlist {sg.name}: {reason}")
+        refuse_dangerous(sg)
         out.append(sg)
     names = [sg.name for sg in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise RoundTripConfigError(f"safe global declared twice: {', '.join(dupes)}")
     return tuple(out)
+
+
+def refuse_dangerous(sg: SafeGlobal) -> None:
+    """Raise :class:`RoundTripConfigError` if *sg* names or *is* something dangerous.
+
+    The object's own ``module.qualname`` is checked too, so ``(os.system, "mymod.Safe")``
+    cannot smuggle ``os.system`` in under a harmless-looking name.
+    """
+    reason = dangerous_reason(sg.name)
+    real = None
+    if not reason:
+        module = getattr(sg.obj, "__module__", None)
+        qualname = getattr(sg.obj, "__qualname__", None)
+        if isinstance(module, str) and isinstance(qualname, str):
+            real = f"{module}.{qualname}"
+            reason = dangerous_reason(real)
+    if reason:
+        alias = f" (which is {real})" if real and real != sg.name else ""
+        raise RoundTripConfigError(f"refusing to allowlist {sg.name}{alias}: {reason}")
 
 
 def torch_allowlist() -> frozenset[str]:

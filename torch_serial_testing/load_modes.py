@@ -25,9 +25,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from .allowlist import SafeGlobal, registered_globals, registry_lock, preserved_registry, torch_allowlist
+from .allowlist import SafeGlobal, normalize_safe_globals, refuse_dangerous, registered_globals, registry_lock, preserved_registry, torch_allowlist
 from .checkpoint import Checkpoint
-from .errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
+from .errors import CheckpointFormatError, ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 
 __all__ = [
     "LoadMode",
@@ -218,7 +218,14 @@ def load(
 
     ``weights_only=False`` is applied only to a checkpoint this process saved
     (:meth:`Checkpoint.save`); anything else raises :class:`UnsafeLoadRefused`
-    before torch sees it.  A rejection never leads to a retry in another mode.
+    before torch sees it (the ``weights_only_false`` mode always, other modes when
+    the environment makes them full loads).  Foreign bytes are always passed to
+    ``torch.load`` with an explicit ``weights_only=True`` -- the same effective call
+    as the predicted bare one, but robust to a replaced ``torch.load`` or an
+    environment changed by another thread.  Dangerous *safe_globals* are refused.
+    A legacy tar checkpoint raises :class:`CheckpointFormatError` (torch reads it
+    only from a real file, never weights-only).  A rejection never leads to a
+    retry in another mode.
     """
     import torch
 
@@ -233,9 +240,10 @@ def load(
             f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
             f"torch {torch.__version__} lacks it"
         )
+    safe_globals = _checked_safe_globals(safe_globals)
     with registry_lock:
         expectation = predict(mode, checkpoint, safe_globals)
-        if not expectation.weights_only and not checkpoint.owned:
+        if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
             raise UnsafeLoadRefused(
                 f"refusing a weights_only=False load ({expectation.reason}) of bytes this process did "
                 "not just produce: only Checkpoint.save() output may be fully unpickled"
@@ -244,6 +252,11 @@ def load(
             raise UnexpectedLoadOutcome(
                 "this is a TorchScript archive: torch.load would hand it to torch.jit.load; "
                 "load it with torch.jit.load instead"
+            )
+        if checkpoint.info.format == "tar":
+            raise CheckpointFormatError(
+                "this is a legacy tar checkpoint (torch < 0.4): torch.load reads that format only from a "
+                "real file and never with weights_only=True; re-save it with a current torch"
             )
         kwargs: dict[str, Any] = {}
         if map_location is not None:
@@ -259,8 +272,11 @@ def load(
                 elif mode is LoadMode.SAFE_GLOBALS:
                     with torch.serialization.safe_globals([sg.torch_entry for sg in safe_globals]):
                         value = torch.load(buf, weights_only=True, **kwargs)
-                else:
+                elif checkpoint.owned:
                     value = torch.load(buf, **kwargs)
+                else:
+                    # Foreign bytes: the predicted effective call, made explicit.
+                    value = torch.load(buf, weights_only=True, **kwargs)
             except pickle.UnpicklingError as e:
                 error = e
             except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome below
@@ -277,6 +293,27 @@ def load(
     return _verify(expectation, value, error, warned)
 
 
+def _checked_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
+    """*safe_globals* as SafeGlobal entries, refusing dangerous ones (however they are named)."""
+    if isinstance(safe_globals, (str, bytes)):
+        return normalize_safe_globals(safe_globals)  # raises, naming the fix
+    out: list[SafeGlobal] = []
+    for sg in safe_globals:
+        if isinstance(sg, SafeGlobal):
+            refuse_dangerous(sg)
+            out.append(sg)
+        else:
+            out.extend(normalize_safe_globals([sg]))
+    return tuple(out)
+
+
+def _torch_spellings(name: str) -> tuple[str, ...]:
+    """How torch's rejection message may spell *name* (it drops the ``builtins.`` prefix)."""
+    if name.startswith("builtins."):
+        return (name, f"GLOBAL {name[len('builtins.'):]} ")
+    return (name,)
+
+
 def _verify(exp: Expectation, value: Any, error: Optional[BaseException], warned: bool) -> LoadResult:
     loaded = error is None
     problem: Optional[str] = None
@@ -287,7 +324,7 @@ def _verify(exp: Expectation, value: Any, error: Optional[BaseException], warned
             f"expected rejection ({exp.reason}; {', '.join(exp.missing)} not allowlisted); "
             "torch loaded it: unexpected success"
         )
-    elif not loaded and not any(name in str(error) for name in exp.missing):
+    elif not loaded and not any(spelling in str(error) for name in exp.missing for spelling in _torch_spellings(name)):
         problem = (
             f"rejected, but the message names none of the missing globals {list(exp.missing)}:\n{error}"
         )

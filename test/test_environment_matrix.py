@@ -1,0 +1,297 @@
+"""The TORCH_FORCE_* environment matrix: every round trip green and accurate, or the one conflict message.
+
+Expected outcomes are derived here from torch's own rules (``torch.load``:
+the two switches, truthy iff ``value.lower()`` is in torch's ``true_values``;
+both set is an error; ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` beats an explicit
+argument; ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` only replaces the default), never
+from observed output.  ``predict``/``WeightsOnlySwitches`` are unit-tested in
+process for every rule and spelling; a few subprocesses run
+``envcheck_roundtrip.py`` for real, batching the odd spellings into one process.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+from typing import Mapping, Optional
+
+import torch
+
+from torch_serial_testing import (
+    Checkpoint,
+    ConflictingEnvironmentError,
+    LoadMode,
+    predict,
+)
+from torch_serial_testing.allowlist import normalize_safe_globals
+from torch_serial_testing.load_modes import TRUE_VALUES, WeightsOnlySwitches
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+NO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+REPORT = "TORCH_SERIAL_TESTING_REPORT"
+MODULE = "envcheck_roundtrip"
+CLASS = f"{MODULE}.EnvCheckRoundTripCPU"
+TESTS = ("full_module", "state_dict")
+MODES = ("weights_only_false", "safe_globals", "default")
+ODD_TRUE = ("TRUE", "Yes", "y")
+ODD_FALSE = ("0", "", "false")
+
+
+def _torch_true_values() -> tuple[str, ...]:
+    """``true_values`` as written in torch.load's source."""
+    source = inspect.getsource(torch.serialization.load)
+    match = re.search(r"true_values\s*=\s*(\[[^\]]*\])", source)
+    if match is None:  # pragma: no cover - a torch that moved the rule
+        raise unittest.SkipTest("cannot find true_values in torch.load's source")
+    return tuple(ast.literal_eval(match.group(1)))
+
+
+TORCH_TRUE = _torch_true_values()
+
+
+def _torch_default_weights_only() -> bool:
+    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+    return (major, minor) >= (2, 6)
+
+
+def torch_rule(env: Mapping[str, str], mode: str) -> Optional[tuple[bool, bool]]:
+    """(effective weights_only, torch warns) for a load in *mode*; None when torch refuses every load."""
+    force_wo = env.get(WO, "0").lower() in TORCH_TRUE
+    force_no = env.get(NO, "0").lower() in TORCH_TRUE
+    if force_wo and force_no:
+        return None
+    explicit = {"weights_only_false": False, "safe_globals": True, "default": None}[mode]
+    if force_wo:
+        return True, False
+    if explicit is not None:
+        return explicit, False
+    if force_no:
+        return False, True
+    return _torch_default_weights_only(), False
+
+
+def expected_loaded(test: str, mode: str, weights_only: bool) -> bool:
+    """The full module needs one non-allowlisted global, declared only in the safe_globals mode."""
+    return not weights_only or test == "state_dict" or mode == "safe_globals"
+
+
+# -- in process: predict and the switches -----------------------------------------------------
+
+SPELLINGS = ("1", "y", "Y", "yes", "Yes", "YES", "true", "TRUE", "True",
+             "0", "", "false", "False", "no", "n", "2", "on", " 1", "1 ", "yes!")
+
+
+class TestWeightsOnlySwitches(unittest.TestCase):
+    def test_truthy_spellings_match_torch(self) -> None:
+        self.assertEqual(sorted(TRUE_VALUES), sorted(TORCH_TRUE))
+        for value in SPELLINGS:
+            truthy = value.lower() in TORCH_TRUE
+            with self.subTest(value=value):
+                switches = WeightsOnlySwitches.from_environ({WO: value})
+                self.assertEqual(switches.force_weights_only, truthy)
+                self.assertFalse(switches.force_no_weights_only)
+                switches = WeightsOnlySwitches.from_environ({NO: value})
+                self.assertEqual(switches.force_no_weights_only, truthy)
+                self.assertFalse(switches.force_weights_only)
+                self.assertEqual(switches.raw, {WO: None, NO: value})
+
+    def test_unset_is_false(self) -> None:
+        switches = WeightsOnlySwitches.from_environ({})
+        self.assertFalse(switches.force_weights_only or switches.force_no_weights_only or switches.conflict)
+
+    def test_conflict_message_names_both_values(self) -> None:
+        switches = WeightsOnlySwitches.from_environ({WO: "Yes", NO: "TRUE"})
+        self.assertTrue(switches.conflict)
+        self.assertEqual(
+            switches.conflict_message(),
+            f"{WO}=Yes and {NO}=TRUE are both set: torch.load raises RuntimeError on every load. Unset one of them.",
+        )
+
+    def test_reads_os_environ_when_no_mapping_given(self) -> None:
+        from unittest import mock
+
+        with mock.patch.dict(os.environ, {WO: "y"}):
+            os.environ.pop(NO, None)
+            self.assertTrue(WeightsOnlySwitches.from_environ().force_weights_only)
+
+
+class TestPredictRules(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        sys.path.insert(0, HERE)
+        import envcheck_roundtrip
+
+        cls.net = envcheck_roundtrip.EnvCheckNet
+        cls.checkpoints = {
+            "full_module": Checkpoint.save(cls.net()),
+            "state_dict": Checkpoint.save(cls.net().state_dict()),
+        }
+        cls.declared = normalize_safe_globals([cls.net])
+
+    def environments(self) -> list[dict[str, str]]:
+        envs: list[dict[str, str]] = [{}]
+        for value in SPELLINGS:
+            envs += [{WO: value}, {NO: value}]
+        for a in ("1", "TRUE", "0", ""):
+            for b in ("y", "Yes", "false", ""):
+                envs.append({WO: a, NO: b})
+        return envs
+
+    def test_every_rule_and_spelling(self) -> None:
+        for env in self.environments():
+            for mode in MODES:
+                for test, checkpoint in self.checkpoints.items():
+                    with self.subTest(env=env, mode=mode, test=test):
+                        rule = torch_rule(env, mode)
+                        if rule is None:
+                            with self.assertRaises(ConflictingEnvironmentError) as cm:
+                                predict(mode, checkpoint, self.declared, environ=env)
+                            self.assertEqual(str(cm.exception), WeightsOnlySwitches.from_environ(env).conflict_message())
+                            continue
+                        weights_only, warns = rule
+                        exp = predict(mode, checkpoint, self.declared, environ=env)
+                        self.assertIs(exp.mode, LoadMode.parse(mode))
+                        self.assertEqual(exp.weights_only, weights_only)
+                        self.assertEqual(exp.warns, warns)
+                        self.assertEqual(exp.loads, expected_loaded(test, mode, weights_only))
+                        missing = () if exp.loads else (f"{MODULE}.EnvCheckNet",)
+                        self.assertEqual(exp.missing, missing)
+
+    def test_reasons_name_the_switch(self) -> None:
+        exp = predict("weights_only_false", self.checkpoints["state_dict"], environ={WO: "Yes"})
+        self.assertEqual(exp.reason, f"weights_only=True forced by {WO}=Yes over explicit weights_only=False")
+        exp = predict("default", self.checkpoints["state_dict"], environ={NO: "y"})
+        self.assertEqual(exp.reason, f"weights_only=False forced by {NO}=y")
+        self.assertIn("torch warned", exp.summary())
+        exp = predict("safe_globals", self.checkpoints["state_dict"], environ={NO: "1"})
+        self.assertEqual(exp.reason, "weights_only=True explicit")
+
+    def test_safe_globals_only_count_in_their_mode(self) -> None:
+        for mode in ("weights_only_false", "default"):
+            exp = predict(mode, self.checkpoints["full_module"], self.declared, environ={WO: "1"})
+            self.assertEqual(exp.missing, (f"{MODULE}.EnvCheckNet",))
+
+
+# -- subprocesses: the real thing ----------------------------------------------------------------
+
+
+def _ids() -> list[str]:
+    return [f"{CLASS}.test_{t}_{m}_cpu" for t in TESTS for m in MODES]
+
+
+class TestEnvironmentMatrix(unittest.TestCase):
+    """Runs envcheck_roundtrip.py under each environment; checks every test id and report line."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.mkdtemp(prefix="tst-envmatrix-")
+        # Two processes keep this cheap (torch's import dominates).  One starts with both
+        # switches set, as a CI job would; the other starts with TORCH_FORCE_WEIGHTS_ONLY_LOAD=1
+        # and then runs every other state, set between suite runs (torch reads them on
+        # every load; the driver clears all switches before applying each state).
+        headline = [{}, {NO: "1"}, {WO: "1", NO: "1"}]
+        odd = [{var: value} for var in (WO, NO) for value in ODD_TRUE + ODD_FALSE]
+        odd += [{WO: "TRUE", NO: "y"}, {WO: "0", NO: "Yes"}, {WO: "true", NO: "false"}]
+        procs = []
+        both_at_start = {WO: "1", NO: "1"}
+        report = os.path.join(cls.tmp, "start-both.jsonl")
+        procs.append((_spawn({"ids": _ids()}, {**both_at_start, REPORT: report}), [(both_at_start, report)]))
+        wo_at_start = {WO: "1"}
+        start_report = os.path.join(cls.tmp, "start-wo.jsonl")
+        batch = [(env, os.path.join(cls.tmp, f"state{i}.jsonl")) for i, env in enumerate(headline + odd)]
+        spec = {"ids": _ids(), "states": [{"env": None}] + [{"env": {**e, REPORT: r}} for e, r in batch]}
+        procs.append((_spawn(spec, {**wo_at_start, REPORT: start_report}), [(wo_at_start, start_report)] + batch))
+        cls.results: list[tuple[dict[str, str], str, dict[str, dict[str, str]]]] = []
+        cls.failures: list[str] = []
+        for proc, states in procs:
+            out, err = proc.communicate(timeout=300)
+            if proc.returncode != 0:
+                cls.failures.append(f"driver exited {proc.returncode}:\n{err[-3000:]}")
+                continue
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            if len(lines) != len(states):
+                cls.failures.append(f"expected {len(states)} result lines, got {len(lines)}:\n{out}\n{err[-3000:]}")
+                continue
+            for (env, report), line in zip(states, lines):
+                cls.results.append((env, report, json.loads(line)))
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        import shutil
+
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def test_drivers_ran(self) -> None:
+        self.assertEqual(self.failures, [])
+        self.assertEqual(len(self.results), 2 + 3 + 15)
+
+    def test_every_run_is_green_and_accurate(self) -> None:
+        self.assertEqual(self.failures, [])
+        for env, report, outcomes in self.results:
+            with self.subTest(env=env):
+                self.assertEqual(sorted(outcomes), sorted(_ids()))
+                lines = []
+                if os.path.exists(report):
+                    with open(report) as fh:
+                        lines = [json.loads(line) for line in fh]
+                conflict = any(torch_rule(env, m) is None for m in MODES)
+                if conflict:
+                    message = WeightsOnlySwitches.from_environ(env).conflict_message()
+                    for test_id, outcome in outcomes.items():
+                        self.assertEqual(outcome, {"outcome": "fail", "message": message}, test_id)
+                    self.assertEqual(lines, [])
+                    continue
+                for test_id, outcome in outcomes.items():
+                    self.assertEqual(outcome["outcome"], "pass", f"{test_id}: {outcome['message']}")
+                by_test = {line["test"]: line for line in lines}
+                self.assertEqual(len(lines), len(_ids()), "one report line per round trip")
+                for test in TESTS:
+                    for mode in MODES:
+                        test_id = f"{CLASS}.test_{test}_{mode}_cpu"
+                        weights_only, warns = torch_rule(env, mode)  # type: ignore[misc]
+                        loaded = expected_loaded(test, mode, weights_only)
+                        line = by_test[test_id]
+                        self.assertEqual(line["mode"], mode, test_id)
+                        self.assertEqual(line["weights_only"], weights_only, test_id)
+                        self.assertEqual(line["loaded"], loaded, test_id)
+                        verb = "loaded" if loaded else "rejected"
+                        self.assertTrue(line["summary"].startswith(f"{mode}: {verb} as expected ("), line["summary"])
+                        self.assertEqual("torch warned" in line["summary"], warns, line["summary"])
+                        if not loaded:
+                            self.assertIn(f"{MODULE}.EnvCheckNet not allowlisted", line["summary"])
+
+    def test_matrix_covers_every_outcome(self) -> None:
+        """The matrix is not vacuous: rejections, forced full loads and conflicts all occur."""
+        summaries = set()
+        for env, report, _ in self.results:
+            if os.path.exists(report):
+                with open(report) as fh:
+                    summaries |= {json.loads(line)["summary"].split(" (")[0] for line in fh}
+        for mode in MODES:
+            self.assertIn(f"{mode}: loaded as expected", summaries)
+        for mode in ("weights_only_false", "default"):
+            self.assertIn(f"{mode}: rejected as expected", summaries)
+        conflicts = [env for env, _, _ in self.results if torch_rule(env, "default") is None]
+        self.assertEqual(len(conflicts), 3)
+
+
+def _spawn(spec: dict, env: dict[str, str]) -> subprocess.Popen:
+    child_env = {k: v for k, v in os.environ.items() if k not in (WO, NO, REPORT)}
+    child_env.update(env)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "envcheck_roundtrip.py"), "--spec", json.dumps(spec)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env, cwd=HERE,
+    )
+
+
+if __name__ == "__main__":
+    unittest.main()

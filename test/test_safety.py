@@ -1,0 +1,513 @@
+"""Safety: no public path of the library runs code from bytes it did not produce.
+
+Every hostile checkpoint from ``hostile_checkpoints`` appends to a sentinel file
+if any of its code runs; the sentinel must never exist.  A subprocess first
+proves the payloads are live (a full unpickle *does* write the sentinel), so the
+absence of the sentinel here means something.  Broken bytes must give a clear
+:class:`CheckpointFormatError` (or the documented error), never a hang or crash.
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+import zipfile
+from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import hostile_checkpoints as H  # noqa: E402
+import torch_serial_testing as tst  # noqa: E402
+from torch_serial_testing import (  # noqa: E402
+    AllowlistError,
+    Checkpoint,
+    CheckpointFormatError,
+    ExpectedRejection,
+    LoadMode,
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    UnexpectedLoadOutcome,
+    UnsafeLoadRefused,
+    dangerous_reason,
+    required_globals,
+    scan_checkpoint,
+)
+from torch_serial_testing.allowlist import SafeGlobal, normalize_safe_globals  # noqa: E402
+
+WEIGHTS_ONLY_MODES = ("safe_globals", "default")
+
+# torch's weights-only unpickler refuses these opcodes before it ever sees the global
+# (STACK_GLOBAL/SHORT_BINUNICODE, INST/UNICODE): rejected, but not naming the global,
+# which load() reports as UnexpectedLoadOutcome ("rejected, but the message names none ...").
+OPCODE_REJECTED = frozenset({"stack_global_protocol4", "stack_global_unresolved", "inst_protocol0"})
+# torch.load never reads the tar format from memory nor weights-only: CheckpointFormatError.
+TAR = frozenset({"legacy_tar_payload"})
+# Resolves to nothing even in a full unpickle (its point is the allowlisted-looking module).
+NOT_LIVE = frozenset({"forged_torch_utils_name"})
+
+_tmpdir = tempfile.mkdtemp(prefix="tst-safety-")
+# Also removed when the module is only imported (discovery, an idle xdist worker).
+atexit.register(shutil.rmtree, _tmpdir, True)
+SENTINEL = os.path.join(_tmpdir, "sentinel")
+HOSTILE = H.build_all(SENTINEL)
+
+
+def tearDownModule() -> None:  # noqa: N802
+    # Catches anything that ran after its test's own check (e.g. a child process).
+    executed = os.path.exists(SENTINEL)
+    content = open(SENTINEL).read() if executed else ""
+    shutil.rmtree(_tmpdir, ignore_errors=True)
+    if executed:
+        raise AssertionError(f"hostile code ran during test_safety: {content!r}")
+
+
+def _small_module() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(3, 2)
+
+
+class SentinelMixin:
+    def tearDown(self) -> None:
+        super().tearDown()  # type: ignore[misc]
+        self.assertSentinelAbsent()
+
+    def assertSentinelAbsent(self) -> None:  # noqa: N802
+        """Fail (once, here) if hostile code ran; the sentinel is removed so the next test is judged alone."""
+        if os.path.exists(SENTINEL):
+            with open(SENTINEL) as fh:
+                ran = fh.read()
+            os.remove(SENTINEL)
+            raise AssertionError(f"hostile code ran: {ran!r}")
+
+
+class TestHostileCheckpointsAreReal(SentinelMixin, unittest.TestCase):
+    def test_there_are_enough_distinct_payloads(self) -> None:
+        self.assertGreaterEqual(len(HOSTILE), 12)
+        self.assertEqual(len(set(HOSTILE.values())), len(HOSTILE))
+        for name, data in HOSTILE.items():
+            with self.subTest(name):
+                if name.startswith("legacy_"):
+                    continue
+                with zipfile.ZipFile(io.BytesIO(data)) as z:
+                    names = z.namelist()
+                for record in ("archive/data.pkl", "archive/byteorder", "archive/version",
+                               "archive/.format_version", "archive/.data/serialization_id"):
+                    self.assertIn(record, names)
+
+    def test_payloads_run_when_fully_unpickled(self) -> None:
+        """In a child process, torch.load(weights_only=False) of each payload writes the sentinel.
+
+        Without this the sentinel's absence elsewhere would prove nothing.
+        """
+        work = tempfile.mkdtemp(prefix="tst-live-")
+        self.addCleanup(shutil.rmtree, work, True)
+        sentinel = os.path.join(work, "live-sentinel")
+        script = textwrap.dedent(
+            """
+            import json, os, subprocess, sys, warnings
+            sys.path.insert(0, sys.argv[1])
+            import torch
+            from hostile_checkpoints import build_all
+            warnings.simplefilter("ignore")
+            errors = {}
+            for name, data in build_all(sys.argv[2]).items():
+                path = os.path.join(sys.argv[3], name + ".pt")
+                with open(path, "wb") as fh:
+                    fh.write(data)
+                try:  # a real file: the only way torch reads the legacy tar format
+                    value = torch.load(path, weights_only=False)
+                    if isinstance(value, subprocess.Popen):
+                        value.wait()
+                except Exception as e:
+                    errors[name] = type(e).__name__
+            print(json.dumps(errors))
+            """
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script, os.path.dirname(os.path.abspath(__file__)), sentinel, work],
+            capture_output=True, text=True, timeout=120,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        errors = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(errors, {"forged_torch_utils_name": "AttributeError"})
+        with open(sentinel) as fh:
+            ran = sorted(line.strip() for line in fh if line.strip())
+        self.assertEqual(ran, sorted(set(HOSTILE) - NOT_LIVE))
+
+
+class TestStaticScan(SentinelMixin, unittest.TestCase):
+    def test_scan_names_the_dangerous_global(self) -> None:
+        for name, data in HOSTILE.items():
+            with self.subTest(name):
+                info = scan_checkpoint(data)
+                expected_format = "tar" if name in TAR else "legacy" if name.startswith("legacy_") else "zip"
+                self.assertEqual(info.format, expected_format)
+                bad = H.DANGEROUS_GLOBALS[name]
+                self.assertIn(bad, info.globals)
+                self.assertEqual(info, Checkpoint.from_bytes(data).info)
+                self.assertEqual(info, scan_checkpoint(io.BytesIO(data)))
+                self.assertIn(bad, required_globals(data))
+                self.assertIn(bad, required_globals(Checkpoint.from_bytes(data)))
+
+    def test_dangerous_reason_flags_every_payload(self) -> None:
+        forged = {"forged_torch_utils_name"}  # harmless-looking by name: flagged only as not allowlisted
+        for name, data in HOSTILE.items():
+            with self.subTest(name):
+                flagged = [g for g in required_globals(data) if dangerous_reason(g)]
+                if name in forged:
+                    self.assertEqual(flagged, [])
+                    self.assertNotIn(H.DANGEROUS_GLOBALS[name], tst.allowlist.torch_allowlist())
+                else:
+                    self.assertIn(H.DANGEROUS_GLOBALS[name], flagged)
+
+    def test_snippet_never_allowlists_a_dangerous_global(self) -> None:
+        for name, data in HOSTILE.items():
+            with self.subTest(name):
+                needed = required_globals(data)
+                snippet = tst.safe_globals_snippet(needed)
+                context_line = next(l for l in snippet.splitlines() if "safe_globals([" in l)
+                for g in needed:
+                    if dangerous_reason(g):
+                        self.assertNotIn(g.rsplit(".", 1)[-1] + ",", context_line + ",")
+                        self.assertIn(f"# NOT allowlisted, dangerous: {g}", snippet)
+
+
+class TestLoadHelper(SentinelMixin, unittest.TestCase):
+    def assertRejectedWeightsOnly(self, name: str, data: bytes, mode: str) -> None:  # noqa: N802
+        checkpoint = Checkpoint.from_bytes(data)
+        if name in TAR:
+            with self.assertRaisesRegex(CheckpointFormatError, "legacy tar checkpoint"):
+                tst.load(checkpoint, mode)
+        elif name in OPCODE_REJECTED:
+            with self.assertRaisesRegex(UnexpectedLoadOutcome, f"^{mode}: rejected, but the message names none"):
+                tst.load(checkpoint, mode)
+        else:
+            result = tst.load(checkpoint, mode)
+            self.assertFalse(result.loaded)
+            self.assertIsNone(result.value)
+            self.assertIsInstance(result.error, pickle.UnpicklingError)
+            self.assertTrue(result.expectation.weights_only)
+            self.assertIn(H.DANGEROUS_GLOBALS[name], result.expectation.missing)
+            self.assertTrue(result.summary.startswith(f"{mode}: rejected as expected"), result.summary)
+
+    def test_weights_only_modes_reject_every_payload(self) -> None:
+        for name, data in HOSTILE.items():
+            for mode in WEIGHTS_ONLY_MODES:
+                with self.subTest(name, mode=mode):
+                    self.assertRejectedWeightsOnly(name, data, mode)
+                    self.assertSentinelAbsent()
+
+    def test_weights_only_false_is_refused_for_foreign_bytes(self) -> None:
+        for env in ({}, {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
+            for name, data in HOSTILE.items():
+                for wrap in (Checkpoint.from_bytes, lambda d: Checkpoint.from_buffer(io.BytesIO(d))):
+                    with self.subTest(name, env=env), mock.patch.dict(os.environ, env):
+                        checkpoint = wrap(data)
+                        self.assertFalse(checkpoint.owned)
+                        with self.assertRaisesRegex(UnsafeLoadRefused, "did not just produce"):
+                            tst.load(checkpoint, "weights_only_false")
+                        with self.assertRaises(UnsafeLoadRefused):
+                            tst.load(checkpoint, LoadMode.WEIGHTS_ONLY_FALSE)
+
+    def test_foreign_bytes_from_a_file_path_are_foreign(self) -> None:
+        path = os.path.join(_tmpdir, "hostile.pt")
+        with open(path, "wb") as fh:
+            fh.write(HOSTILE["posix_system"])
+        checkpoint = Checkpoint.from_buffer(path)
+        self.assertFalse(checkpoint.owned)
+        with self.assertRaises(UnsafeLoadRefused):
+            tst.load(checkpoint, "weights_only_false")
+        self.assertFalse(tst.load(checkpoint, "default").loaded)
+
+    def test_load_requires_a_checkpoint(self) -> None:
+        with self.assertRaisesRegex(TypeError, "Checkpoint.from_bytes"):
+            tst.load(HOSTILE["os_system"], "default")  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, "Checkpoint.from_bytes"):
+            tst.load(io.BytesIO(HOSTILE["os_system"]), "weights_only_false")  # type: ignore[arg-type]
+
+    def test_force_no_weights_only_refuses_default_on_foreign_bytes(self) -> None:
+        with mock.patch.dict(os.environ, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
+            os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
+            for name, data in HOSTILE.items():
+                with self.subTest(name):
+                    with self.assertRaisesRegex(UnsafeLoadRefused, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"):
+                        tst.load(Checkpoint.from_bytes(data), "default")
+                    # An explicit weights_only=True still wins over the switch.
+                    self.assertRejectedWeightsOnly(name, data, "safe_globals")
+            # Owned bytes load fully, and torch warns about the switch as predicted.
+            module = _small_module()
+            result = tst.load(Checkpoint.save(module), "default")
+            self.assertTrue(result.loaded)
+            self.assertFalse(result.expectation.weights_only)
+            self.assertTrue(result.expectation.warns)
+            tst.assert_round_trip_equal(module, result.value)
+            # The same bytes, re-wrapped as foreign, are refused.
+            raw = Checkpoint.save(module).rewound().getvalue()
+            with self.assertRaises(UnsafeLoadRefused):
+                tst.load(Checkpoint.from_bytes(raw), "default")
+
+    def test_replaced_torch_load_never_fully_unpickles_foreign_bytes(self) -> None:
+        """An out-of-tree backend may replace torch.load with a weights_only=False default."""
+        original = torch.load
+
+        def backend_load(f, map_location=None, *, weights_only=False, **kwargs):  # type: ignore[no-untyped-def]
+            return original(f, map_location=map_location, weights_only=weights_only, **kwargs)
+
+        with mock.patch.object(torch, "load", backend_load):
+            self.assertIsNotNone(tst.load_modes.torch_load_replacement())
+            for name in ("os_system", "posix_system", "state_dict_with_payload", "legacy_cve_2025_32434"):
+                with self.subTest(name):
+                    result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
+                    self.assertFalse(result.loaded)
+                    self.assertSentinelAbsent()
+
+    def test_environment_changed_during_load_cannot_disable_weights_only(self) -> None:
+        """Another thread setting TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD after the prediction."""
+        original = torch.load
+
+        def racing_load(*args, **kwargs):  # type: ignore[no-untyped-def]
+            with mock.patch.dict(os.environ, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
+                return original(*args, **kwargs)
+
+        with mock.patch.object(torch, "load", racing_load):
+            for name in ("os_system", "nested_container", "functools_partial"):
+                with self.subTest(name):
+                    result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
+                    self.assertFalse(result.loaded)
+                    self.assertSentinelAbsent()
+
+    def test_dangerous_safe_globals_are_refused_however_named(self) -> None:
+        alias = H.torch_zip(
+            H.proto(2) + H.call1(H.glob("mymod", "Safe"), H.ustr(f"echo alias >> {SENTINEL}")) + H.STOP
+        )
+        declarations = [
+            ["os.system"], [os.system], ["builtins.eval"], [eval], ["functools.partial"],
+            [(os.system, "mymod.Safe")], [(eval, "mymod.Safe")], [(subprocess.Popen, "mymod.Safe")],
+        ]
+        for declared in declarations:
+            with self.subTest(declared=declared):
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals(declared)
+        for sg in (SafeGlobal(os.system, "mymod.Safe", True), SafeGlobal(os.system, "posix.system")):
+            for mode in WEIGHTS_ONLY_MODES:
+                with self.subTest(sg=sg, mode=mode):
+                    with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist .*posix.system"):
+                        tst.load(Checkpoint.from_bytes(alias), mode, [sg])
+        # Undeclared, the alias is just a missing global.
+        self.assertFalse(tst.load(Checkpoint.from_bytes(alias), "safe_globals").loaded)
+
+    def test_required_globals_of_a_hostile_object_does_not_run_it(self) -> None:
+        payload = H._Reduce(os.system, f"echo object >> {SENTINEL}")
+        self.assertIn("posix.system", required_globals({"x": [payload]}))
+
+
+class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.TestCase):
+    """The mixin's load_checkpoint / round_trip with hostile input, every mode."""
+
+    def test_load_checkpoint_default_mode(self) -> None:
+        for name, data in HOSTILE.items():
+            with self.subTest(name):
+                checkpoint = Checkpoint.from_bytes(data)
+                if name in TAR:
+                    with self.assertRaises(CheckpointFormatError):
+                        self.load_checkpoint(checkpoint, mode="default")
+                elif name in OPCODE_REJECTED:
+                    with self.assertRaisesRegex(UnexpectedLoadOutcome, "rejected, but"):
+                        self.load_checkpoint(checkpoint, mode="default")
+                else:
+                    with self.assertRaisesRegex(ExpectedRejection, "^default: rejected as expected") as cm:
+                        self.load_checkpoint(checkpoint, mode=LoadMode.DEFAULT)
+                    self.assertIn(H.DANGEROUS_GLOBALS[name], cm.exception.summary)
+
+    def test_load_checkpoint_safe_globals_mode_names_what_is_missing(self) -> None:
+        for name, data in HOSTILE.items():
+            with self.subTest(name):
+                with self.assertRaisesRegex(AllowlistError, "misses") as cm:
+                    self.load_checkpoint(Checkpoint.from_bytes(data), mode="safe_globals")
+                self.assertIn(H.DANGEROUS_GLOBALS[name], str(cm.exception))
+
+    def test_load_checkpoint_weights_only_false_refused(self) -> None:
+        for name, data in HOSTILE.items():
+            with self.subTest(name):
+                with self.assertRaises(UnsafeLoadRefused):
+                    self.load_checkpoint(Checkpoint.from_bytes(data), mode="weights_only_false")
+
+    def test_load_checkpoint_refuses_dangerous_declarations(self) -> None:
+        data = HOSTILE["os_system"]
+        for declared in ([os.system], ["os.system"], [(os.system, "os.system")],
+                         [SafeGlobal(os.system, "os.system", True)]):
+            with self.subTest(declared=declared):
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    self.load_checkpoint(Checkpoint.from_bytes(data), mode="safe_globals", safe_globals=declared)
+
+    def test_round_trip_of_a_hostile_object_in_weights_only_modes(self) -> None:
+        payload = {"weight": torch.ones(2), "hook": H._Reduce(os.system, f"echo round_trip >> {SENTINEL}")}
+        with self.assertRaisesRegex(ExpectedRejection, "default: rejected as expected .*posix.system"):
+            self.round_trip(payload, mode="default")
+        with self.assertRaisesRegex(AllowlistError, "posix.system"):
+            self.round_trip(payload, mode="safe_globals")
+
+    def test_class_declaring_a_dangerous_global_fails_at_creation(self) -> None:
+        for declared in (("os.system",), (os.system,), ((os.system, "mymod.Safe"),), ("builtins.exec",)):
+            with self.subTest(declared=declared):
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": declared})
+
+
+class TestBrokenBytes(SentinelMixin, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.good = Checkpoint.save({"w": torch.arange(4.0), "b": torch.ones(3)}).rewound().getvalue()
+
+    def assertFormatError(self, data: bytes, pattern: str) -> None:  # noqa: N802
+        """Every public entry point raises CheckpointFormatError matching *pattern*."""
+        entry_points = {
+            "scan_checkpoint": lambda: scan_checkpoint(data),
+            "required_globals": lambda: required_globals(data),
+            "info": lambda: Checkpoint.from_bytes(data).info,
+            "load default": lambda: tst.load(Checkpoint.from_bytes(data), "default"),
+            "load safe_globals": lambda: tst.load(Checkpoint.from_bytes(data), "safe_globals"),
+        }
+        for label, call in entry_points.items():
+            with self.subTest(label):
+                with self.assertRaisesRegex(CheckpointFormatError, pattern):
+                    call()
+
+    def test_truncated(self) -> None:
+        n = len(self.good)
+        for cut in (1, 2, 3):
+            with self.subTest(cut=cut):
+                self.assertFormatError(self.good[:cut], r"not a torch checkpoint: the first bytes are")
+        for cut in (4, 30, 100, n // 2, n - 22, n - 1):
+            with self.subTest(cut=cut):
+                self.assertFormatError(self.good[:cut], r"zip archive is truncated or its central directory is damaged")
+
+    def test_flipped_byte_in_central_directory(self) -> None:
+        cd = self.good.find(b"PK\x01\x02")
+        self.assertGreater(cd, 0)
+        damaged = bytearray(self.good)
+        damaged[cd + 1] ^= 0xFF  # the central directory signature
+        self.assertFormatError(bytes(damaged), r"central directory is damaged \(Bad magic number")
+        damaged = bytearray(self.good)
+        name_at = self.good.find(b"archive/data.pkl", cd)
+        damaged[name_at + 4] ^= 0x01  # the data.pkl file name in the directory
+        self.assertFormatError(bytes(damaged), r"cannot read '.*data.pkl' from the archive")
+
+    def test_empty(self) -> None:
+        self.assertFormatError(b"", r"the checkpoint is empty \(0 bytes\)")
+
+    def test_not_a_checkpoint(self) -> None:
+        self.assertFormatError(b"hello world", r"not a torch checkpoint")
+        self.assertFormatError(pickle.dumps({"a": 1}, protocol=2), r"no torch magic number")
+        self.assertFormatError(b"\x80\x02\x8a", r"pickle stream is truncated or damaged")
+
+    def test_legacy_tar_checkpoint(self) -> None:
+        data = H.legacy_tar(pickle.dumps({"a": torch.Size([1])}, protocol=2))
+        self.assertEqual(scan_checkpoint(data).format, "tar")
+        self.assertEqual(required_globals(data), [])
+        for mode in WEIGHTS_ONLY_MODES:
+            with self.subTest(mode):
+                with self.assertRaisesRegex(CheckpointFormatError, "legacy tar checkpoint"):
+                    tst.load(Checkpoint.from_bytes(data), mode)
+        with self.assertRaises(UnsafeLoadRefused):
+            tst.load(Checkpoint.from_bytes(data), "weights_only_false")
+        no_pickle = io.BytesIO()
+        import tarfile
+
+        with tarfile.open(fileobj=no_pickle, mode="w:") as tar:
+            info = tarfile.TarInfo("sys_info")
+            raw = pickle.dumps({}, protocol=2)
+            info.size = len(raw)
+            tar.addfile(info, io.BytesIO(raw))
+        self.assertFormatError(no_pickle.getvalue(), "no 'pickle' member")
+
+    def test_torchscript_archive(self) -> None:
+        buf = io.BytesIO()
+        torch.jit.save(torch.jit.script(torch.nn.ReLU()), buf)
+        data = buf.getvalue()
+        self.assertEqual(scan_checkpoint(data).format, "torchscript")
+        with self.assertRaisesRegex(CheckpointFormatError, "TorchScript archive: load it with torch.jit.load"):
+            required_globals(data)
+        for mode in WEIGHTS_ONLY_MODES:
+            with self.subTest(mode):
+                with self.assertRaisesRegex(UnexpectedLoadOutcome, "TorchScript archive"):
+                    tst.load(Checkpoint.from_bytes(data), mode)
+        with self.assertRaises(UnsafeLoadRefused):
+            tst.load(Checkpoint.from_bytes(data), "weights_only_false")
+
+    def test_non_seekable_stream(self) -> None:
+        r, w = os.pipe()
+        os.write(w, self.good[:64])
+        os.close(w)
+        with open(r, "rb", buffering=0) as stream:
+            self.assertFalse(stream.seekable())
+            for call in (Checkpoint.from_buffer, scan_checkpoint, required_globals):
+                with self.subTest(call.__name__):
+                    with self.assertRaisesRegex(CheckpointFormatError, "not seekable .*io.BytesIO"):
+                        call(stream)
+
+    def test_text_mode_file(self) -> None:
+        path = os.path.join(_tmpdir, "text.pt")
+        with open(path, "wb") as fh:
+            fh.write(self.good)
+        with open(path, "r", encoding="latin-1") as fh:
+            with self.assertRaisesRegex(TypeError, "text mode"):
+                Checkpoint.from_buffer(fh)
+
+    def test_damaged_records_never_crash_the_interpreter(self) -> None:
+        """Damaged storages and pickles inside a valid zip, loaded in a child process."""
+        script = textwrap.dedent(
+            """
+            import io, json, random, sys, warnings, zipfile
+            sys.path.insert(0, sys.argv[1])
+            import torch, torch_serial_testing as tst
+            from hostile_checkpoints import torch_zip
+            warnings.simplefilter("ignore")
+            good = tst.Checkpoint.save({"w": torch.arange(4.0), "b": torch.ones(3)}).rewound().getvalue()
+            z = zipfile.ZipFile(io.BytesIO(good))
+            pkl = z.read("archive/data.pkl")
+            storages = {n.split("/data/", 1)[1]: z.read(n) for n in z.namelist() if "/data/" in n}
+            cases = {"short_storage": torch_zip(pkl, {k: v[:2] for k, v in storages.items()}),
+                     "missing_storage": torch_zip(pkl, {}),
+                     "empty_pickle": torch_zip(b"", storages)}
+            rng = random.Random(0)
+            for i in range(40):
+                b = bytearray(pkl)
+                b[rng.randrange(2, len(b) - 1)] = rng.randrange(256)
+                cases[f"flip{i}"] = torch_zip(bytes(b), storages)
+            documented = (tst.CheckpointFormatError, tst.UnexpectedLoadOutcome)
+            out = {}
+            for name, data in cases.items():
+                try:
+                    r = tst.load(tst.Checkpoint.from_bytes(data), "default")
+                    out[name] = "loaded" if r.loaded else "rejected"
+                except documented as e:
+                    out[name] = type(e).__name__
+            print(json.dumps(out))
+            """
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", script, os.path.dirname(os.path.abspath(__file__))],
+            capture_output=True, text=True, timeout=120,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(len(outcomes), 43)
+        self.assertEqual(outcomes["short_storage"], "UnexpectedLoadOutcome")
+        self.assertEqual(outcomes["missing_storage"], "UnexpectedLoadOutcome")
+        self.assertEqual(outcomes["empty_pickle"], "CheckpointFormatError")
+
+
+if __name__ == "__main__":
+    unittest.main()
