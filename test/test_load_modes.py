@@ -101,6 +101,28 @@ class TestSwitches(unittest.TestCase):
             self.assertEqual(load_modes.torch_default_weights_only()[0], True)
 
 
+class TestOpcodes(unittest.TestCase):
+    def test_torch_saves_only_opcodes_the_weights_only_unpickler_reads(self):
+        from roundtrip_fixtures import Wrapper, tiny_qlinear
+
+        for obj in (TinyNet(), Wrapper(), tiny_qlinear(), {"b": b"bytes", "s": {1, 2}, "c": 1j, "f": 1.5, "n": None}):
+            with self.subTest(type(obj).__name__):
+                self.assertEqual(Checkpoint.save(obj).info.unsupported_opcodes, ())
+
+    def test_opcode_set_read_from_torch_source_with_fallback(self):
+        from torch_serial_testing import checkpoint
+
+        checkpoint.weights_only_opcodes.cache_clear()
+        try:
+            self.assertTrue({"GLOBAL", "REDUCE", "BINPERSID", "STOP"} <= checkpoint.weights_only_opcodes())
+            self.assertNotIn("STACK_GLOBAL", checkpoint.weights_only_opcodes())
+            checkpoint.weights_only_opcodes.cache_clear()
+            with mock.patch("inspect.getsource", side_effect=OSError("no source")):
+                self.assertIs(checkpoint.weights_only_opcodes(), checkpoint.WEIGHTS_ONLY_OPCODES)
+        finally:
+            checkpoint.weights_only_opcodes.cache_clear()
+
+
 class TestRealTorchAgrees(unittest.TestCase):
     """The library's load asserts its prediction against real torch in every env state."""
 

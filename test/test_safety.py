@@ -48,8 +48,8 @@ from torch_serial_testing.allowlist import SafeGlobal, normalize_safe_globals  #
 WEIGHTS_ONLY_MODES = ("safe_globals", "default")
 
 # torch's weights-only unpickler refuses these opcodes before it ever sees the global
-# (STACK_GLOBAL/SHORT_BINUNICODE, INST/UNICODE): rejected, but not naming the global,
-# which load() reports as UnexpectedLoadOutcome ("rejected, but the message names none ...").
+# (STACK_GLOBAL/SHORT_BINUNICODE, INST/UNICODE): the scan records them, so the rejection is
+# predicted ("opcode ... not supported by the weights-only unpickler") and expected.
 OPCODE_REJECTED = frozenset({"stack_global_protocol4", "stack_global_unresolved", "inst_protocol0"})
 # torch.load never reads the tar format from memory nor weights-only: CheckpointFormatError.
 TAR = frozenset({"legacy_tar_payload"})
@@ -190,8 +190,12 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
             with self.assertRaisesRegex(CheckpointFormatError, "legacy tar checkpoint"):
                 tst.load(checkpoint, mode)
         elif name in OPCODE_REJECTED:
-            with self.assertRaisesRegex(UnexpectedLoadOutcome, f"^{mode}: rejected, but the message names none"):
-                tst.load(checkpoint, mode)
+            result = tst.load(checkpoint, mode)
+            self.assertFalse(result.loaded)
+            self.assertRegex(str(result.error), r"Unsupported operand \d+")
+            self.assertTrue(set(result.expectation.unsupported_opcodes) & {"STACK_GLOBAL", "INST"})
+            self.assertIn("not supported by the weights-only unpickler", result.summary)
+            self.assertTrue(result.summary.startswith(f"{mode}: rejected as expected"), result.summary)
         else:
             result = tst.load(checkpoint, mode)
             self.assertFalse(result.loaded)
@@ -323,7 +327,7 @@ class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.Tes
                     with self.assertRaises(CheckpointFormatError):
                         self.load_checkpoint(checkpoint, mode="default")
                 elif name in OPCODE_REJECTED:
-                    with self.assertRaisesRegex(UnexpectedLoadOutcome, "rejected, but"):
+                    with self.assertRaisesRegex(ExpectedRejection, "opcode .* not supported by the weights-only unpickler"):
                         self.load_checkpoint(checkpoint, mode="default")
                 else:
                     with self.assertRaisesRegex(ExpectedRejection, "^default: rejected as expected") as cm:
@@ -441,7 +445,7 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
             required_globals(data)
         for mode in WEIGHTS_ONLY_MODES:
             with self.subTest(mode):
-                with self.assertRaisesRegex(UnexpectedLoadOutcome, "TorchScript archive"):
+                with self.assertRaisesRegex(CheckpointFormatError, "TorchScript archive: load it with torch.jit.load"):
                     tst.load(Checkpoint.from_bytes(data), mode)
         with self.assertRaises(UnsafeLoadRefused):
             tst.load(Checkpoint.from_bytes(data), "weights_only_false")

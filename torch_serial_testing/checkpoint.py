@@ -13,9 +13,11 @@ opcodes with :mod:`pickletools`, which never executes anything.  Only the small
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickletools
+import re
 import tarfile
 import zipfile
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ from typing import IO, Any, Iterator, Optional, Union
 
 from .errors import CheckpointFormatError
 
-__all__ = ["Checkpoint", "CheckpointInfo", "scan_checkpoint", "FORMATS"]
+__all__ = ["Checkpoint", "CheckpointInfo", "scan_checkpoint", "FORMATS", "WEIGHTS_ONLY_OPCODES"]
 
 #: Formats :func:`scan_checkpoint` recognises.
 FORMATS = ("zip", "torchscript", "legacy", "tar")
@@ -43,6 +45,8 @@ class CheckpointInfo:
     format: str
     globals: tuple[str, ...]
     nbytes: int
+    #: Opcodes torch's weights-only unpickler refuses ("Unsupported operand"), e.g. STACK_GLOBAL.
+    unsupported_opcodes: tuple[str, ...] = ()
 
     @property
     def unresolved(self) -> bool:
@@ -171,21 +175,22 @@ def _scan(f: IO[bytes], start: int) -> CheckpointInfo:
         raise CheckpointFormatError("the checkpoint is empty (0 bytes): was the buffer rewound or written at all?")
     head = f.read(4)
     f.seek(start)
+    opcodes: set[str] = set()
     if head == _ZIP_MAGIC:
-        fmt, globals_ = _scan_zip(f)
+        fmt, globals_ = _scan_zip(f, opcodes)
     elif _is_tar(f, start):
-        fmt, globals_ = "tar", _scan_tar(f)
+        fmt, globals_ = "tar", _scan_tar(f, opcodes)
     elif head[:1] == b"\x80":
-        fmt, globals_ = "legacy", _scan_legacy(f)
+        fmt, globals_ = "legacy", _scan_legacy(f, opcodes)
     else:
         raise CheckpointFormatError(
             f"not a torch checkpoint: the first bytes are {head!r}; expected a zip archive from "
             "torch.save (b'PK\\x03\\x04') or the legacy pickle format"
         )
-    return CheckpointInfo(fmt, tuple(sorted(globals_)), nbytes)
+    return CheckpointInfo(fmt, tuple(sorted(globals_)), nbytes, tuple(sorted(opcodes)))
 
 
-def _scan_zip(f: IO[bytes]) -> tuple[str, set[str]]:
+def _scan_zip(f: IO[bytes], opcodes: set[str]) -> tuple[str, set[str]]:
     try:
         archive = zipfile.ZipFile(f)
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
@@ -207,7 +212,7 @@ def _scan_zip(f: IO[bytes]) -> tuple[str, set[str]]:
             pkl = archive.read(data[0])
         except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
             raise CheckpointFormatError(f"cannot read {data[0]!r} from the archive: {e}") from None
-    return "zip", _pickle_globals(io.BytesIO(pkl), pickles=1)
+    return "zip", _pickle_globals(io.BytesIO(pkl), 1, opcodes)
 
 
 def _is_tar(f: IO[bytes], start: int) -> bool:
@@ -221,7 +226,7 @@ def _is_tar(f: IO[bytes], start: int) -> bool:
         f.seek(start)
 
 
-def _scan_tar(f: IO[bytes]) -> set[str]:
+def _scan_tar(f: IO[bytes], opcodes: set[str]) -> set[str]:
     found: set[str] = set()
     try:
         with tarfile.open(fileobj=f, mode="r:") as tar:
@@ -235,13 +240,13 @@ def _scan_tar(f: IO[bytes]) -> set[str]:
                         ) from None
                     continue
                 if extracted is not None:
-                    found |= _pickle_globals(io.BytesIO(extracted.read()), pickles=1)
+                    found |= _pickle_globals(io.BytesIO(extracted.read()), 1, opcodes)
     except tarfile.TarError as e:
         raise CheckpointFormatError(f"the legacy tar checkpoint is damaged: {e}") from None
     return found
 
 
-def _scan_legacy(f: IO[bytes]) -> set[str]:
+def _scan_legacy(f: IO[bytes], opcodes: set[str]) -> set[str]:
     # magic number, protocol version, sys_info, the object, the storage keys.
     ops = list(_genops(f))
     magic = next((arg for op, arg, _ in ops if op.name in ("LONG1", "LONG4", "LONG")), None)
@@ -250,7 +255,7 @@ def _scan_legacy(f: IO[bytes]) -> set[str]:
             "a pickle stream, but not a torch checkpoint (no torch magic number): "
             "torch.load would refuse it"
         )
-    return _pickle_globals(f, pickles=4)
+    return _pickle_globals(f, 4, opcodes)
 
 
 def _genops(f: IO[bytes]) -> Iterator[tuple[Any, Any, Any]]:
@@ -265,11 +270,43 @@ _STRING_OPS = frozenset(
 )
 
 
-def _pickle_globals(f: IO[bytes], pickles: int) -> set[str]:
-    """Names of every GLOBAL/INST/STACK_GLOBAL in the next *pickles* pickles of *f*."""
+# The opcodes torch 2.13's weights-only unpickler handles (torch/_weights_only_unpickler.py,
+# Unpickler.load); any other one makes it raise "Unsupported operand <code>".  Read from torch's
+# own source when it is available (see weights_only_opcodes), this is the fallback.
+WEIGHTS_ONLY_OPCODES = frozenset(
+    "GLOBAL NEWOBJ REDUCE BUILD APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1 TUPLE2 TUPLE3 "
+    "NONE NEWFALSE NEWTRUE EMPTY_TUPLE EMPTY_LIST EMPTY_DICT EMPTY_SET BININT BININT1 BININT2 "
+    "BINFLOAT BINUNICODE SHORT_BINSTRING BINPERSID BINGET LONG_BINGET BINPUT LONG_BINPUT LONG1 "
+    "PROTO STOP".split()
+)
+
+
+@functools.lru_cache(maxsize=1)
+def weights_only_opcodes() -> frozenset[str]:
+    """The opcodes this torch's weights-only unpickler accepts, read from its source."""
+    try:
+        import inspect
+
+        from torch import _weights_only_unpickler as wou
+
+        source = inspect.getsource(wou.Unpickler.load)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return WEIGHTS_ONLY_OPCODES
+    found = frozenset(re.findall(r"\b([A-Z][A-Z0-9_]*)\[0\]", source)) & frozenset(
+        op.name for op in pickletools.opcodes
+    )
+    return found if "GLOBAL" in found and "STOP" in found else WEIGHTS_ONLY_OPCODES
+
+
+def _pickle_globals(f: IO[bytes], pickles: int, opcodes: set[str]) -> set[str]:
+    """Names of every GLOBAL/INST/STACK_GLOBAL in the next *pickles* pickles of *f*.
+
+    Opcodes outside :data:`WEIGHTS_ONLY_OPCODES` are added to *opcodes*.
+    """
     from torch._utils import IMPORT_MAPPING, NAME_MAPPING  # python 2 name fix-ups torch applies
 
     found: set[str] = set()
+    supported = weights_only_opcodes()
 
     def add(module: str, name: str) -> None:
         if (module, name) in NAME_MAPPING:
@@ -285,6 +322,8 @@ def _pickle_globals(f: IO[bytes], pickles: int) -> set[str]:
         for op, arg, _pos in _genops(f):
             saw_any = True
             name = op.name
+            if name not in supported:
+                opcodes.add(name)
             if name in ("GLOBAL", "INST"):
                 module, _, attr = str(arg).partition(" ")
                 add(module, attr)

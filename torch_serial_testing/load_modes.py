@@ -145,6 +145,7 @@ class Expectation:
     missing: tuple[str, ...]
     reason: str
     replaced_by: Optional[str] = None
+    unsupported_opcodes: tuple[str, ...] = ()
 
     def summary(self, loaded: Optional[bool] = None) -> str:
         """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``."""
@@ -153,6 +154,8 @@ class Expectation:
         why = self.reason
         if not loaded and self.missing:
             why += f"; {', '.join(self.missing)} not allowlisted"
+        if not loaded and self.unsupported_opcodes:
+            why += f"; opcode {', '.join(self.unsupported_opcodes)} not supported by the weights-only unpickler"
         if self.warns:
             why += "; torch warned"
         if self.replaced_by:
@@ -200,12 +203,17 @@ def predict(
     mode = LoadMode.parse(mode)
     weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_environ(environ))
     missing: tuple[str, ...] = ()
+    opcodes: tuple[str, ...]
     if weights_only:
         allowed = set(torch_allowlist()) | set(registered_globals())
         if mode is LoadMode.SAFE_GLOBALS:
             allowed |= {sg.name for sg in safe_globals}
         missing = tuple(g for g in checkpoint.info.globals if g not in allowed)
-    return Expectation(mode, weights_only, warns, not missing, missing, reason, torch_load_replacement())
+        opcodes = checkpoint.info.unsupported_opcodes
+    else:
+        opcodes = ()
+    loads = not missing and not opcodes
+    return Expectation(mode, weights_only, warns, loads, missing, reason, torch_load_replacement(), opcodes)
 
 
 def load(
@@ -249,9 +257,9 @@ def load(
                 "not just produce: only Checkpoint.save() output may be fully unpickled"
             )
         if checkpoint.info.format == "torchscript":
-            raise UnexpectedLoadOutcome(
-                "this is a TorchScript archive: torch.load would hand it to torch.jit.load; "
-                "load it with torch.jit.load instead"
+            raise CheckpointFormatError(
+                "this is a TorchScript archive: load it with torch.jit.load; torch.load would hand it "
+                "to torch.jit.load, and weights_only does not apply"
             )
         if checkpoint.info.format == "tar":
             raise CheckpointFormatError(
@@ -314,6 +322,19 @@ def _torch_spellings(name: str) -> tuple[str, ...]:
     return (name,)
 
 
+def _names_a_cause(exp: Expectation, message: str) -> bool:
+    """Whether torch's rejection names one of the predicted causes (a global or an opcode).
+
+    The unpickler stops at the first cause it meets, so any one of them will do.
+    """
+    import pickle as _pickle
+
+    if any(s in message for name in exp.missing for s in _torch_spellings(name)):
+        return True
+    codes = {getattr(_pickle, op)[0] for op in exp.unsupported_opcodes if hasattr(_pickle, op)}
+    return any(f"Unsupported operand {code}" in message for code in codes)
+
+
 def _verify(exp: Expectation, value: Any, error: Optional[BaseException], warned: bool) -> LoadResult:
     loaded = error is None
     problem: Optional[str] = None
@@ -321,12 +342,13 @@ def _verify(exp: Expectation, value: Any, error: Optional[BaseException], warned
         problem = f"expected to load ({exp.reason}); torch rejected it:\n{error}"
     elif not exp.loads and loaded:
         problem = (
-            f"expected rejection ({exp.reason}; {', '.join(exp.missing)} not allowlisted); "
+            f"expected rejection ({exp.summary(False).partition('(')[2].rstrip(')')}); "
             "torch loaded it: unexpected success"
         )
-    elif not loaded and not any(spelling in str(error) for name in exp.missing for spelling in _torch_spellings(name)):
+    elif not loaded and not _names_a_cause(exp, str(error)):
         problem = (
-            f"rejected, but the message names none of the missing globals {list(exp.missing)}:\n{error}"
+            f"rejected, but the message names none of the predicted causes (globals {list(exp.missing)}, "
+            f"opcodes {list(exp.unsupported_opcodes)}):\n{error}"
         )
     elif loaded and exp.warns != warned:
         problem = (
