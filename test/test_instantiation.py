@@ -181,10 +181,12 @@ class TestBadInput(unittest.TestCase):
         cases = [
             (dict(qengines=("fbgemm", "tpu")), "unknown quantized engine 'tpu'"),
             (dict(qengines=()), "qengines is empty"),
-            (dict(qengines="fbgemm"), "qengines must be a tuple"),
+            (dict(qengines="fbgemm"), "qengines must be a tuple, got 'fbgemm'; write qengines = ("),
             (dict(devices=("gpu",)), "unknown device type 'gpu'"),
             (dict(devices=()), "devices is empty"),
-            (dict(load_modes=()), "load_modes must be a non-empty tuple"),
+            (dict(load_modes=()), "load_modes is empty"),
+            (dict(qengines=("fbgemm", "fbgemm")), "qengines lists fbgemm more than once"),
+            (dict(devices=("cpu", "cpu")), "devices lists cpu more than once"),
         ]
         for attrs, message in cases:
             with self.subTest(attrs=attrs), self.assertRaisesRegex(RoundTripConfigError, re.escape(message)):

@@ -24,6 +24,7 @@ __all__ = [
     "SafeGlobal",
     "normalize_safe_globals",
     "refuse_dangerous",
+    "as_safe_globals",
     "qualified_name",
     "torch_allowlist",
     "registered_globals",
@@ -183,6 +184,20 @@ def refuse_dangerous(sg: SafeGlobal) -> None:
     if reason:
         alias = f" (which is {real})" if real and real != sg.name else ""
         raise RoundTripConfigError(f"refusing to allowlist {sg.name}{alias}: {reason}")
+
+
+def as_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
+    """*safe_globals* as SafeGlobal entries, refusing dangerous ones (however they are named)."""
+    if isinstance(safe_globals, (str, bytes)):
+        return normalize_safe_globals(safe_globals)  # raises, naming the fix
+    out: list[SafeGlobal] = []
+    for sg in safe_globals:
+        if isinstance(sg, SafeGlobal):
+            refuse_dangerous(sg)
+            out.append(sg)
+        else:
+            out.extend(normalize_safe_globals([sg]))
+    return tuple(out)
 
 
 def torch_allowlist() -> frozenset[str]:

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
 
 from . import allowlist, load_modes
-from .allowlist import SafeGlobal, normalize_safe_globals, safe_globals_snippet
+from .allowlist import SafeGlobal, as_safe_globals, normalize_safe_globals, safe_globals_snippet
 from .checkpoint import Checkpoint
 from .comparison import assert_round_trip_equal
 from .engines import override_qengine, validate_qengines
-from .errors import AllowlistError, LeakedGlobalStateError, RoundTripConfigError
+from .errors import AllowlistError, LeakedGlobalStateError, RoundTripConfigError, dimension
 from .isolation import GlobalState
 from .load_modes import LoadMode
 
@@ -111,11 +111,8 @@ class SerializationRoundTripTestCase:
         cls._tst_safe_globals = normalize_safe_globals(cls.safe_globals)
         cls._tst_state_dict_safe_globals = normalize_safe_globals(cls.state_dict_safe_globals)
         if cls.load_modes is not None:
-            if isinstance(cls.load_modes, (str, LoadMode)) or not cls.load_modes:
-                raise RoundTripConfigError(
-                    f"{cls.__name__}.load_modes must be a non-empty tuple of modes, got {cls.load_modes!r}"
-                )
-            cls.load_modes = tuple(LoadMode.parse(m) for m in cls.load_modes)
+            modes = dimension("load_modes", cls.load_modes, "('default',)")
+            cls.load_modes = dimension("load_modes", tuple(LoadMode.parse(m) for m in modes), "('default',)")
         validate_qengines(cls.qengines)
         make = cls.__dict__.get("make_module")
         if make is not None and not callable(make):
@@ -258,12 +255,7 @@ class SerializationRoundTripTestCase:
                 "this test has no load mode: pass mode=LoadMode.DEFAULT (or another mode), or "
                 "generate the tests with instantiate_round_trip_tests(...)"
             )
-        if safe_globals is None:
-            declared = self._tst_safe_globals
-        elif safe_globals and isinstance(next(iter(safe_globals)), SafeGlobal):
-            declared = tuple(safe_globals)
-        else:
-            declared = normalize_safe_globals(safe_globals)
+        declared = self._tst_safe_globals if safe_globals is None else as_safe_globals(safe_globals)
         if resolved is LoadMode.SAFE_GLOBALS:
             self._check_declared(checkpoint, declared)
         if map_location is _MISSING:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-from .errors import RoundTripConfigError
+from .errors import RoundTripConfigError, dimension
 
 __all__ = [
     "BUILTIN_DEVICE_TYPES",
@@ -101,11 +101,7 @@ def resolve_devices(declared: object, environ: Optional[Mapping[str, str]] = Non
     if declared is None:
         devices = available_device_types()
     else:
-        if isinstance(declared, str) or not hasattr(declared, "__iter__"):
-            raise RoundTripConfigError(f"devices must be a tuple of device types, got {declared!r}; write devices = ('cpu',)")
-        devices = tuple(declared)
-        if not devices:
-            raise RoundTripConfigError("devices is empty; list at least one device type or leave it as None")
+        devices = dimension("devices", declared, "('cpu',)")
         for d in devices:
             if not _is_device_type(d):
                 raise RoundTripConfigError(
@@ -113,8 +109,6 @@ def resolve_devices(declared: object, environ: Optional[Mapping[str, str]] = Non
                     "or privateuse1. For an out-of-tree backend (npu, ...), import its extension "
                     "before instantiating."
                 )
-        if len(set(devices)) != len(devices):
-            raise RoundTripConfigError(f"devices lists a device twice: {devices}")
     only = [x.strip() for x in env.get(ONLY_FOR, "").split(",") if x.strip()]
     excl = [x.strip() for x in env.get(EXCEPT_FOR, "").split(",") if x.strip()]
     if only and excl:

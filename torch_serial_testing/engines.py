@@ -12,7 +12,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
-from .errors import RoundTripConfigError
+from .errors import RoundTripConfigError, dimension
 
 __all__ = [
     "KNOWN_QENGINES",
@@ -68,18 +68,12 @@ def validate_qengines(engines: object) -> Optional[tuple[str, ...]]:
     """Check a class's ``qengines`` declaration (None: no engine dimension)."""
     if engines is None:
         return None
-    if isinstance(engines, str) or not hasattr(engines, "__iter__"):
-        raise RoundTripConfigError(f"qengines must be a tuple of engine names, got {engines!r}; write qengines = ('fbgemm',)")
-    engines = tuple(engines)
-    if not engines:
-        raise RoundTripConfigError("qengines is empty; list at least one engine or leave it as None for no engine dimension")
+    engines = dimension("qengines", engines, "('fbgemm', 'qnnpack')")
     for e in engines:
         if e not in KNOWN_QENGINES:
             raise RoundTripConfigError(
                 f"unknown quantized engine {e!r}; known engines: {', '.join(KNOWN_QENGINES)}"
             )
-    if len(set(engines)) != len(engines):
-        raise RoundTripConfigError(f"qengines lists an engine twice: {engines}")
     return engines
 
 

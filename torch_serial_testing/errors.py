@@ -8,6 +8,8 @@ test runners report them as failures, not errors.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "RoundTripConfigError",
     "UnsafeLoadRefused",
@@ -45,3 +47,16 @@ class AllowlistError(AssertionError):
 
 class LeakedGlobalStateError(AssertionError):
     """A test changed process-wide state (engine, allocator, registry, environment) and did not restore it."""
+
+
+def dimension(attr: str, value: Any, example: str) -> tuple[Any, ...]:
+    """A class's dimension declaration as a non-empty tuple without repeats, or a clear error."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise RoundTripConfigError(f"{attr} must be a tuple, got {value!r}; write {attr} = {example}")
+    items = tuple(value)
+    if not items:
+        raise RoundTripConfigError(f"{attr} is empty; list at least one (e.g. {attr} = {example}) or leave it as None")
+    repeated = sorted({str(x) for x in items if items.count(x) > 1})
+    if repeated:
+        raise RoundTripConfigError(f"{attr} lists {', '.join(repeated)} more than once")
+    return items

@@ -16,6 +16,7 @@ The generic class is removed from the scope, so no runner collects it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import unittest
@@ -25,7 +26,7 @@ from .case import CaseSpec, SerializationRoundTripTestCase
 from .devices import class_suffix, device_skip_reason, resolve_devices
 from .engines import override_qengine, qengine_skip_reason, validate_qengines
 from .errors import RoundTripConfigError
-from .load_modes import LoadMode
+from .load_modes import LoadMode, mode_skip_reason
 
 __all__ = ["instantiate_round_trip_tests", "cross_engine"]
 
@@ -59,8 +60,6 @@ def _specs(fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optiona
 
 
 def _skip_reason(spec: CaseSpec) -> Optional[str]:
-    import torch
-
     for engine in dict.fromkeys(e for e in (spec.save_qengine, spec.load_qengine) if e):
         reason = qengine_skip_reason(engine)
         if reason:
@@ -68,12 +67,7 @@ def _skip_reason(spec: CaseSpec) -> Optional[str]:
     reason = device_skip_reason(spec.device_type)
     if reason:
         return reason
-    if spec.mode is LoadMode.SAFE_GLOBALS and not hasattr(torch.serialization, "safe_globals"):
-        return (
-            f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
-            f"torch {torch.__version__} lacks it"
-        )
-    return None
+    return mode_skip_reason(spec.mode)
 
 
 def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -85,7 +79,7 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise unittest.SkipTest(reason)
         self._tst_case = spec
         device = class_suffix(spec.device_type).lower() if spec.device_type == "privateuse1" else spec.device_type
-        engine_ctx = override_qengine(spec.save_qengine) if spec.save_qengine else _null()
+        engine_ctx = override_qengine(spec.save_qengine) if spec.save_qengine else contextlib.nullcontext()
         with engine_ctx:
             return fn(self, device) if takes_device else fn(self)
 
@@ -94,14 +88,6 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
     run_case.__doc__ = fn.__doc__
     run_case.__module__ = fn.__module__
     return run_case
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, Any]) -> list[type]:

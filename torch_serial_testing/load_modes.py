@@ -17,6 +17,7 @@ green for the right reason in every environment.
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import pickle
 import re
@@ -25,7 +26,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from .allowlist import SafeGlobal, normalize_safe_globals, refuse_dangerous, registered_globals, registry_lock, preserved_registry, torch_allowlist
+from .allowlist import SafeGlobal, as_safe_globals, preserved_registry, registered_globals, registry_lock, torch_allowlist
 from .checkpoint import Checkpoint
 from .errors import CheckpointFormatError, ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 
@@ -121,12 +122,29 @@ def torch_default_weights_only() -> tuple[bool, str]:
     return False, f"the default before torch 2.6 (torch {torch.__version__})"
 
 
+def mode_skip_reason(mode: LoadMode) -> Optional[str]:
+    """Why *mode* cannot run on this torch (the ``safe_globals`` context is torch >= 2.5), or None."""
+    import torch
+
+    if mode is LoadMode.SAFE_GLOBALS and not hasattr(torch.serialization, "safe_globals"):
+        return (
+            f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+            f"torch {torch.__version__} lacks it"
+        )
+    return None
+
+
 def torch_load_replacement() -> Optional[str]:
     """Who replaced ``torch.load`` (out-of-tree backends patch it), or None if it is torch's own."""
     import torch
+
+    return _describe_load(torch.load)
+
+
+@functools.lru_cache(maxsize=8)
+def _describe_load(fn: Any) -> Optional[str]:
     import torch.serialization as ser
 
-    fn = torch.load
     code = getattr(fn, "__code__", None)
     own_file = os.path.splitext(os.path.realpath(ser.__file__))[0]
     if code is not None and os.path.splitext(os.path.realpath(code.co_filename))[0] == own_file:
@@ -243,12 +261,10 @@ def load(
             f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
             "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
         )
-    if mode is LoadMode.SAFE_GLOBALS and not hasattr(torch.serialization, "safe_globals"):
-        raise unittest.SkipTest(
-            f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
-            f"torch {torch.__version__} lacks it"
-        )
-    safe_globals = _checked_safe_globals(safe_globals)
+    reason = mode_skip_reason(mode)
+    if reason:
+        raise unittest.SkipTest(reason)
+    safe_globals = as_safe_globals(safe_globals)
     with registry_lock:
         expectation = predict(mode, checkpoint, safe_globals)
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
@@ -299,20 +315,6 @@ def load(
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
     return _verify(expectation, value, error, warned)
-
-
-def _checked_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
-    """*safe_globals* as SafeGlobal entries, refusing dangerous ones (however they are named)."""
-    if isinstance(safe_globals, (str, bytes)):
-        return normalize_safe_globals(safe_globals)  # raises, naming the fix
-    out: list[SafeGlobal] = []
-    for sg in safe_globals:
-        if isinstance(sg, SafeGlobal):
-            refuse_dangerous(sg)
-            out.append(sg)
-        else:
-            out.extend(normalize_safe_globals([sg]))
-    return tuple(out)
 
 
 def _torch_spellings(name: str) -> tuple[str, ...]:
