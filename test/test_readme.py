@@ -47,6 +47,22 @@ class TestReadme(unittest.TestCase):
         self.assertIn("\n" + commands[1] + "\n", ci)
         self.assertIn('pip install --quiet "torch==2.13.0"', ci)
 
+    def test_renders_without_warnings(self):
+        try:
+            import docutils.core
+        except ImportError:
+            self.skipTest("docutils is not installed (pip install -e '.[test]')")
+        import io
+
+        errors = io.StringIO()
+        docutils.core.publish_string(readme(), writer_name="null",
+                                     settings_overrides={"report_level": 2, "warning_stream": errors})
+        self.assertEqual(errors.getvalue(), "")
+
+    def test_benchmark_results_are_the_committed_ones(self):
+        with open(os.path.join(ROOT, "bench", "RESULTS.rst"), encoding="utf-8") as fh:
+            self.assertIn(fh.read(), readme())
+
     def test_every_public_name_is_documented(self):
         text = readme()
         missing = [name for name in torch_serial_testing.__all__ if f"``{name}" not in text]
