@@ -186,6 +186,14 @@ class TestRealTorchAgrees(unittest.TestCase):
         result = tst.round_trip({"t": torch.ones(2)}, "default", map_location="cpu")
         self.assertEqual(result.value["t"].device.type, "cpu")
 
+    def test_non_buffers_are_named(self):
+        with self.assertRaisesRegex(TypeError, "expected a checkpoint buffer .* got int"):
+            tst.scan_checkpoint(42)
+        with self.assertRaisesRegex(TypeError, "expects bytes, got str"):
+            Checkpoint.from_bytes("not bytes")  # type: ignore[arg-type]
+        with self.assertRaisesRegex(TypeError, "expected a checkpoint buffer .* got object"):
+            Checkpoint.from_buffer(object())
+
     def test_load_takes_a_checkpoint(self):
         with self.assertRaisesRegex(TypeError, "Checkpoint.from_bytes"):
             load_modes.load(b"bytes", "default")  # type: ignore[arg-type]
