@@ -329,11 +329,9 @@ def _names_a_cause(exp: Expectation, message: str) -> bool:
 
     The unpickler stops at the first cause it meets, so any one of them will do.
     """
-    import pickle as _pickle
-
     if any(s in message for name in exp.missing for s in _torch_spellings(name)):
         return True
-    codes = {getattr(_pickle, op)[0] for op in exp.unsupported_opcodes if hasattr(_pickle, op)}
+    codes = {getattr(pickle, op)[0] for op in exp.unsupported_opcodes if hasattr(pickle, op)}
     return any(f"Unsupported operand {code}" in message for code in codes)
 
 
