@@ -18,6 +18,11 @@ from torch_serial_testing import (
     SerializationRoundTripTestCase,
 )
 from torch_serial_testing.case import REPORT_ENV
+from torch_serial_testing.checkpoint import Checkpoint
+
+
+def tst_scan(obj):
+    return Checkpoint.save(obj).info.globals
 
 
 def run_inner(*classes, verbosity=2):
@@ -99,11 +104,19 @@ class TestRoundTrip(unittest.TestCase):
         class Relaxed(Strict):
             allow_unneeded_safe_globals = True
 
-        result, out = run_inner(Strict, Relaxed)
+        class Portable(SerializationRoundTripTestCase, unittest.TestCase):
+            # builtins.set is on torch's allowlist only since torch 2.6; declaring it is not over-trust.
+            safe_globals = (TinyNet, set)
+
+            def test_tiny(self):
+                self.round_trip(TinyNet(), mode="safe_globals")
+
+        self.assertIn("builtins.set", tst_scan(TinyNet()))
+        result, out = run_inner(Strict, Relaxed, Portable)
         self.assertEqual(len(result.failures), 1, out)
         self.assertIn("over-trusts: the checkpoint does not need roundtrip_fixtures.Wrapper",
                       result.failures[0][1])
-        self.assertEqual(result.testsRun, 2)
+        self.assertEqual(result.testsRun, 3)
 
     def test_state_dict_form(self):
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
