@@ -1,9 +1,13 @@
 """A small, representative round-trip test file, run in subprocesses by other tests.
 
 Not named ``test_*`` so runners do not collect it directly.  ``EnvCheckNet``
-holds its parameters directly, so its full-module checkpoint needs exactly
-one global outside torch's allowlist (``envcheck_roundtrip.EnvCheckNet``) and
-its state_dict none.
+holds its parameters directly, so its full-module checkpoint needs one global
+of its own outside torch's allowlist (``envcheck_roundtrip.EnvCheckNet``) plus,
+on a torch whose allowlist lacks it (before torch 2.6), ``builtins.set``
+(``nn.Module._non_persistent_buffers_set``); its state_dict needs none.
+``safe_globals`` declares ``set`` too: the mixin does not count a declared global
+the checkpoint uses and torch already allows as over-trust, so one declaration
+is right on every torch.
 
 Run as a script it is also a tiny driver: it runs the given test ids in the
 given order, once per state (a state may set the environment and its own
@@ -39,7 +43,7 @@ class EnvCheckNet(torch.nn.Module):
 
 
 class EnvCheckRoundTrip(SerializationRoundTripTestCase, unittest.TestCase):
-    safe_globals = (EnvCheckNet,)
+    safe_globals = (EnvCheckNet, set)  # set: portable across the torch 2.6 allowlist change (see above)
 
     def make_module(self) -> EnvCheckNet:
         return EnvCheckNet()

@@ -1,12 +1,27 @@
-"""Small modules shared by the library's own tests (importable as a top-level module from test/)."""
+"""Small modules shared by the library's own tests (importable as a top-level module from test/).
+
+Also the facts about the running torch that the tests' expectations depend on, each derived from
+torch itself (its allowlist, or what a real ``torch.load`` does here), never from a version string.
+"""
 
 from __future__ import annotations
 
+import io
+import os
+import pickle
+import warnings
+from unittest import mock
+
 import torch
+from torch._weights_only_unpickler import _get_allowed_globals
 
 
 class TinyNet(torch.nn.Module):
-    """A float module whose full checkpoint needs exactly one global beyond torch's allowlist."""
+    """A float module whose full checkpoint needs one global of its own beyond torch's allowlist.
+
+    Like every module checkpoint it also names ``builtins.set`` (``_non_persistent_buffers_set``),
+    which torch's allowlist has only since torch 2.6 (see :data:`MODULE_GLOBALS`).
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -26,7 +41,18 @@ class Wrapper(torch.nn.Module):
         self.head = torch.nn.Linear(2, 1)
 
 
-TINY_GLOBALS = ["roundtrip_fixtures.TinyNet"]
+#: Globals every full nn.Module checkpoint needs beyond torch's allowlist, whatever the module:
+#: ``builtins.set`` (the module's ``_non_persistent_buffers_set``) where torch does not allow it.
+MODULE_GLOBALS = [] if "builtins.set" in _get_allowed_globals() else ["builtins.set"]
+#: The objects for MODULE_GLOBALS, as a ``safe_globals`` declaration takes them.
+MODULE_SAFE_GLOBALS = (set,) if MODULE_GLOBALS else ()
+
+TINY_GLOBALS = sorted(["roundtrip_fixtures.TinyNet", *MODULE_GLOBALS])
+#: The minimal safe globals a full TinyNet checkpoint needs here.
+TINY_SAFE_GLOBALS = (TinyNet, *MODULE_SAFE_GLOBALS)
+WRAPPER_GLOBALS = sorted(
+    ["roundtrip_fixtures.TinyNet", "roundtrip_fixtures.Wrapper", "torch.nn.modules.linear.Linear", *MODULE_GLOBALS]
+)
 
 
 def tiny_qlinear(bias: float = 1.0):
@@ -42,8 +68,71 @@ def tiny_qlinear(bias: float = 1.0):
     return lin
 
 
-SEED_GLOBALS = [
-    "torch.ScriptObject",
-    "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
-    "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
-]
+SEED_GLOBALS = sorted(
+    [
+        "torch.ScriptObject",
+        "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
+        "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
+        *MODULE_GLOBALS,
+    ]
+)
+
+
+# -- what a real torch.load does here, observed once ------------------------------------------
+
+FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+def _bare_load(data: bytes, **env: str) -> tuple[str, list[str]]:
+    """A bare ``torch.load`` of *data* with exactly *env* as the TORCH_FORCE_* switches.
+
+    Returns the outcome ("loaded", "rejected" or "refused" for a RuntimeError) and the warnings.
+    """
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    clean.update(env)
+    with mock.patch.dict(os.environ, clean, clear=True), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            torch.load(io.BytesIO(data))
+            outcome = "loaded"
+        except pickle.UnpicklingError:
+            outcome = "rejected"
+        except RuntimeError:
+            outcome = "refused"
+    return outcome, [str(w.message) for w in caught]
+
+
+def _observe() -> tuple[bool, bool, bool]:
+    buf = io.BytesIO()
+    torch.save(TinyNet(), buf)  # needs a global beyond torch's allowlist
+    data = buf.getvalue()
+    default_weights_only = _bare_load(data)[0] == "rejected"
+    _, messages = _bare_load(data, **{FORCE_NO_WO: "1"})
+    reads_force_no = any(FORCE_NO_WO in m for m in messages)
+    refuses_both = _bare_load(data, **{FORCE_WO: "1", FORCE_NO_WO: "1"})[0] == "refused"
+    return default_weights_only, reads_force_no, refuses_both
+
+
+#: Whether a bare torch.load is weights-only here (torch >= 2.6), observed on a real load.
+#: Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (it warns when it does; torch >= 2.6).
+#: Whether torch.load raises RuntimeError when both TORCH_FORCE_* switches are set (torch >= 2.6).
+DEFAULT_WEIGHTS_ONLY, READS_FORCE_NO_WEIGHTS_ONLY, REFUSES_BOTH_SWITCHES = _observe()
+
+#: The library's wording of why a bare torch.load has DEFAULT_WEIGHTS_ONLY here.
+if DEFAULT_WEIGHTS_ONLY:
+    DEFAULT_WHY = "since torch 2.6"
+elif hasattr(torch.serialization, "_default_to_weights_only"):
+    DEFAULT_WHY = "this torch build (fbcode) keeps the old default"
+else:
+    DEFAULT_WHY = f"the default before torch 2.6 (torch {torch.__version__})"
+DEFAULT_REASON = f"weights_only={DEFAULT_WEIGHTS_ONLY} {DEFAULT_WHY}"
+#: An environment in which a bare torch.load is weights-only (empty where that is the default).
+WEIGHTS_ONLY_BARE_ENV = {} if DEFAULT_WEIGHTS_ONLY else {FORCE_WO: "1"}
+
+
+def default_outcome(missing) -> str:
+    """The summary of a bare load, in a clean environment, of a checkpoint needing *missing*."""
+    if DEFAULT_WEIGHTS_ONLY and missing:
+        return f"default: rejected as expected ({DEFAULT_REASON}; {', '.join(missing)} not allowlisted)"
+    return f"default: loaded as expected ({DEFAULT_REASON})"

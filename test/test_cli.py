@@ -7,9 +7,11 @@ invocation; usage errors and ``--help`` never import torch and are cheap.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -21,16 +23,39 @@ import warnings
 import torch
 
 from torch_serial_testing import cli
+from torch_serial_testing.allowlist import torch_allowlist
 from torch_serial_testing.engines import override_qengine
+from torch_serial_testing.load_modes import torch_default_weights_only
 
 from hostile_checkpoints import DANGEROUS_GLOBALS, build_all, legacy_tar
 
-SEED_GLOBALS = [
+# What the seed checkpoint (a full sparse Linear) needs beyond torch's allowlist, sorted: its
+# classes and torch.ScriptObject on every torch, plus builtins.set (nn.Module's
+# _non_persistent_buffers_set) where torch's allowlist lacks it (before torch 2.6).
+SET_NEEDED = "builtins.set" not in torch_allowlist()
+SEED_GLOBALS = (["builtins.set"] if SET_NEEDED else []) + [
     "torch.ScriptObject",
     "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
     "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
 ]
+# How the suggested safe_globals([...]) context names them (the import-free spellings).
+SEED_REFS = ", ".join((["set"] if SET_NEEDED else []) + ["torch.ScriptObject", "Linear", "LinearPackedParams"])
 ENV_SWITCHES = cli.ENV_VARS
+
+# A bare torch.load here and why: weights-only since torch 2.6, a full unpickle before.
+TORCH_DEFAULT_WO, TORCH_DEFAULT_WHY = torch_default_weights_only()
+# Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6); before, it is
+# ignored: no forced full load, no warning, no error when both switches are set.
+TORCH_READS_FORCE_NO = cli.FORCE_NO_WO in inspect.getsource(torch.serialization.load)
+
+
+def default_mode_line(rejected_or_loads: str) -> str:
+    """The regex of inspect's `default` line for a checkpoint that is *rejected_or_loads* weights-only."""
+    if not TORCH_DEFAULT_WO:  # a full load: the CLI never does it, whatever the checkpoint needs
+        return rf"default +unsafe: weights_only=False {re.escape(TORCH_DEFAULT_WHY)}: would execute arbitrary pickle code"
+    if rejected_or_loads == "loads":
+        return rf"default +loads \(weights_only=True {re.escape(TORCH_DEFAULT_WHY)}\)"
+    return rf"default +rejected: weights_only=True {re.escape(TORCH_DEFAULT_WHY)}"
 
 DOCTOR_KEYS = {
     "schema", "command", "status", "exit_code", "problems", "torch", "torch_load_replaced_by",
@@ -128,11 +153,11 @@ class TestInspect(CLITestBase):
         self.assertIn("format zip", out)
         for name in SEED_GLOBALS:
             self.assertIn(f"  {name}\n", out)
-        self.assertIn("globals beyond torch's allowlist (3), found without unpickling", out)
-        self.assertRegex(out, r"default +rejected: weights_only=True since torch 2\.6")
+        self.assertIn(f"globals beyond torch's allowlist ({len(SEED_GLOBALS)}), found without unpickling", out)
+        self.assertRegex(out, default_mode_line("rejected"))
         self.assertIn("Unsupported global", out)
         self.assertRegex(out, r"weights_only_false +unsafe: .*execute arbitrary pickle code.*never does it")
-        self.assertIn("with torch.serialization.safe_globals([torch.ScriptObject, Linear, LinearPackedParams]):", out)
+        self.assertIn(f"with torch.serialization.safe_globals([{SEED_REFS}]):", out)
         self.assertIn("from torch.ao.nn.sparse.quantized.dynamic.linear import Linear", out)
         self.assertIn("status: NEEDS_ALLOWLIST (exit 1)", out)
         self.assertNotIn("DANGEROUS", out)
@@ -153,9 +178,10 @@ class TestInspect(CLITestBase):
         wof, sg, default = (r["modes"][m] for m in cli.MODES)
         self.assertEqual((wof["weights_only"], wof["outcome"]), (False, "unsafe"))
         self.assertEqual((sg["weights_only"], sg["outcome"], sg["missing"]), (True, "rejected", SEED_GLOBALS))
-        self.assertEqual((default["weights_only"], default["outcome"]), (True, "rejected"))
-        self.assertTrue(default["summary"].startswith("rejected: "))
-        self.assertIn("safe_globals([torch.ScriptObject, Linear, LinearPackedParams])", r["snippet"])
+        default_outcome = "rejected" if TORCH_DEFAULT_WO else "unsafe"  # unsafe: a full load (< 2.6)
+        self.assertEqual((default["weights_only"], default["outcome"]), (TORCH_DEFAULT_WO, default_outcome))
+        self.assertTrue(default["summary"].startswith(f"{default_outcome}: "))
+        self.assertIn(f"safe_globals([{SEED_REFS}])", r["snippet"])
 
     def test_prediction_matches_real_torch_here(self):
         # What the CLI predicts for the seed file, checked against torch.load in this (test) process.
@@ -165,7 +191,7 @@ class TestInspect(CLITestBase):
         from torch.ao.nn.sparse.quantized.linear import LinearPackedParams
 
         with override_qengine("qnnpack"), torch.serialization.safe_globals(
-            [torch.ScriptObject, Linear, LinearPackedParams]
+            [torch.ScriptObject, Linear, LinearPackedParams] + ([set] if SET_NEEDED else [])
         ):
             self.assertIsInstance(torch.load(self.seed, weights_only=True), Linear)
 
@@ -176,18 +202,20 @@ class TestInspect(CLITestBase):
         self.assertEqual((r["checkpoint"], r["status"], r["format"]), ("-", "loads", "zip"))
         self.assertEqual(r["safe_globals"], {"given": SEED_GLOBALS + ["not.Needed"], "unused": ["not.Needed"]})
         self.assertEqual(r["modes"]["safe_globals"]["outcome"], "loads")
-        self.assertEqual(r["modes"]["default"]["outcome"], "rejected")  # a bare torch.load still needs them
+        # a bare torch.load still needs them where it is weights-only; before torch 2.6 it is a full load
+        self.assertEqual(r["modes"]["default"]["outcome"], "rejected" if TORCH_DEFAULT_WO else "unsafe")
 
     def test_two_of_three_safe_globals(self):
-        proc = self.run_cli("inspect", self.seed, "--safe-global", SEED_GLOBALS[0], "--safe-global", SEED_GLOBALS[1])
-        out = self.text_of(proc, cli.EXIT_ATTENTION)
-        self.assertRegex(out, rf"safe_globals +rejected: weights_only=True explicit; not allowlisted: {SEED_GLOBALS[2]} ")
+        # All but the last needed global (two of three where torch allowlists builtins.set).
+        args = [a for name in SEED_GLOBALS[:-1] for a in ("--safe-global", name)]
+        out = self.text_of(self.run_cli("inspect", self.seed, *args), cli.EXIT_ATTENTION)
+        self.assertRegex(out, rf"safe_globals +rejected: weights_only=True explicit; not allowlisted: {SEED_GLOBALS[-1]} ")
 
     def test_state_dict_loads(self):
         out = self.text_of(self.run_cli("inspect", self.state_dict), cli.EXIT_OK)
         self.assertIn("globals beyond torch's allowlist (0), found without unpickling: none", out)
         self.assertRegex(out, r"safe_globals +loads \(weights_only=True explicit\)")
-        self.assertRegex(out, r"default +loads \(weights_only=True since torch 2\.6\)")
+        self.assertRegex(out, default_mode_line("loads"))
         self.assertIn("status: LOADS (exit 0)", out)
 
     def test_hostile_text_flagged_dangerous(self):
@@ -288,12 +316,24 @@ class TestInspect(CLITestBase):
         code, r = results["force_no"]  # the bare default now fully unpickles; explicit True still obeyed
         self.assertEqual(code, cli.EXIT_OK)
         self.assertEqual((r["modes"]["default"]["weights_only"], r["modes"]["default"]["outcome"]), (False, "unsafe"))
-        self.assertIn("torch warns", r["modes"]["default"]["summary"])
+        if TORCH_READS_FORCE_NO:
+            self.assertIn("forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=yes", r["modes"]["default"]["summary"])
+            self.assertIn("torch warns", r["modes"]["default"]["summary"])
+        else:  # ignored by this torch: the bare load is a full one by torch's own default, silently
+            self.assertEqual(TORCH_DEFAULT_WO, False)
+            self.assertIn(f"weights_only=False {TORCH_DEFAULT_WHY}", r["modes"]["default"]["summary"])
+            self.assertNotIn("torch warns", r["modes"]["default"]["summary"])
         self.assertEqual(r["modes"]["safe_globals"]["outcome"], "loads")
         code, r = results["both"]
-        self.assertEqual((code, r["status"]), (cli.EXIT_DANGEROUS, "environment_error"))
-        self.assertEqual({m["outcome"] for m in r["modes"].values()}, {"error"})
-        self.assertIn("RuntimeError", r["modes"]["default"]["summary"])
+        if TORCH_READS_FORCE_NO:
+            self.assertEqual((code, r["status"]), (cli.EXIT_DANGEROUS, "environment_error"))
+            self.assertEqual({m["outcome"] for m in r["modes"].values()}, {"error"})
+            self.assertIn("RuntimeError", r["modes"]["default"]["summary"])
+        else:  # torch < 2.6 ignores the second switch: every mode is forced weights-only, and loads
+            self.assertEqual((code, r["status"]), (cli.EXIT_OK, "loads"))
+            self.assertEqual({(m["weights_only"], m["outcome"]) for m in r["modes"].values()}, {(True, "loads")})
+            self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=TRUE over explicit weights_only=False",
+                          r["modes"]["weights_only_false"]["summary"])
 
 
 class TestUsage(CLITestBase):
@@ -325,7 +365,9 @@ class TestDoctor(CLITestBase):
         out = self.text_of(self.run_cli("doctor"), self._clean_code())
         self.assertIn(f"torch {torch.__version__}", out)
         self.assertIn("torch.load: torch's own", out)
-        self.assertIn("bare torch.load(f): weights_only=True -- torch's default since torch 2.6", out)
+        self.assertIn(f"bare torch.load(f): weights_only={TORCH_DEFAULT_WO} -- torch's default {TORCH_DEFAULT_WHY}", out)
+        if not TORCH_DEFAULT_WO:  # why the clean doctor asks for attention before torch 2.6
+            self.assertIn(f"a bare torch.load is weights_only=False here ({TORCH_DEFAULT_WHY}): it fully unpickles", out)
         for name in ENV_SWITCHES:
             self.assertIn(f"  {name}=unset\n", out)
         self.assertIn("waits up to 10 s", out)
@@ -337,7 +379,8 @@ class TestDoctor(CLITestBase):
 
         if list(md.entry_points(group="torch.backends")):
             self.skipTest("an out-of-tree backend is installed; a clean doctor is not expected here")
-        return cli.EXIT_OK
+        # A bare torch.load that fully unpickles (torch < 2.6) is itself a reason for attention.
+        return cli.EXIT_OK if TORCH_DEFAULT_WO else cli.EXIT_ATTENTION
 
     def test_json_and_imports_nothing_beyond_torch(self):
         proc = self.run_code(
@@ -370,7 +413,7 @@ class TestDoctor(CLITestBase):
             self.assertEqual(set(entry), {"raw", "value", "effect"})
         self.assertEqual(r["torch"]["version"], torch.__version__)
         self.assertEqual(r["torch"]["git_version"], torch.version.git_version)
-        self.assertEqual(r["default_weights_only"]["value"], True)
+        self.assertEqual(r["default_weights_only"]["value"], TORCH_DEFAULT_WO)
         self.assertEqual(r["quantized_engines"]["current"], torch.backends.quantized.engine)
         self.assertIn("qnnpack", r["quantized_engines"]["supported"])
         self.assertEqual(r["devices"]["available"][0], "cpu")
@@ -388,7 +431,7 @@ class TestDoctor(CLITestBase):
         self.assertEqual((force["raw"], force["value"]), ("1", True))
         self.assertIn("even where the call site passes weights_only=False", force["effect"])
         self.assertEqual((force_no["raw"], force_no["value"]), ("on", False))  # not a spelling torch reads
-        self.assertIn("ignored", force_no["effect"])
+        self.assertIn("ignored", force_no["effect"])  # (and torch < 2.6 does not read the switch at all)
         self.assertEqual(r["default_weights_only"]["value"], True)
         self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1", r["default_weights_only"]["reason"])
         wait = r["environment"][cli.WAIT_LIMIT]
@@ -399,18 +442,31 @@ class TestDoctor(CLITestBase):
     def test_force_no_weights_only(self):
         proc = self.run_cli("doctor", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="yes", TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT="-1")
         out = self.text_of(proc, cli.EXIT_ATTENTION)
-        self.assertIn("bare torch.load(f): weights_only=False -- forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=yes", out)
         self.assertIn("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD='yes'", out)
-        self.assertIn("UserWarning", out)
-        self.assertIn("explicit weights_only=True/False is obeyed", out)
+        if TORCH_READS_FORCE_NO:
+            self.assertIn("bare torch.load(f): weights_only=False -- forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=yes", out)
+            self.assertIn("UserWarning", out)
+            self.assertIn("explicit weights_only=True/False is obeyed", out)
+        else:  # torch < 2.6 does not read the switch: torch's own default applies, and the switch is flagged
+            self.assertIn(f"bare torch.load(f): weights_only={TORCH_DEFAULT_WO} -- torch's default {TORCH_DEFAULT_WHY}", out)
+            self.assertIn("ignored: this torch's torch.load does not read it", out)
+            self.assertNotIn("UserWarning", out)
         self.assertIn("does not wait for autograd worker threads", out)
         self.assertIn("status: ATTENTION (exit 1)", out)
 
     def test_both_force_switches_is_an_error(self):
-        r = self.json_of(
-            self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="True", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="Y"),
-            cli.EXIT_DANGEROUS,
-        )
+        proc = self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="True", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="Y")
+        if not TORCH_READS_FORCE_NO:
+            # torch < 2.6 ignores TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD: no error, TORCH_FORCE_WEIGHTS_ONLY_LOAD rules.
+            r = self.json_of(proc, cli.EXIT_ATTENTION)
+            self.assertEqual(r["status"], "attention")
+            self.assertIs(r["default_weights_only"]["value"], True)
+            self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=True", r["default_weights_only"]["reason"])
+            self.assertEqual((r["environment"][cli.FORCE_WO]["value"], r["environment"][cli.FORCE_NO_WO]["value"]),
+                             (True, False))
+            self.assertIn("ignored", r["environment"][cli.FORCE_NO_WO]["effect"])
+            return
+        r = self.json_of(proc, cli.EXIT_DANGEROUS)
         self.assertEqual(r["status"], "error")
         self.assertIsNone(r["default_weights_only"]["value"])
         self.assertIn("RuntimeError", r["default_weights_only"]["reason"])
@@ -425,7 +481,7 @@ class TestDoctor(CLITestBase):
         self.assertIn("disabled", auto["effect"])
         self.assertIn("no effect", auto["effect"])  # nothing installed in group torch.backends
         self.assertEqual(r["backend_entry_points"], [])
-        self.assertEqual(r["status"], "ok")
+        self.assertEqual(r["status"], "ok" if code == cli.EXIT_OK else "attention")
 
 
 if __name__ == "__main__":

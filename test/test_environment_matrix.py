@@ -31,8 +31,8 @@ from torch_serial_testing import (
     LoadMode,
     predict,
 )
-from torch_serial_testing.allowlist import normalize_safe_globals
-from torch_serial_testing.load_modes import TRUE_VALUES, WeightsOnlySwitches
+from torch_serial_testing.allowlist import normalize_safe_globals, torch_allowlist
+from torch_serial_testing.load_modes import TRUE_VALUES, WeightsOnlySwitches, torch_default_weights_only
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
@@ -46,27 +46,38 @@ ODD_TRUE = ("TRUE", "Yes", "y")
 ODD_FALSE = ("0", "", "false")
 
 
+_LOAD_SOURCE = inspect.getsource(torch.serialization.load)
+
+
 def _torch_true_values() -> tuple[str, ...]:
-    """``true_values`` as written in torch.load's source."""
-    source = inspect.getsource(torch.serialization.load)
-    match = re.search(r"true_values\s*=\s*(\[[^\]]*\])", source)
+    """The truthy spellings as written in torch.load's source.
+
+    torch >= 2.6 names them ``true_values = [...]``; before, the one switch it reads is
+    compared against an inline list (``os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in [...]``).
+    """
+    match = re.search(r"true_values\s*=\s*(\[[^\]]*\])", _LOAD_SOURCE) or re.search(
+        rf"getenv\(\s*[\"']{WO}[\"']\s*,\s*[\"']0[\"']\s*\)\.lower\(\)\s+in\s+(\[[^\]]*\])", _LOAD_SOURCE
+    )
     if match is None:  # pragma: no cover - a torch that moved the rule
-        raise unittest.SkipTest("cannot find true_values in torch.load's source")
+        raise unittest.SkipTest("cannot find the truthy spellings in torch.load's source")
     return tuple(ast.literal_eval(match.group(1)))
 
 
 TORCH_TRUE = _torch_true_values()
-
-
-def _torch_default_weights_only() -> bool:
-    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
-    return (major, minor) >= (2, 6)
+#: Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6; before, it is
+#: ignored: no forced full load, no warning, no conflict with TORCH_FORCE_WEIGHTS_ONLY_LOAD).
+TORCH_READS_NO = NO in _LOAD_SOURCE
+#: What a bare torch.load does here without any switch (True since torch 2.6).
+TORCH_DEFAULT = torch_default_weights_only()[0]
+#: What EnvCheckNet's full-module checkpoint needs beyond torch's allowlist: the class, and
+#: builtins.set (nn.Module._non_persistent_buffers_set) where torch's allowlist lacks it (< 2.6).
+FULL_MODULE_GLOBALS = tuple(sorted({f"{MODULE}.EnvCheckNet"} | ({"builtins.set"} - torch_allowlist())))
 
 
 def torch_rule(env: Mapping[str, str], mode: str) -> Optional[tuple[bool, bool]]:
     """(effective weights_only, torch warns) for a load in *mode*; None when torch refuses every load."""
     force_wo = env.get(WO, "0").lower() in TORCH_TRUE
-    force_no = env.get(NO, "0").lower() in TORCH_TRUE
+    force_no = TORCH_READS_NO and env.get(NO, "0").lower() in TORCH_TRUE
     if force_wo and force_no:
         return None
     explicit = {"weights_only_false": False, "safe_globals": True, "default": None}[mode]
@@ -76,11 +87,11 @@ def torch_rule(env: Mapping[str, str], mode: str) -> Optional[tuple[bool, bool]]
         return explicit, False
     if force_no:
         return False, True
-    return _torch_default_weights_only(), False
+    return TORCH_DEFAULT, False
 
 
 def expected_loaded(test: str, mode: str, weights_only: bool) -> bool:
-    """The full module needs one non-allowlisted global, declared only in the safe_globals mode."""
+    """The full module needs FULL_MODULE_GLOBALS, declared only in the safe_globals mode."""
     return not weights_only or test == "state_dict" or mode == "safe_globals"
 
 
@@ -100,7 +111,8 @@ class TestWeightsOnlySwitches(unittest.TestCase):
                 self.assertEqual(switches.force_weights_only, truthy)
                 self.assertFalse(switches.force_no_weights_only)
                 switches = WeightsOnlySwitches.from_environ({NO: value})
-                self.assertEqual(switches.force_no_weights_only, truthy)
+                # torch < 2.6 ignores TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD whatever its spelling
+                self.assertEqual(switches.force_no_weights_only, truthy and TORCH_READS_NO)
                 self.assertFalse(switches.force_weights_only)
                 self.assertEqual(switches.raw, {WO: None, NO: value})
 
@@ -110,7 +122,7 @@ class TestWeightsOnlySwitches(unittest.TestCase):
 
     def test_conflict_message_names_both_values(self) -> None:
         switches = WeightsOnlySwitches.from_environ({WO: "Yes", NO: "TRUE"})
-        self.assertTrue(switches.conflict)
+        self.assertEqual(switches.conflict, TORCH_READS_NO)  # torch < 2.6 has no conflict to report
         self.assertEqual(
             switches.conflict_message(),
             f"{WO}=Yes and {NO}=TRUE are both set: torch.load raises RuntimeError on every load. Unset one of them.",
@@ -135,7 +147,8 @@ class TestPredictRules(unittest.TestCase):
             "full_module": Checkpoint.save(cls.net()),
             "state_dict": Checkpoint.save(cls.net().state_dict()),
         }
-        cls.declared = normalize_safe_globals([cls.net])
+        # The test class's own (portable) declaration: EnvCheckNet and builtins.set.
+        cls.declared = normalize_safe_globals(envcheck_roundtrip.EnvCheckRoundTripCPU.safe_globals)
 
     def environments(self) -> list[dict[str, str]]:
         envs: list[dict[str, str]] = [{}]
@@ -163,22 +176,26 @@ class TestPredictRules(unittest.TestCase):
                         self.assertEqual(exp.weights_only, weights_only)
                         self.assertEqual(exp.warns, warns)
                         self.assertEqual(exp.loads, expected_loaded(test, mode, weights_only))
-                        missing = () if exp.loads else (f"{MODULE}.EnvCheckNet",)
+                        missing = () if exp.loads else FULL_MODULE_GLOBALS
                         self.assertEqual(exp.missing, missing)
 
     def test_reasons_name_the_switch(self) -> None:
         exp = predict("weights_only_false", self.checkpoints["state_dict"], environ={WO: "Yes"})
         self.assertEqual(exp.reason, f"weights_only=True forced by {WO}=Yes over explicit weights_only=False")
         exp = predict("default", self.checkpoints["state_dict"], environ={NO: "y"})
-        self.assertEqual(exp.reason, f"weights_only=False forced by {NO}=y")
-        self.assertIn("torch warned", exp.summary())
+        if TORCH_READS_NO:
+            self.assertEqual(exp.reason, f"weights_only=False forced by {NO}=y")
+            self.assertIn("torch warned", exp.summary())
+        else:  # torch ignores the switch: the bare load keeps torch's default, silently
+            self.assertEqual(exp.reason, "weights_only={} {}".format(*torch_default_weights_only()))
+            self.assertNotIn("torch warned", exp.summary())
         exp = predict("safe_globals", self.checkpoints["state_dict"], environ={NO: "1"})
         self.assertEqual(exp.reason, "weights_only=True explicit")
 
     def test_safe_globals_only_count_in_their_mode(self) -> None:
         for mode in ("weights_only_false", "default"):
             exp = predict(mode, self.checkpoints["full_module"], self.declared, environ={WO: "1"})
-            self.assertEqual(exp.missing, (f"{MODULE}.EnvCheckNet",))
+            self.assertEqual(exp.missing, FULL_MODULE_GLOBALS)
 
 
 # -- subprocesses: the real thing ----------------------------------------------------------------
@@ -267,21 +284,27 @@ class TestEnvironmentMatrix(unittest.TestCase):
                         self.assertTrue(line["summary"].startswith(f"{mode}: {verb} as expected ("), line["summary"])
                         self.assertEqual("torch warned" in line["summary"], warns, line["summary"])
                         if not loaded:
-                            self.assertIn(f"{MODULE}.EnvCheckNet not allowlisted", line["summary"])
+                            self.assertIn(f"{', '.join(FULL_MODULE_GLOBALS)} not allowlisted", line["summary"])
 
     def test_matrix_covers_every_outcome(self) -> None:
         """The matrix is not vacuous: rejections, forced full loads and conflicts all occur."""
         summaries = set()
+        warned = []
         for env, report, _ in self.results:
             if os.path.exists(report):
                 with open(report) as fh:
-                    summaries |= {json.loads(line)["summary"].split(" (")[0] for line in fh}
+                    full = [json.loads(line)["summary"] for line in fh]
+                summaries |= {s.split(" (")[0] for s in full}
+                warned += [s for s in full if "torch warned" in s]
         for mode in MODES:
             self.assertIn(f"{mode}: loaded as expected", summaries)
         for mode in ("weights_only_false", "default"):
             self.assertIn(f"{mode}: rejected as expected", summaries)
         conflicts = [env for env, _, _ in self.results if torch_rule(env, "default") is None]
-        self.assertEqual(len(conflicts), 3)
+        # Three states set both switches; only a torch that reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD
+        # (>= 2.6) refuses them.  Before, the forced full load with a warning cannot occur either.
+        self.assertEqual(len(conflicts), 3 if TORCH_READS_NO else 0)
+        self.assertEqual(bool(warned), TORCH_READS_NO, warned)
 
 
 def _spawn(spec: dict, env: dict[str, str]) -> subprocess.Popen:

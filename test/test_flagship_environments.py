@@ -9,6 +9,7 @@ derived below from the load mode, the environment and what the checkpoint
 needs -- not copied from a run.
 """
 
+import inspect
 import json
 import os
 import re
@@ -19,6 +20,9 @@ import unittest
 from pathlib import Path
 
 import torch
+
+from torch_serial_testing.allowlist import torch_allowlist
+from torch_serial_testing.load_modes import torch_default_weights_only
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGSHIP_DIR = ROOT / "test" / "ao" / "sparsity"
@@ -33,17 +37,26 @@ REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
 MODES = ("weights_only_false", "safe_globals", "default")
 ENGINES = ("fbgemm", "qnnpack")
 WEIGHT_CASES = 3  # per_tensor_small, per_channel_small, per_tensor_large
-# What a full-module checkpoint of the sparse Linear needs beyond torch's allowlist.
-MODULE_GLOBALS = (
-    "torch.ScriptObject",
-    "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
-    "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
-)
+# What a full-module checkpoint of the sparse Linear needs beyond torch's allowlist (sorted, as
+# the rejection summaries list them): its classes and torch.ScriptObject on every torch, plus
+# builtins.set (nn.Module._non_persistent_buffers_set) where torch's allowlist lacks it (< 2.6).
+MODULE_GLOBALS = tuple(sorted(
+    {
+        "torch.ScriptObject",
+        "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
+        "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
+    }
+    | ({"builtins.set"} - torch_allowlist())
+))
+# Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6); before, it
+# is ignored: no forced full load, no warning, and no error when both switches are set.
+TORCH_READS_FORCE_NO = FORCE_NO_WO in inspect.getsource(torch.serialization.load)
+# A bare torch.load here without any switch, and why (weights-only since torch 2.6).
+TORCH_DEFAULT, TORCH_DEFAULT_WHY = torch_default_weights_only()
 
 
-def torch_defaults_to_weights_only():
-    major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
-    return (major, minor) >= (2, 6)
+def both_forced_is_an_error(env):
+    return bool(env.get(FORCE_WO) and env.get(FORCE_NO_WO)) and TORCH_READS_FORCE_NO
 
 
 def effective_weights_only(mode, env):
@@ -54,9 +67,9 @@ def effective_weights_only(mode, env):
         return False
     if mode == "safe_globals":
         return True
-    if env.get(FORCE_NO_WO):
+    if env.get(FORCE_NO_WO) and TORCH_READS_FORCE_NO:
         return False
-    return torch_defaults_to_weights_only()
+    return TORCH_DEFAULT
 
 
 def round_trip_tests():
@@ -81,7 +94,7 @@ def expected_load(saved, mode, env):
     """(loads, weights_only) for one round trip."""
     weights_only = effective_weights_only(mode, env)
     # A state_dict needs nothing beyond torch's allowlist; the module needs MODULE_GLOBALS,
-    # which only the safe_globals mode declares.
+    # which only the safe_globals mode declares (set included where torch needs it).
     loads = not weights_only or saved == "state_dict" or mode == "safe_globals"
     return loads, weights_only
 
@@ -154,13 +167,13 @@ class TestFlagshipEnvironments(unittest.TestCase):
         records = self.check_environment({})
         # the seed failure of the upstream test (bare torch.load), now an asserted, explained rejection
         rejected = {r["summary"] for r in records if not r["loaded"]}
-        if torch_defaults_to_weights_only():
+        if TORCH_DEFAULT:
             self.assertEqual(
                 rejected,
-                {f"default: rejected as expected (weights_only=True since torch 2.6; "
+                {f"default: rejected as expected (weights_only=True {TORCH_DEFAULT_WHY}; "
                  f"{', '.join(MODULE_GLOBALS)} not allowlisted)"},
             )
-        else:
+        else:  # torch < 2.6: a bare torch.load fully unpickles, so nothing is rejected
             self.assertEqual(rejected, set())
 
     def test_force_no_weights_only(self):
@@ -173,6 +186,13 @@ class TestFlagshipEnvironments(unittest.TestCase):
 
     def test_both_forced_fail_with_one_clear_message(self):
         env = {FORCE_WO: "1", FORCE_NO_WO: "1"}
+        if not both_forced_is_an_error(env):
+            # A torch that ignores TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (< 2.6) raises nothing: every
+            # load runs weights-only, exactly as with TORCH_FORCE_WEIGHTS_ONLY_LOAD alone.
+            records = self.check_environment(env)
+            self.assertTrue(all(r["weights_only"] for r in records))
+            self.assertTrue(any(not r["loaded"] and r["mode"] == "weights_only_false" for r in records))
+            return
         proc, records, out = self.run_and_check_ids(env)
         self.assertEqual(proc.returncode, 1, out[-5000:])
         self.assertEqual(records, [], "no load may be attempted when both switches are set")

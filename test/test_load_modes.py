@@ -9,13 +9,24 @@ from unittest import mock
 import torch
 
 import torch_serial_testing as tst
-from roundtrip_fixtures import TINY_GLOBALS, TinyNet
+from roundtrip_fixtures import (
+    DEFAULT_REASON,
+    DEFAULT_WEIGHTS_ONLY,
+    DEFAULT_WHY,
+    READS_FORCE_NO_WEIGHTS_ONLY,
+    REFUSES_BOTH_SWITCHES,
+    TINY_GLOBALS,
+    TINY_SAFE_GLOBALS,
+    WEIGHTS_ONLY_BARE_ENV,
+    TinyNet,
+    default_outcome,
+)
 from torch_serial_testing import Checkpoint, LoadMode, load_modes
 from torch_serial_testing.allowlist import normalize_safe_globals, preserved_registry
 from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
 
 WO, NO_WO = load_modes.FORCE_WO, load_modes.FORCE_NO_WO
-TINY = normalize_safe_globals([TinyNet])
+TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)  # TinyNet, and set where torch's allowlist lacks it
 
 
 def clean_env(**extra):
@@ -46,7 +57,11 @@ class TestSwitches(unittest.TestCase):
         for value in ["1", "y", "yes", "true", "Y", "YES", "True", "TRUE", "yEs"]:
             with self.subTest(value=value):
                 self.assertTrue(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
-                self.assertTrue(load_modes.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only)
+                # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD counts only where torch reads it (torch >= 2.6).
+                self.assertIs(
+                    load_modes.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only,
+                    READS_FORCE_NO_WEIGHTS_ONLY,
+                )
         for value in ["0", "", "false", "no", "n", "2", " 1", "on"]:
             with self.subTest(value=value):
                 self.assertFalse(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
@@ -56,12 +71,17 @@ class TestSwitches(unittest.TestCase):
         return load_modes.predict(mode, Checkpoint.save(TinyNet()), TINY, environ=environ)
 
     def test_defaults(self):
-        self.assertEqual(load_modes.torch_default_weights_only(), (True, "since torch 2.6"))
+        # The expectation is what a real bare torch.load does here (observed in roundtrip_fixtures).
+        self.assertEqual(load_modes.torch_default_weights_only(), (DEFAULT_WEIGHTS_ONLY, DEFAULT_WHY))
         exp = self._predict("default", {})
-        self.assertEqual((exp.weights_only, exp.loads, exp.missing), (True, False, tuple(TINY_GLOBALS)))
+        missing = tuple(TINY_GLOBALS) if DEFAULT_WEIGHTS_ONLY else ()
+        self.assertEqual((exp.weights_only, exp.loads, exp.missing), (DEFAULT_WEIGHTS_ONLY, not DEFAULT_WEIGHTS_ONLY, missing))
+        self.assertEqual(exp.summary(), default_outcome(TINY_GLOBALS))
+        forced = self._predict("default", {WO: "1"})
         self.assertEqual(
-            exp.summary(),
-            "default: rejected as expected (weights_only=True since torch 2.6; roundtrip_fixtures.TinyNet not allowlisted)",
+            forced.summary(),
+            f"default: rejected as expected (weights_only=True forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1; "
+            f"{', '.join(TINY_GLOBALS)} not allowlisted)",
         )
         self.assertTrue(self._predict("weights_only_false", {}).loads)
         self.assertTrue(self._predict("safe_globals", {}).loads)
@@ -74,12 +94,23 @@ class TestSwitches(unittest.TestCase):
 
     def test_force_no_weights_only_only_when_not_passed(self):
         exp = self._predict("default", {NO_WO: "true"})
-        self.assertEqual((exp.weights_only, exp.loads, exp.warns), (False, True, True))
+        if READS_FORCE_NO_WEIGHTS_ONLY:
+            expected = (False, True, True, "weights_only=False forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=true")
+        else:  # this torch does not read the switch (torch < 2.6): its default decides, silently
+            expected = (DEFAULT_WEIGHTS_ONLY, not DEFAULT_WEIGHTS_ONLY, False, DEFAULT_REASON)
+        self.assertEqual((exp.weights_only, exp.loads, exp.warns, exp.reason), expected)
         exp = self._predict("safe_globals", {NO_WO: "1"})
         self.assertEqual((exp.weights_only, exp.warns), (True, False))
 
     def test_both_set_is_one_clear_error(self):
         for mode in LoadMode:
+            if not REFUSES_BOTH_SWITCHES:
+                # This torch reads only TORCH_FORCE_WEIGHTS_ONLY_LOAD (torch < 2.6), which then wins.
+                with self.subTest(mode=mode):
+                    exp = self._predict(mode, {WO: "1", NO_WO: "y"})
+                    self.assertEqual((exp.weights_only, exp.warns), (True, False))
+                    self.assertIn("weights_only=True forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1", exp.reason)
+                continue
             with self.subTest(mode=mode), self.assertRaises(ConflictingEnvironmentError) as cm:
                 self._predict(mode, {WO: "1", NO_WO: "y"})
             self.assertIn("TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 and TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=y", str(cm.exception))
@@ -87,9 +118,9 @@ class TestSwitches(unittest.TestCase):
     def test_registered_globals_count(self):
         ckpt = Checkpoint.save(TinyNet())
         with preserved_registry():
-            torch.serialization.add_safe_globals([TinyNet])
-            self.assertTrue(load_modes.predict("default", ckpt, environ={}).loads)
-        self.assertFalse(load_modes.predict("default", ckpt, environ={}).loads)
+            torch.serialization.add_safe_globals(list(TINY_SAFE_GLOBALS))
+            self.assertTrue(load_modes.predict("default", ckpt, environ=WEIGHTS_ONLY_BARE_ENV).loads)
+        self.assertFalse(load_modes.predict("default", ckpt, environ=WEIGHTS_ONLY_BARE_ENV).loads)
 
     def test_version_fallback_without_feature(self):
         # Simulates a torch without _default_to_weights_only: the version decides.
@@ -146,19 +177,22 @@ class TestRealTorchAgrees(unittest.TestCase):
         with clean_env(**{NO_WO: "1"}), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = tst.round_trip(TinyNet(), "default")
-        self.assertTrue(result.loaded and result.expectation.warns)
+        self.assertTrue(result.loaded)
+        # torch warns (and the library expects it to) only where torch reads the switch (torch >= 2.6).
+        self.assertIs(result.expectation.warns, READS_FORCE_NO_WEIGHTS_ONLY)
         self.assertFalse([w for w in caught if "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" in str(w.message)])
 
     def test_unexpected_success_fails(self):
         # A prediction of rejection that torch does not honour is reported, not hidden.
         ckpt = Checkpoint.save({"t": torch.ones(2)})
-        with clean_env(), mock.patch.object(load_modes, "torch_allowlist", lambda: frozenset()):
+        with clean_env(**WEIGHTS_ONLY_BARE_ENV), mock.patch.object(load_modes, "torch_allowlist", lambda: frozenset()):
             with self.assertRaisesRegex(UnexpectedLoadOutcome, "unexpected success"):
                 load_modes.load(ckpt, "default")
 
     def test_unexpected_rejection_fails(self):
         ckpt = Checkpoint.save(TinyNet())
-        with clean_env(), mock.patch.object(load_modes, "registered_globals", lambda: frozenset(TINY_GLOBALS)):
+        with clean_env(**WEIGHTS_ONLY_BARE_ENV), \
+             mock.patch.object(load_modes, "registered_globals", lambda: frozenset(TINY_GLOBALS)):
             with self.assertRaisesRegex(UnexpectedLoadOutcome, r"expected to load .*torch rejected it"):
                 load_modes.load(ckpt, "default")
 
@@ -177,9 +211,11 @@ class TestRealTorchAgrees(unittest.TestCase):
             kwargs["weights_only"] = False
             return real(f, *args, **kwargs)
 
+        # A mode torch's rules make weights-only without forcing it (that would override lenient_load).
+        mode = "default" if DEFAULT_WEIGHTS_ONLY else "safe_globals"
         with clean_env(), mock.patch.object(torch, "load", lenient_load):
             with self.assertRaisesRegex(unittest.SkipTest, "torch.load is replaced by .*lenient_load"):
-                tst.round_trip(TinyNet(), "default")
+                tst.round_trip(TinyNet(), mode)
         self.assertIsNone(load_modes.torch_load_replacement())
 
     def test_map_location(self):

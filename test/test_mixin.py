@@ -10,7 +10,19 @@ from unittest import mock
 
 import torch
 
-from roundtrip_fixtures import SEED_GLOBALS, TinyNet, Wrapper, tiny_qlinear
+from roundtrip_fixtures import (
+    DEFAULT_WEIGHTS_ONLY,
+    MODULE_GLOBALS,
+    SEED_GLOBALS,
+    TINY_GLOBALS,
+    TINY_SAFE_GLOBALS,
+    WEIGHTS_ONLY_BARE_ENV,
+    WRAPPER_GLOBALS,
+    TinyNet,
+    Wrapper,
+    default_outcome,
+    tiny_qlinear,
+)
 from torch_serial_testing import (
     AllowlistError,
     LoadMode,
@@ -40,7 +52,7 @@ class TestRoundTrip(unittest.TestCase):
         seen = {}
 
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
-            safe_globals = (TinyNet,)
+            safe_globals = TINY_SAFE_GLOBALS
 
             def test_modes(self):
                 for mode in LoadMode:
@@ -52,9 +64,12 @@ class TestRoundTrip(unittest.TestCase):
 
         result, out = run_inner(Inner)
         self.assertTrue(result.wasSuccessful(), out)
-        self.assertEqual(set(seen), {LoadMode.WEIGHTS_ONLY_FALSE, LoadMode.SAFE_GLOBALS})
-        self.assertIn("default: rejected as expected (weights_only=True since torch 2.6; "
-                      "roundtrip_fixtures.TinyNet not allowlisted)", out)
+        # A bare load of a full TinyNet loads only where a bare torch.load is not weights-only.
+        expected_loaded = {LoadMode.WEIGHTS_ONLY_FALSE, LoadMode.SAFE_GLOBALS}
+        if not DEFAULT_WEIGHTS_ONLY:
+            expected_loaded.add(LoadMode.DEFAULT)
+        self.assertEqual(set(seen), expected_loaded)
+        self.assertIn(default_outcome(TINY_GLOBALS), out)
         self.assertIn("safe_globals: loaded as expected (weights_only=True explicit)", out)
 
     def test_rejection_ends_test_as_pass_and_skips_later_checks(self):
@@ -62,11 +77,14 @@ class TestRoundTrip(unittest.TestCase):
 
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
             def test_default(self):
-                self.round_trip(TinyNet(), mode="default")
+                # Where a bare torch.load is not weights-only by default (torch < 2.6), force it.
+                with mock.patch.dict(os.environ, WEIGHTS_ONLY_BARE_ENV):
+                    self.round_trip(TinyNet(), mode="default")
                 after.append("ran")  # never reached: the load was rejected as expected
 
-        result, _ = run_inner(Inner)
-        self.assertTrue(result.wasSuccessful())
+        result, out = run_inner(Inner)
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertIn("default: rejected as expected", out)
         self.assertEqual(after, [])
 
     def test_mode_is_required_outside_instantiation(self):
@@ -88,15 +106,19 @@ class TestRoundTrip(unittest.TestCase):
         result, out = run_inner(Inner)
         self.assertEqual(len(result.failures), 1, out)
         message = result.failures[0][1]
-        self.assertIn("AllowlistError: safe_globals misses 2 global(s) the checkpoint needs: "
-                      "roundtrip_fixtures.Wrapper, torch.nn.modules.linear.Linear", message)
+        missing = [g for g in WRAPPER_GLOBALS if g != "roundtrip_fixtures.TinyNet"]  # + builtins.set before 2.6
+        self.assertIn(f"AllowlistError: safe_globals misses {len(missing)} global(s) the checkpoint needs: "
+                      f"{', '.join(missing)}\n", message)
         self.assertIn("from roundtrip_fixtures import TinyNet", message)
         self.assertIn("from torch.nn.modules.linear import Linear", message)
-        self.assertIn("with torch.serialization.safe_globals([TinyNet, Wrapper, Linear]):", message)
+        if MODULE_GLOBALS:
+            self.assertIn("from builtins import set", message)
+        refs = ", ".join(g.rsplit(".", 1)[1] for g in WRAPPER_GLOBALS)  # TinyNet, Wrapper, Linear (set first)
+        self.assertIn(f"with torch.serialization.safe_globals([{refs}]):", message)
 
     def test_over_trust_fails_unless_relaxed(self):
         class Strict(SerializationRoundTripTestCase, unittest.TestCase):
-            safe_globals = (TinyNet, Wrapper)
+            safe_globals = (*TINY_SAFE_GLOBALS, Wrapper)
 
             def test_tiny(self):
                 self.round_trip(TinyNet(), mode="safe_globals")
@@ -150,7 +172,7 @@ class TestRoundTrip(unittest.TestCase):
 
     def test_report_file(self):
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
-            safe_globals = (TinyNet,)
+            safe_globals = TINY_SAFE_GLOBALS
 
             def test_all(self):
                 for mode in LoadMode:
@@ -164,13 +186,15 @@ class TestRoundTrip(unittest.TestCase):
             with open(path) as fh:
                 records = [json.loads(line) for line in fh]
         self.assertEqual([(r["mode"], r["loaded"]) for r in records],
-                         [("weights_only_false", True), ("safe_globals", True), ("default", False)])
+                         [("weights_only_false", True), ("safe_globals", True), ("default", not DEFAULT_WEIGHTS_ONLY)])
         self.assertTrue(all(r["test"].endswith("Inner.test_all") for r in records))
 
     def test_seed_module_expected_inline(self):
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
             def test_pinned(self):
-                self.assertRequiredGlobalsExpectedInline(tiny_qlinear(), """\
+                # Before torch 2.6 the record starts with builtins.set (not on torch's allowlist there).
+                module_lines = "".join(f"{g}\n" for g in MODULE_GLOBALS)
+                self.assertRequiredGlobalsExpectedInline(tiny_qlinear(), module_lines + """\
 torch.ScriptObject
 torch.ao.nn.sparse.quantized.dynamic.linear.Linear
 torch.ao.nn.sparse.quantized.linear.LinearPackedParams
@@ -215,7 +239,7 @@ class TestExpectAccept(unittest.TestCase):
                                   capture_output=True, text=True)
             self.assertEqual(proc.returncode, 0, proc.stderr)
             with open(path) as fh:
-                self.assertIn("roundtrip_fixtures.TinyNet\n", fh.read())
+                self.assertIn("".join(f"{g}\n" for g in TINY_GLOBALS), fh.read())  # the record for this torch
 
 
 class TestClassCreationErrors(unittest.TestCase):

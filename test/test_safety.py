@@ -10,10 +10,12 @@ absence of the sentinel here means something.  Broken bytes must give a clear
 from __future__ import annotations
 
 import atexit
+import inspect
 import io
 import json
 import os
 import pickle
+import re
 import shutil
 import subprocess
 import sys
@@ -44,8 +46,20 @@ from torch_serial_testing import (  # noqa: E402
     scan_checkpoint,
 )
 from torch_serial_testing.allowlist import SafeGlobal, normalize_safe_globals  # noqa: E402
+from torch_serial_testing.load_modes import torch_default_weights_only  # noqa: E402
 
-WEIGHTS_ONLY_MODES = ("safe_globals", "default")
+FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+# A bare torch.load is weights-only since torch 2.6; before, the `default` mode is a full load,
+# which the library refuses for foreign bytes (UnsafeLoadRefused, before any scan or format check).
+TORCH_DEFAULT_WO, TORCH_DEFAULT_WHY = torch_default_weights_only()
+WEIGHTS_ONLY_MODES = ("safe_globals", "default") if TORCH_DEFAULT_WO else ("safe_globals",)
+# The exact refusal of a `default` load of foreign bytes where that is a full load.
+DEFAULT_REFUSAL = re.escape(
+    f"refusing a weights_only=False load (weights_only=False {TORCH_DEFAULT_WHY}) of bytes this process "
+    "did not just produce: only Checkpoint.save() output may be fully unpickled"
+)
+# Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6; ignored before).
+TORCH_READS_FORCE_NO = FORCE_NO_WO in inspect.getsource(torch.serialization.load)
 
 # torch's weights-only unpickler refuses these opcodes before it ever sees the global
 # (STACK_GLOBAL/SHORT_BINUNICODE, INST/UNICODE): the scan records them, so the rejection is
@@ -205,11 +219,21 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
             self.assertIn(H.DANGEROUS_GLOBALS[name], result.expectation.missing)
             self.assertTrue(result.summary.startswith(f"{mode}: rejected as expected"), result.summary)
 
+    def assertDefaultRefused(self, checkpoint: Checkpoint) -> None:  # noqa: N802
+        """A `default` load of foreign bytes where it is a full load (torch < 2.6): refused up front."""
+        self.assertNotIn("default", WEIGHTS_ONLY_MODES)
+        with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
+            tst.load(checkpoint, "default")
+
     def test_weights_only_modes_reject_every_payload(self) -> None:
         for name, data in HOSTILE.items():
             for mode in WEIGHTS_ONLY_MODES:
                 with self.subTest(name, mode=mode):
                     self.assertRejectedWeightsOnly(name, data, mode)
+                    self.assertSentinelAbsent()
+            if "default" not in WEIGHTS_ONLY_MODES:
+                with self.subTest(name, mode="default"):
+                    self.assertDefaultRefused(Checkpoint.from_bytes(data))
                     self.assertSentinelAbsent()
 
     def test_weights_only_false_is_refused_for_foreign_bytes(self) -> None:
@@ -232,7 +256,10 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
         self.assertFalse(checkpoint.owned)
         with self.assertRaises(UnsafeLoadRefused):
             tst.load(checkpoint, "weights_only_false")
-        self.assertFalse(tst.load(checkpoint, "default").loaded)
+        if TORCH_DEFAULT_WO:
+            self.assertFalse(tst.load(checkpoint, "default").loaded)
+        else:
+            self.assertDefaultRefused(checkpoint)
 
     def test_load_requires_a_checkpoint(self) -> None:
         with self.assertRaisesRegex(TypeError, "Checkpoint.from_bytes"):
@@ -241,20 +268,23 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
             tst.load(io.BytesIO(HOSTILE["os_system"]), "weights_only_false")  # type: ignore[arg-type]
 
     def test_force_no_weights_only_refuses_default_on_foreign_bytes(self) -> None:
+        # A torch that ignores the switch (< 2.6) still makes `default` a full load: its own default.
+        refusal = (re.escape(f"(weights_only=False forced by {FORCE_NO_WO}=1)") if TORCH_READS_FORCE_NO
+                   else DEFAULT_REFUSAL)
         with mock.patch.dict(os.environ, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
             os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
             for name, data in HOSTILE.items():
                 with self.subTest(name):
-                    with self.assertRaisesRegex(UnsafeLoadRefused, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1"):
+                    with self.assertRaisesRegex(UnsafeLoadRefused, refusal):
                         tst.load(Checkpoint.from_bytes(data), "default")
                     # An explicit weights_only=True still wins over the switch.
                     self.assertRejectedWeightsOnly(name, data, "safe_globals")
-            # Owned bytes load fully, and torch warns about the switch as predicted.
+            # Owned bytes load fully, and torch warns about the switch as predicted (where it reads it).
             module = _small_module()
             result = tst.load(Checkpoint.save(module), "default")
             self.assertTrue(result.loaded)
             self.assertFalse(result.expectation.weights_only)
-            self.assertTrue(result.expectation.warns)
+            self.assertEqual(result.expectation.warns, TORCH_READS_FORCE_NO)
             tst.assert_round_trip_equal(module, result.value)
             # The same bytes, re-wrapped as foreign, are refused.
             raw = Checkpoint.save(module).rewound().getvalue()
@@ -272,8 +302,11 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
             self.assertIsNotNone(tst.load_modes.torch_load_replacement())
             for name in ("os_system", "posix_system", "state_dict_with_payload", "legacy_cve_2025_32434"):
                 with self.subTest(name):
-                    result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
-                    self.assertFalse(result.loaded)
+                    if TORCH_DEFAULT_WO:
+                        result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
+                        self.assertFalse(result.loaded)
+                    else:  # torch's own default is a full load here: refused before torch.load is called
+                        self.assertDefaultRefused(Checkpoint.from_bytes(HOSTILE[name]))
                     self.assertSentinelAbsent()
 
     def test_environment_changed_during_load_cannot_disable_weights_only(self) -> None:
@@ -287,8 +320,11 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
         with mock.patch.object(torch, "load", racing_load):
             for name in ("os_system", "nested_container", "functools_partial"):
                 with self.subTest(name):
-                    result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
-                    self.assertFalse(result.loaded)
+                    if TORCH_DEFAULT_WO:
+                        result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
+                        self.assertFalse(result.loaded)
+                    else:  # torch's own default is a full load here: refused before torch.load is called
+                        self.assertDefaultRefused(Checkpoint.from_bytes(HOSTILE[name]))
                     self.assertSentinelAbsent()
 
     def test_dangerous_safe_globals_are_refused_however_named(self) -> None:
@@ -323,7 +359,10 @@ class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.Tes
         for name, data in HOSTILE.items():
             with self.subTest(name):
                 checkpoint = Checkpoint.from_bytes(data)
-                if name in TAR:
+                if not TORCH_DEFAULT_WO:  # a full load here (torch < 2.6): refused for foreign bytes
+                    with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
+                        self.load_checkpoint(checkpoint, mode="default")
+                elif name in TAR:
                     with self.assertRaises(CheckpointFormatError):
                         self.load_checkpoint(checkpoint, mode="default")
                 elif name in OPCODE_REJECTED:
@@ -357,8 +396,12 @@ class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.Tes
 
     def test_round_trip_of_a_hostile_object_in_weights_only_modes(self) -> None:
         payload = {"weight": torch.ones(2), "hook": H._Reduce(os.system, f"echo round_trip >> {SENTINEL}")}
-        with self.assertRaisesRegex(ExpectedRejection, "default: rejected as expected .*posix.system"):
-            self.round_trip(payload, mode="default")
+        # `default` is a weights-only mode only where a bare torch.load is (torch >= 2.6); an owned
+        # checkpoint in a full-load mode would really run the payload, so it is not tried there.
+        self.assertEqual(tst.predict("default", Checkpoint.save(payload)).weights_only, "default" in WEIGHTS_ONLY_MODES)
+        if "default" in WEIGHTS_ONLY_MODES:
+            with self.assertRaisesRegex(ExpectedRejection, "default: rejected as expected .*posix.system"):
+                self.round_trip(payload, mode="default")
         with self.assertRaisesRegex(AllowlistError, "posix.system"):
             self.round_trip(payload, mode="safe_globals")
 
@@ -385,6 +428,11 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         }
         for label, call in entry_points.items():
             with self.subTest(label):
+                if label == "load default" and not TORCH_DEFAULT_WO:
+                    # A full load here (torch < 2.6): foreign bytes are refused before any scan.
+                    with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
+                        call()
+                    continue
                 with self.assertRaisesRegex(CheckpointFormatError, pattern):
                     call()
 
@@ -426,6 +474,9 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
                     tst.load(Checkpoint.from_bytes(data), mode)
         with self.assertRaises(UnsafeLoadRefused):
             tst.load(Checkpoint.from_bytes(data), "weights_only_false")
+        if "default" not in WEIGHTS_ONLY_MODES:
+            with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
+                tst.load(Checkpoint.from_bytes(data), "default")
         no_pickle = io.BytesIO()
         import tarfile
 
@@ -449,6 +500,9 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
                     tst.load(Checkpoint.from_bytes(data), mode)
         with self.assertRaises(UnsafeLoadRefused):
             tst.load(Checkpoint.from_bytes(data), "weights_only_false")
+        if "default" not in WEIGHTS_ONLY_MODES:
+            with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
+                tst.load(Checkpoint.from_bytes(data), "default")
 
     def test_non_seekable_stream(self) -> None:
         r, w = os.pipe()
@@ -491,13 +545,26 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
                 b[rng.randrange(2, len(b) - 1)] = rng.randrange(256)
                 cases[f"flip{i}"] = torch_zip(bytes(b), storages)
             documented = (tst.CheckpointFormatError, tst.UnexpectedLoadOutcome)
+            # A weights-only load: the bare default where it is one (torch >= 2.6), else the
+            # explicit weights_only=True of the safe_globals mode (the same call the library makes).
+            mode = "default" if tst.load_modes.torch_default_weights_only()[0] else "safe_globals"
             out = {}
             for name, data in cases.items():
                 try:
-                    r = tst.load(tst.Checkpoint.from_bytes(data), "default")
+                    r = tst.load(tst.Checkpoint.from_bytes(data), mode)
                     out[name] = "loaded" if r.loaded else "rejected"
                 except documented as e:
                     out[name] = type(e).__name__
+            # What torch itself does with the damaged storages, weights-only (these bytes hold no
+            # payload): torch before 2.6 does not check a storage record's size and loads a short one.
+            raises = {}
+            for name in ("short_storage", "missing_storage"):
+                try:
+                    torch.load(io.BytesIO(cases[name]), weights_only=True)
+                    raises[name] = False
+                except RuntimeError:
+                    raises[name] = True
+            print(json.dumps(raises))
             print(json.dumps(out))
             """
         )
@@ -506,10 +573,14 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
             capture_output=True, text=True, timeout=120,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+        *_, raises_line, outcomes_line = proc.stdout.strip().splitlines()
+        torch_raises, outcomes = json.loads(raises_line), json.loads(outcomes_line)
         self.assertEqual(len(outcomes), 43)
-        self.assertEqual(outcomes["short_storage"], "UnexpectedLoadOutcome")
-        self.assertEqual(outcomes["missing_storage"], "UnexpectedLoadOutcome")
+        # A storage torch refuses is an unexpected outcome of a load predicted to succeed; one
+        # it accepts (a short record before torch 2.6) loads, as torch does.
+        self.assertTrue(torch_raises["missing_storage"])
+        for name in ("short_storage", "missing_storage"):
+            self.assertEqual(outcomes[name], "UnexpectedLoadOutcome" if torch_raises[name] else "loaded", name)
         self.assertEqual(outcomes["empty_pickle"], "CheckpointFormatError")
 
 

@@ -239,9 +239,14 @@ def _json_float(x: float) -> Any:
 
 
 def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]) -> tuple[bool, str]:
+    from .load_modes import torch_reads_force_no_weights_only
+
     active = _truthy(raw)
     if raw is None:
         return False, "unset: no effect"
+    if name == FORCE_NO_WO and not torch_reads_force_no_weights_only():
+        problems.append(f"{name}={raw!r} is ignored: this torch's torch.load does not read it (torch < 2.6)")
+        return False, "ignored: this torch's torch.load does not read it (it was added in torch 2.6)"
     if not active:
         if raw.strip().lower() not in _FALSY:
             problems.append(

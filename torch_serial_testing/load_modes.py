@@ -37,6 +37,7 @@ __all__ = [
     "LoadResult",
     "TRUE_VALUES",
     "torch_default_weights_only",
+    "torch_reads_force_no_weights_only",
     "torch_load_replacement",
     "predict",
     "load",
@@ -94,7 +95,10 @@ class WeightsOnlySwitches:
     def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "WeightsOnlySwitches":
         env = os.environ if environ is None else environ
         raw = {FORCE_WO: env.get(FORCE_WO), FORCE_NO_WO: env.get(FORCE_NO_WO)}
-        return cls(_truthy(raw[FORCE_WO]), _truthy(raw[FORCE_NO_WO]), raw)
+        # A torch before 2.6 does not read TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (so it neither
+        # warns nor refuses both switches): there it is never set, whatever its spelling.
+        force_no = _truthy(raw[FORCE_NO_WO]) and torch_reads_force_no_weights_only()
+        return cls(_truthy(raw[FORCE_WO]), force_no, raw)
 
     @property
     def conflict(self) -> bool:
@@ -105,6 +109,23 @@ class WeightsOnlySwitches:
             f"{FORCE_WO}={self.raw.get(FORCE_WO)!s} and {FORCE_NO_WO}={self.raw.get(FORCE_NO_WO)!s} "
             "are both set: torch.load raises RuntimeError on every load. Unset one of them."
         )
+
+
+@functools.lru_cache(maxsize=1)
+def torch_reads_force_no_weights_only() -> bool:
+    """Whether this torch's ``torch.load`` reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (torch >= 2.6).
+
+    Read from torch's own source; the version decides only when the source is unavailable.
+    """
+    import inspect
+
+    import torch
+
+    try:
+        return FORCE_NO_WO in inspect.getsource(torch.serialization)
+    except (OSError, TypeError):
+        major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+        return (major, minor) >= (2, 6)
 
 
 def torch_default_weights_only() -> tuple[bool, str]:

@@ -36,6 +36,15 @@ Which generated tests cover which upstream test (``<mode>`` is one of
     test_required_globals                                            new: golden list of the globals the checkpoint needs
     test_full_module_state_dict_load_is_broken_in_torch              new: pins a torch bug (see below)
 
+Which globals: on torch >= 2.6 the full-module checkpoint needs exactly
+``Linear``, ``LinearPackedParams`` and ``torch.ScriptObject`` beyond torch's
+allowlist, and that is what ``safe_globals`` declares.  Before torch 2.6 the
+allowlist lacks ``builtins.set`` too (every module's
+``_non_persistent_buffers_set``), so there -- and only there, decided from
+torch's allowlist, not its version -- ``set`` is declared as well.
+``test_required_globals`` pins the three as a golden record on every torch and
+checks the ``set`` part against the running torch's allowlist.
+
 The three weight cases of upstream's loop (``per_tensor_small``,
 ``per_channel_small``, ``per_tensor_large``) are subtests, ``case=<name>``.
 
@@ -70,8 +79,10 @@ from torch_serial_testing import (
     cross_engine,
     instantiate_round_trip_tests,
     override_qengine,
+    qualified_name,
     supported_qengines,
 )
+from torch_serial_testing.allowlist import torch_allowlist
 
 try:  # what upstream test files use; plain unittest when it cannot be imported
     from torch.testing._internal.common_utils import TestCase, run_tests
@@ -100,6 +111,11 @@ CROSS_SCALES = (2.0, 3.0, 7.0)
 WIDE_IN_FEATURES = 4008  # wider than fbgemm's 4000-column tile
 # In the packed state, int8 weights are stored shifted by +128 (as uint8).
 PACKED_WEIGHT_OFFSET = 128
+
+# Globals every nn.Module checkpoint uses that torch's allowlist covers only on some versions:
+# builtins.set (nn.Module._non_persistent_buffers_set) joined it in torch 2.6.  The ones the
+# running torch's allowlist lacks are needed beyond the golden record below (empty on >= 2.6).
+VERSION_DEPENDENT_GLOBALS = frozenset({"builtins.set"}) - torch_allowlist()
 
 # Positions in the first element of LinearPackedParamsBase.__getstate__().
 ROW_BLOCK_INDICES_POS = 7
@@ -194,7 +210,11 @@ def with_int32_block_indices(state):
 class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
     qengines = ENGINES
     devices = ("cpu",)
-    safe_globals = () if SPARSE_MISSING else (Linear, LinearPackedParams, torch.ScriptObject)
+    # Exactly these three on torch >= 2.6.  Where torch's allowlist lacks builtins.set (< 2.6),
+    # set is declared too: the checkpoint needs it there (see VERSION_DEPENDENT_GLOBALS).
+    safe_globals = () if SPARSE_MISSING else (
+        (Linear, LinearPackedParams, torch.ScriptObject) + ((set,) if VERSION_DEPENDENT_GLOBALS else ())
+    )
 
     # -- upstream's checks, on the module as built -----------------------------------
 
@@ -315,11 +335,25 @@ class TestQlinearPackedParamsCheckpointFacts(SerializationRoundTripTestCase, Tes
         first_engine, first = next(iter(found.items()))
         for engine, names in found.items():
             self.assertEqual(names, first, f"{engine} needs other globals than {first_engine}")
-        self.assertRequiredGlobalsExpectedInline(modules[first_engine], """\
+        # The version-dependent part: exactly the globals torch's allowlist lacks here among
+        # those it added later (builtins.set before torch 2.6; nothing on >= 2.6).
+        self.assertEqual(
+            sorted(set(first) & {"builtins.set"}), sorted(VERSION_DEPENDENT_GLOBALS),
+            "globals needed beyond torch's allowlist that a later torch allowlists",
+        )
+        # The version-independent part is a golden record (expecttest: EXPECTTEST_ACCEPT=1 rewrites
+        # the literal).  On torch >= 2.6 nothing is left out, so it is the complete required list,
+        # exactly what assertRequiredGlobalsExpectedInline(modules[first_engine], ...) pins.
+        from expecttest import assert_expected_inline
+
+        actual = "".join(f"{name}\n" for name in first if name not in VERSION_DEPENDENT_GLOBALS)
+        assert_expected_inline(actual, """\
 torch.ScriptObject
 torch.ao.nn.sparse.quantized.dynamic.linear.Linear
 torch.ao.nn.sparse.quantized.linear.LinearPackedParams
-""")
+""", assert_eq=self.assertMultiLineEqual, debug_id=self.id())
+        # The round-trip tests declare exactly what the checkpoint needs here, no more, no less.
+        self.assertEqual(sorted(qualified_name(g) for g in TestQlinearPackedParamsCPU.safe_globals), first)  # noqa: F821 - generated above
 
     def test_full_module_state_dict_load_is_broken_in_torch(self):
         # torch bug, no serialization involved: Linear._load_from_state_dict does
