@@ -136,3 +136,53 @@ def default_outcome(missing) -> str:
     if DEFAULT_WEIGHTS_ONLY and missing:
         return f"default: rejected as expected ({DEFAULT_REASON}; {', '.join(missing)} not allowlisted)"
     return f"default: loaded as expected ({DEFAULT_REASON})"
+
+
+# -- which load modes run here ----------------------------------------------------------------
+#
+# Derived from the library's own mode_skip_reason (the safe_globals mode needs
+# torch.serialization.safe_globals, torch >= 2.5).  Computed on first access (PEP 562), so this
+# module still imports without torch_serial_testing (the vendoring test copies it next to a
+# renamed copy of the library):
+#
+# MODE_SKIPS: load mode value -> the library's exact skip reason, for every mode this torch
+#     cannot run; empty where every mode runs.
+# SAFE_GLOBALS_SKIP: why the safe_globals mode skips here (the exact SkipTest reason), or None.
+# RUNNABLE_MODES: the LoadMode members that run here, in LoadMode order.
+
+
+def _mode_facts() -> dict:
+    from torch_serial_testing.load_modes import LoadMode, mode_skip_reason
+
+    skips = {mode.value: reason for mode in LoadMode if (reason := mode_skip_reason(mode)) is not None}
+    return {
+        "MODE_SKIPS": skips,
+        "SAFE_GLOBALS_SKIP": skips.get(LoadMode.SAFE_GLOBALS.value),
+        "RUNNABLE_MODES": tuple(mode for mode in LoadMode if mode.value not in skips),
+    }
+
+
+def __getattr__(name: str):
+    if name in ("MODE_SKIPS", "SAFE_GLOBALS_SKIP", "RUNNABLE_MODES"):
+        globals().update(_mode_facts())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def assert_mode_skips_here(test, mode, call) -> bool:
+    """If *mode* cannot run here, assert *call* raises SkipTest with exactly its reason and return True.
+
+    Returns False (without calling *call*) where the mode runs, so the caller goes on to check
+    what the load does.
+    """
+    import unittest
+
+    from torch_serial_testing.load_modes import LoadMode
+
+    reason = _mode_facts()["MODE_SKIPS"].get(LoadMode.parse(mode).value)
+    if reason is None:
+        return False
+    with test.assertRaises(unittest.SkipTest) as cm:
+        call()
+    test.assertEqual(str(cm.exception), reason)
+    return True

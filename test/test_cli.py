@@ -22,12 +22,13 @@ import warnings
 
 import torch
 
-from torch_serial_testing import cli
-from torch_serial_testing.allowlist import torch_allowlist
+from torch_serial_testing import Checkpoint, cli, load_modes
+from torch_serial_testing.allowlist import preserved_registry, torch_allowlist
 from torch_serial_testing.engines import override_qengine
 from torch_serial_testing.load_modes import torch_default_weights_only
 
 from hostile_checkpoints import DANGEROUS_GLOBALS, build_all, legacy_tar
+from roundtrip_fixtures import SAFE_GLOBALS_SKIP
 
 # What the seed checkpoint (a full sparse Linear) needs beyond torch's allowlist, sorted: its
 # classes and torch.ScriptObject on every torch, plus builtins.set (nn.Module's
@@ -190,10 +191,25 @@ class TestInspect(CLITestBase):
         from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
         from torch.ao.nn.sparse.quantized.linear import LinearPackedParams
 
-        with override_qengine("qnnpack"), torch.serialization.safe_globals(
-            [torch.ScriptObject, Linear, LinearPackedParams] + ([set] if SET_NEEDED else [])
-        ):
+        needed = [torch.ScriptObject, Linear, LinearPackedParams] + ([set] if SET_NEEDED else [])
+        if SAFE_GLOBALS_SKIP is None:
+            with override_qengine("qnnpack"), torch.serialization.safe_globals(needed):
+                self.assertIsInstance(torch.load(self.seed, weights_only=True), Linear)
+            return
+        # A torch without the safe_globals context (< 2.5): the library's safe_globals mode skips
+        # with its reason, and the allowlist the prediction rests on is checked through the
+        # process-wide registry this torch does have (add_safe_globals), restored afterwards.
+        self.assertFalse(hasattr(torch.serialization, "safe_globals"))
+        with open(self.seed, "rb") as f:
+            seed = Checkpoint.from_bytes(f.read())
+        with self.assertRaises(unittest.SkipTest) as cm:
+            load_modes.load(seed, "safe_globals", needed)
+        self.assertEqual(str(cm.exception), SAFE_GLOBALS_SKIP)
+        with override_qengine("qnnpack"), preserved_registry():
+            torch.serialization.add_safe_globals(needed)
             self.assertIsInstance(torch.load(self.seed, weights_only=True), Linear)
+        with self.assertRaisesRegex(pickle.UnpicklingError, "Unsupported global: GLOBAL torch.ao.nn.sparse"):
+            torch.load(self.seed, weights_only=True)  # the registry is back as it was
 
     def test_all_three_safe_globals_from_stdin(self):
         args = ["inspect", "-", "--json"] + [a for n in SEED_GLOBALS for a in ("--safe-global", n)]

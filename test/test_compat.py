@@ -1,5 +1,6 @@
 """Older or future torch, simulated by hiding the features the library derives behaviour from."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from unittest import mock
 
 import torch
 
-from roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet
+from roundtrip_fixtures import MODE_SKIPS, RUNNABLE_MODES, SAFE_GLOBALS_SKIP, TINY_SAFE_GLOBALS, TinyNet
 from torch_serial_testing import Checkpoint, LoadMode, engines, instantiate_round_trip_tests, load_modes
 from torch_serial_testing.allowlist import normalize_safe_globals
 from test_instantiation import make_generic, run
@@ -21,16 +22,38 @@ class TestOlderTorch(unittest.TestCase):
     def test_without_safe_globals_context_the_mode_skips_visibly(self):
         generic = make_generic(devices=("cpu",))
         (cls,) = instantiate_round_trip_tests(generic, {})
-        with mock.patch.object(torch.serialization, "safe_globals", create=True) as _:
-            del torch.serialization.safe_globals
+        had_context = hasattr(torch.serialization, "safe_globals")  # torch >= 2.5
+        reason = (f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+                  f"torch {torch.__version__} lacks it")
+        with contextlib.ExitStack() as stack:
+            if had_context:  # hide it; a torch before 2.5 really lacks it, nothing to hide there
+                stack.enter_context(mock.patch.object(torch.serialization, "safe_globals"))
+                del torch.serialization.safe_globals
+            self.assertFalse(hasattr(torch.serialization, "safe_globals"))
+            self.assertEqual(load_modes.mode_skip_reason(LoadMode.SAFE_GLOBALS), reason)
             result, out = run([cls])
-            with self.assertRaisesRegex(unittest.SkipTest, r"needs torch.serialization.safe_globals \(torch >= 2.5\)"):
+            with self.assertRaises(unittest.SkipTest) as cm:
                 load_modes.load(Checkpoint.save(TinyNet()), "safe_globals", TINY)
-        self.assertTrue(hasattr(torch.serialization, "safe_globals"))
+            self.assertEqual(str(cm.exception), reason)
+        self.assertEqual(hasattr(torch.serialization, "safe_globals"), had_context)
         self.assertTrue(result.wasSuccessful(), out)
         skipped = sorted(t.id().rsplit(".", 1)[1] for t, _ in result.skipped)
         self.assertEqual(skipped, ["test_nodevice_safe_globals_cpu", "test_rt_safe_globals_cpu"])
-        self.assertIn("torch >= 2.5", result.skipped[0][1])
+        self.assertEqual([r for _, r in result.skipped], [reason, reason])
+
+    def test_safe_globals_skip_fact_matches_this_torch(self):
+        # The facts the tests derive their expectations from (roundtrip_fixtures), checked against
+        # torch itself: only the safe_globals mode can skip, exactly where torch lacks the context.
+        has_context = hasattr(torch.serialization, "safe_globals")
+        self.assertEqual(set(MODE_SKIPS), set() if has_context else {"safe_globals"})
+        self.assertEqual(SAFE_GLOBALS_SKIP is None, has_context)
+        self.assertEqual(RUNNABLE_MODES, tuple(m for m in LoadMode if has_context or m is not LoadMode.SAFE_GLOBALS))
+        if not has_context:
+            self.assertEqual(
+                SAFE_GLOBALS_SKIP,
+                f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+                f"torch {torch.__version__} lacks it",
+            )
 
     def test_before_the_default_flip_default_is_expected_to_load(self):
         ckpt = Checkpoint.save(TinyNet())

@@ -15,10 +15,12 @@ from roundtrip_fixtures import (
     DEFAULT_WHY,
     READS_FORCE_NO_WEIGHTS_ONLY,
     REFUSES_BOTH_SWITCHES,
+    SAFE_GLOBALS_SKIP,
     TINY_GLOBALS,
     TINY_SAFE_GLOBALS,
     WEIGHTS_ONLY_BARE_ENV,
     TinyNet,
+    assert_mode_skips_here,
     default_outcome,
 )
 from torch_serial_testing import Checkpoint, LoadMode, load_modes
@@ -163,6 +165,8 @@ class TestRealTorchAgrees(unittest.TestCase):
         for env in self.ENV_STATES:
             for mode in LoadMode:
                 with self.subTest(env=env, mode=mode.value), clean_env(**env):
+                    if assert_mode_skips_here(self, mode, lambda: tst.round_trip(TinyNet(), mode, TINY)):
+                        continue  # safe_globals before torch 2.5: skipped with the reason, nothing loaded
                     expected = load_modes.predict(mode, Checkpoint.save(TinyNet()), TINY)
                     result = tst.round_trip(TinyNet(), mode, TINY)
                     self.assertEqual(result.loaded, expected.loads)
@@ -211,11 +215,34 @@ class TestRealTorchAgrees(unittest.TestCase):
             kwargs["weights_only"] = False
             return real(f, *args, **kwargs)
 
-        # A mode torch's rules make weights-only without forcing it (that would override lenient_load).
-        mode = "default" if DEFAULT_WEIGHTS_ONLY else "safe_globals"
-        with clean_env(), mock.patch.object(torch, "load", lenient_load):
-            with self.assertRaisesRegex(unittest.SkipTest, "torch.load is replaced by .*lenient_load"):
-                tst.round_trip(TinyNet(), mode)
+        # A mode torch's rules make weights-only without forcing it (that would override lenient_load):
+        # `default` since torch 2.6, else `safe_globals` where torch has its context (>= 2.5).
+        if DEFAULT_WEIGHTS_ONLY or not SAFE_GLOBALS_SKIP:
+            mode = "default" if DEFAULT_WEIGHTS_ONLY else "safe_globals"
+            with clean_env(), mock.patch.object(torch, "load", lenient_load):
+                with self.assertRaisesRegex(unittest.SkipTest, "torch.load is replaced by .*lenient_load"):
+                    tst.round_trip(TinyNet(), mode)
+        else:
+            # No such mode runs here (torch < 2.5): the safe_globals mode skips for its own reason,
+            # before torch.load is called.
+            with clean_env(), mock.patch.object(torch, "load", lenient_load):
+                with self.assertRaises(unittest.SkipTest) as cm:
+                    tst.round_trip(TinyNet(), "safe_globals")
+            self.assertEqual(str(cm.exception), SAFE_GLOBALS_SKIP)
+
+        # The other direction, on every torch: a replacement that makes the predicted full load
+        # weights-only rejects what torch's own rules say loads -- reported as a skip, not hidden.
+        def strict_load(f, *args, **kwargs):
+            kwargs["weights_only"] = True
+            return real(f, *args, **kwargs)
+
+        with clean_env(), mock.patch.object(torch, "load", strict_load):
+            with self.assertRaisesRegex(
+                unittest.SkipTest,
+                r"torch.load is replaced by .*strict_load; torch's own rules predicted weights_only_false "
+                r"would be loaded but: expected to load .*torch rejected it",
+            ):
+                tst.round_trip(TinyNet(), "weights_only_false")
         self.assertIsNone(load_modes.torch_load_replacement())
 
     def test_map_location(self):

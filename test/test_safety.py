@@ -48,10 +48,14 @@ from torch_serial_testing import (  # noqa: E402
 from torch_serial_testing.allowlist import SafeGlobal, normalize_safe_globals  # noqa: E402
 from torch_serial_testing.load_modes import torch_default_weights_only  # noqa: E402
 
+from roundtrip_fixtures import SAFE_GLOBALS_SKIP, assert_mode_skips_here  # noqa: E402
+
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 # A bare torch.load is weights-only since torch 2.6; before, the `default` mode is a full load,
 # which the library refuses for foreign bytes (UnsafeLoadRefused, before any scan or format check).
 TORCH_DEFAULT_WO, TORCH_DEFAULT_WHY = torch_default_weights_only()
+# (The safe_globals mode needs torch >= 2.5; before, each load in it is asserted to skip with
+# the library's reason -- SAFE_GLOBALS_SKIP -- before anything is read.)
 WEIGHTS_ONLY_MODES = ("safe_globals", "default") if TORCH_DEFAULT_WO else ("safe_globals",)
 # The exact refusal of a `default` load of foreign bytes where that is a full load.
 DEFAULT_REFUSAL = re.escape(
@@ -60,6 +64,13 @@ DEFAULT_REFUSAL = re.escape(
 )
 # Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6; ignored before).
 TORCH_READS_FORCE_NO = FORCE_NO_WO in inspect.getsource(torch.serialization.load)
+# What a weights-only torch.load raises for a record torch refuses (a missing storage): torch before
+# 2.5 turns every RuntimeError inside the weights-only unpickler into pickle.UnpicklingError.
+TORCH_WO_RECORD_ERROR = (
+    "UnpicklingError"
+    if re.search(r"except RuntimeError as e:\s*raise pickle\.UnpicklingError", inspect.getsource(torch.serialization.load))
+    else "RuntimeError"
+)
 
 # torch's weights-only unpickler refuses these opcodes before it ever sees the global
 # (STACK_GLOBAL/SHORT_BINUNICODE, INST/UNICODE): the scan records them, so the rejection is
@@ -200,6 +211,8 @@ class TestStaticScan(SentinelMixin, unittest.TestCase):
 class TestLoadHelper(SentinelMixin, unittest.TestCase):
     def assertRejectedWeightsOnly(self, name: str, data: bytes, mode: str) -> None:  # noqa: N802
         checkpoint = Checkpoint.from_bytes(data)
+        if assert_mode_skips_here(self, mode, lambda: tst.load(checkpoint, mode)):
+            return  # a mode this torch cannot run (safe_globals before 2.5): skipped, nothing read
         if name in TAR:
             with self.assertRaisesRegex(CheckpointFormatError, "legacy tar checkpoint"):
                 tst.load(checkpoint, mode)
@@ -342,10 +355,14 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
         for sg in (SafeGlobal(os.system, "mymod.Safe", True), SafeGlobal(os.system, "posix.system")):
             for mode in WEIGHTS_ONLY_MODES:
                 with self.subTest(sg=sg, mode=mode):
+                    # A mode this torch cannot run skips first, before the declaration is looked at.
+                    if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(alias), mode, [sg])):
+                        continue
                     with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist .*posix.system"):
                         tst.load(Checkpoint.from_bytes(alias), mode, [sg])
         # Undeclared, the alias is just a missing global.
-        self.assertFalse(tst.load(Checkpoint.from_bytes(alias), "safe_globals").loaded)
+        if not assert_mode_skips_here(self, "safe_globals", lambda: tst.load(Checkpoint.from_bytes(alias), "safe_globals")):
+            self.assertFalse(tst.load(Checkpoint.from_bytes(alias), "safe_globals").loaded)
 
     def test_required_globals_of_a_hostile_object_does_not_run_it(self) -> None:
         payload = H._Reduce(os.system, f"echo object >> {SENTINEL}")
@@ -433,6 +450,8 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
                     with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
                         call()
                     continue
+                if label == "load safe_globals" and assert_mode_skips_here(self, "safe_globals", call):
+                    continue  # torch < 2.5: the mode skips with its reason before any scan
                 with self.assertRaisesRegex(CheckpointFormatError, pattern):
                     call()
 
@@ -470,6 +489,8 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         self.assertEqual(required_globals(data), [])
         for mode in WEIGHTS_ONLY_MODES:
             with self.subTest(mode):
+                if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(data), mode)):
+                    continue
                 with self.assertRaisesRegex(CheckpointFormatError, "legacy tar checkpoint"):
                     tst.load(Checkpoint.from_bytes(data), mode)
         with self.assertRaises(UnsafeLoadRefused):
@@ -496,6 +517,8 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
             required_globals(data)
         for mode in WEIGHTS_ONLY_MODES:
             with self.subTest(mode):
+                if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(data), mode)):
+                    continue
                 with self.assertRaisesRegex(CheckpointFormatError, "TorchScript archive: load it with torch.jit.load"):
                     tst.load(Checkpoint.from_bytes(data), mode)
         with self.assertRaises(UnsafeLoadRefused):
@@ -527,7 +550,7 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         """Damaged storages and pickles inside a valid zip, loaded in a child process."""
         script = textwrap.dedent(
             """
-            import io, json, random, sys, warnings, zipfile
+            import io, json, pickle, random, sys, warnings, zipfile
             sys.path.insert(0, sys.argv[1])
             import torch, torch_serial_testing as tst
             from hostile_checkpoints import torch_zip
@@ -545,9 +568,7 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
                 b[rng.randrange(2, len(b) - 1)] = rng.randrange(256)
                 cases[f"flip{i}"] = torch_zip(bytes(b), storages)
             documented = (tst.CheckpointFormatError, tst.UnexpectedLoadOutcome)
-            # A weights-only load: the bare default where it is one (torch >= 2.6), else the
-            # explicit weights_only=True of the safe_globals mode (the same call the library makes).
-            mode = "default" if tst.load_modes.torch_default_weights_only()[0] else "safe_globals"
+            mode = sys.argv[2]  # a weights-only load here (chosen by the test; see there)
             out = {}
             for name, data in cases.items():
                 try:
@@ -561,16 +582,28 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
             for name in ("short_storage", "missing_storage"):
                 try:
                     torch.load(io.BytesIO(cases[name]), weights_only=True)
-                    raises[name] = False
-                except RuntimeError:
-                    raises[name] = True
+                    raises[name] = None
+                except (RuntimeError, pickle.UnpicklingError) as e:
+                    raises[name] = type(e).__name__
             print(json.dumps(raises))
             print(json.dumps(out))
             """
         )
+        # A weights-only load: the bare default where it is one (torch >= 2.6), else the explicit
+        # weights_only=True of the safe_globals mode (the same call the library makes) where torch
+        # has that mode's context (>= 2.5), else the bare default made weights-only by
+        # TORCH_FORCE_WEIGHTS_ONLY_LOAD (the library then calls torch.load(weights_only=True) too).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+        if TORCH_DEFAULT_WO:
+            mode = "default"
+        elif SAFE_GLOBALS_SKIP is None:
+            mode = "safe_globals"
+        else:
+            mode, env["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "default", "1"
+        self.assertTrue(tst.predict(mode, Checkpoint.from_bytes(self.good), environ=env).weights_only)
         proc = subprocess.run(
-            [sys.executable, "-c", script, os.path.dirname(os.path.abspath(__file__))],
-            capture_output=True, text=True, timeout=120,
+            [sys.executable, "-c", script, os.path.dirname(os.path.abspath(__file__)), mode],
+            capture_output=True, text=True, timeout=120, env=env,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         *_, raises_line, outcomes_line = proc.stdout.strip().splitlines()
@@ -578,8 +611,9 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         self.assertEqual(len(outcomes), 43)
         # A storage torch refuses is an unexpected outcome of a load predicted to succeed; one
         # it accepts (a short record before torch 2.6) loads, as torch does.
-        self.assertTrue(torch_raises["missing_storage"])
+        self.assertEqual(torch_raises["missing_storage"], TORCH_WO_RECORD_ERROR)
         for name in ("short_storage", "missing_storage"):
+            self.assertIn(torch_raises[name], (None, TORCH_WO_RECORD_ERROR), name)
             self.assertEqual(outcomes[name], "UnexpectedLoadOutcome" if torch_raises[name] else "loaded", name)
         self.assertEqual(outcomes["empty_pickle"], "CheckpointFormatError")
 
