@@ -236,12 +236,18 @@ def required_globals(obj_or_buffer: Any) -> list[str]:
     return sorted(g for g in info.globals if g not in allowed)
 
 
-def safe_globals_snippet(names: Sequence[str]) -> str:
+def safe_globals_snippet(names: Sequence[str], *, context: Optional[bool] = None) -> str:
     """A ready-to-paste ``with torch.serialization.safe_globals([...]):`` block with its imports.
 
     Pure string work: nothing is imported, so it is safe on names from a hostile file.
-    Dangerous names are left out, each with a comment saying why.
+    Dangerous names are left out, each with a comment saying why.  Where torch has no
+    ``safe_globals`` context (torch < 2.5; *context* None detects it) the snippet uses
+    ``add_safe_globals`` instead.
     """
+    if context is None:
+        import torch
+
+        context = hasattr(torch.serialization, "safe_globals")
     imports: set[str] = set()
     refs: list[str] = []
     skipped: list[str] = []
@@ -252,12 +258,20 @@ def safe_globals_snippet(names: Sequence[str]) -> str:
         if name.startswith("torch.") and name.count(".") == 1:
             refs.append(name)  # torch.ScriptObject, torch.Size: reachable as torch.<attr>
             continue
+        if name.startswith("builtins.") and name.count(".") == 1:
+            refs.append(name.split(".", 1)[1])  # set, complex: no import needed
+            continue
         module, attr_path = _split_module(name)
         imports.add(f"from {module} import {attr_path.split('.')[0]}")
         refs.append(attr_path)
     lines = ["import torch", *sorted(imports), ""]
-    lines.append(f"with torch.serialization.safe_globals([{', '.join(refs)}]):")
-    lines.append("    obj = torch.load(f, weights_only=True)")
+    if context:
+        lines.append(f"with torch.serialization.safe_globals([{', '.join(refs)}]):")
+        lines.append("    obj = torch.load(f, weights_only=True)")
+    else:
+        lines.append("# this torch has no safe_globals context (torch < 2.5): register process-wide")
+        lines.append(f"torch.serialization.add_safe_globals([{', '.join(refs)}])")
+        lines.append("obj = torch.load(f, weights_only=True)")
     for name in skipped:
         lines.append(f"# NOT allowlisted, dangerous: {name} ({dangerous_reason(name)})")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import contextlib
 import functools
 import json
 import os
+import unittest
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
 
@@ -256,6 +257,9 @@ class SerializationRoundTripTestCase:
                 "generate the tests with instantiate_round_trip_tests(...)"
             )
         declared = self._tst_safe_globals if safe_globals is None else as_safe_globals(safe_globals)
+        unavailable = load_modes.mode_skip_reason(resolved)
+        if unavailable:  # before judging the declaration: the mode cannot run here at all
+            raise unittest.SkipTest(unavailable)
         if resolved is LoadMode.SAFE_GLOBALS:
             self._check_declared(checkpoint, declared)
         if map_location is _MISSING:

@@ -518,7 +518,7 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
     from .allowlist import SafeGlobal, dangerous_reason, safe_globals_snippet, torch_allowlist
     from .checkpoint import Checkpoint
     from .errors import CheckpointFormatError, ConflictingEnvironmentError
-    from .load_modes import LoadMode, predict, torch_load_replacement
+    from .load_modes import LoadMode, mode_skip_reason, predict, torch_load_replacement
 
     given = list(dict.fromkeys(safe_globals))
     report: dict[str, Any] = {
@@ -586,6 +586,11 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
                                  "summary": "error: RuntimeError on every torch.load: " + conflict}
             continue
         modes[mode.value] = _mode_result(mode.value, exp, info.format, flagged, given)
+        unavailable = mode_skip_reason(mode)
+        if unavailable:
+            modes[mode.value]["summary"] += (
+                f" [{unavailable}: the same allowlist works with torch.serialization.add_safe_globals]"
+            )
     report["modes"] = modes
 
     if conflict:
