@@ -487,21 +487,25 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         self.assertFormatError(pickle.dumps({"a": 1}, protocol=2), r"no torch magic number")
         self.assertFormatError(b"\x80\x02\x8a", r"pickle stream is truncated or damaged")
 
-    def test_legacy_tar_checkpoint(self) -> None:
-        data = H.legacy_tar(pickle.dumps({"a": torch.Size([1])}, protocol=2))
-        self.assertEqual(scan_checkpoint(data).format, "tar")
-        self.assertEqual(required_globals(data), [])
+    def assertLoadRefusedInEveryMode(self, data: bytes, pattern: str) -> None:  # noqa: N802
+        """Weights-only modes: CheckpointFormatError (or the mode's skip); full loads: UnsafeLoadRefused."""
         for mode in WEIGHTS_ONLY_MODES:
             with self.subTest(mode):
                 if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(data), mode)):
                     continue
-                with self.assertRaisesRegex(CheckpointFormatError, "legacy tar checkpoint"):
+                with self.assertRaisesRegex(CheckpointFormatError, pattern):
                     tst.load(Checkpoint.from_bytes(data), mode)
         with self.assertRaises(UnsafeLoadRefused):
             tst.load(Checkpoint.from_bytes(data), "weights_only_false")
         if "default" not in WEIGHTS_ONLY_MODES:
             with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
                 tst.load(Checkpoint.from_bytes(data), "default")
+
+    def test_legacy_tar_checkpoint(self) -> None:
+        data = H.legacy_tar(pickle.dumps({"a": torch.Size([1])}, protocol=2))
+        self.assertEqual(scan_checkpoint(data).format, "tar")
+        self.assertEqual(required_globals(data), [])
+        self.assertLoadRefusedInEveryMode(data, "legacy tar checkpoint")
         no_pickle = io.BytesIO()
         import tarfile
 
@@ -519,17 +523,7 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         self.assertEqual(scan_checkpoint(data).format, "torchscript")
         with self.assertRaisesRegex(CheckpointFormatError, "TorchScript archive: load it with torch.jit.load"):
             required_globals(data)
-        for mode in WEIGHTS_ONLY_MODES:
-            with self.subTest(mode):
-                if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(data), mode)):
-                    continue
-                with self.assertRaisesRegex(CheckpointFormatError, "TorchScript archive: load it with torch.jit.load"):
-                    tst.load(Checkpoint.from_bytes(data), mode)
-        with self.assertRaises(UnsafeLoadRefused):
-            tst.load(Checkpoint.from_bytes(data), "weights_only_false")
-        if "default" not in WEIGHTS_ONLY_MODES:
-            with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
-                tst.load(Checkpoint.from_bytes(data), "default")
+        self.assertLoadRefusedInEveryMode(data, "TorchScript archive: load it with torch.jit.load")
 
     def test_non_seekable_stream(self) -> None:
         r, w = os.pipe()
