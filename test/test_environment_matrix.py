@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import io
 import json
 import os
 import re

@@ -20,7 +20,7 @@ import threading
 import unittest
 import warnings
 import xml.etree.ElementTree as ET
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

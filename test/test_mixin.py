@@ -27,7 +27,6 @@ from roundtrip_fixtures import (
     tiny_qlinear,
 )
 from torch_serial_testing import (
-    AllowlistError,
     LoadMode,
     RoundTripConfigError,
     SerializationRoundTripTestCase,

@@ -39,7 +39,6 @@ from torch_serial_testing import (  # noqa: E402
     LoadMode,
     RoundTripConfigError,
     SerializationRoundTripTestCase,
-    UnexpectedLoadOutcome,
     UnsafeLoadRefused,
     dangerous_reason,
     required_globals,
@@ -313,14 +312,18 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
 
         with mock.patch.object(torch, "load", backend_load):
             self.assertIsNotNone(tst.load_modes.torch_load_replacement())
-            for name in ("os_system", "posix_system", "state_dict_with_payload", "legacy_cve_2025_32434"):
-                with self.subTest(name):
-                    if TORCH_DEFAULT_WO:
-                        result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
-                        self.assertFalse(result.loaded)
-                    else:  # torch's own default is a full load here: refused before torch.load is called
-                        self.assertDefaultRefused(Checkpoint.from_bytes(HOSTILE[name]))
-                    self.assertSentinelAbsent()
+            self.assertDefaultModeNeverRuns("os_system", "posix_system", "state_dict_with_payload", "legacy_cve_2025_32434")
+
+    def assertDefaultModeNeverRuns(self, *names: str) -> None:  # noqa: N802
+        """``default`` on each foreign payload: rejected weights-only, or refused where that is a full load."""
+        for name in names:
+            with self.subTest(name):
+                if TORCH_DEFAULT_WO:
+                    result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
+                    self.assertFalse(result.loaded)
+                else:  # torch's own default is a full load here: refused before torch.load is called
+                    self.assertDefaultRefused(Checkpoint.from_bytes(HOSTILE[name]))
+                self.assertSentinelAbsent()
 
     def test_environment_changed_during_load_cannot_disable_weights_only(self) -> None:
         """Another thread setting TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD after the prediction."""
@@ -331,14 +334,7 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
                 return original(*args, **kwargs)
 
         with mock.patch.object(torch, "load", racing_load):
-            for name in ("os_system", "nested_container", "functools_partial"):
-                with self.subTest(name):
-                    if TORCH_DEFAULT_WO:
-                        result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
-                        self.assertFalse(result.loaded)
-                    else:  # torch's own default is a full load here: refused before torch.load is called
-                        self.assertDefaultRefused(Checkpoint.from_bytes(HOSTILE[name]))
-                    self.assertSentinelAbsent()
+            self.assertDefaultModeNeverRuns("os_system", "nested_container", "functools_partial")
 
     def test_dangerous_safe_globals_are_refused_however_named(self) -> None:
         alias = H.torch_zip(

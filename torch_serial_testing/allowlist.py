@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
-from .checkpoint import BufferLike, Checkpoint, scan_checkpoint
+from .checkpoint import Checkpoint, scan_checkpoint
 from .errors import RoundTripConfigError
 
 __all__ = [

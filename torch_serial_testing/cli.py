@@ -216,12 +216,6 @@ def _torch_info() -> dict[str, Any]:
     }
 
 
-def _truthy(raw: Optional[str]) -> bool:
-    from .load_modes import TRUE_VALUES
-
-    return raw is not None and raw.lower() in TRUE_VALUES
-
-
 # C's atof: leading whitespace, then the longest float prefix; anything else reads as 0.
 _ATOF = re.compile(r"\s*([+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan))", re.IGNORECASE)
 
@@ -241,7 +235,9 @@ def _json_float(x: float) -> Any:
 def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]) -> tuple[bool, str]:
     from .load_modes import torch_reads_force_no_weights_only
 
-    active = _truthy(raw)
+    from .load_modes import is_truthy
+
+    active = is_truthy(raw)
     if raw is None:
         return False, "unset: no effect"
     if name == FORCE_NO_WO and not torch_reads_force_no_weights_only():

@@ -79,7 +79,8 @@ class LoadMode(enum.Enum):
         return self.value
 
 
-def _truthy(value: Optional[str]) -> bool:
+def is_truthy(value: Optional[str]) -> bool:
+    """torch's reading of a TORCH_FORCE_* value: one of TRUE_VALUES in any case."""
     return value is not None and value.lower() in TRUE_VALUES
 
 
@@ -97,8 +98,8 @@ class WeightsOnlySwitches:
         raw = {FORCE_WO: env.get(FORCE_WO), FORCE_NO_WO: env.get(FORCE_NO_WO)}
         # A torch before 2.6 does not read TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (so it neither
         # warns nor refuses both switches): there it is never set, whatever its spelling.
-        force_no = _truthy(raw[FORCE_NO_WO]) and torch_reads_force_no_weights_only()
-        return cls(_truthy(raw[FORCE_WO]), force_no, raw)
+        force_no = is_truthy(raw[FORCE_NO_WO]) and torch_reads_force_no_weights_only()
+        return cls(is_truthy(raw[FORCE_WO]), force_no, raw)
 
     @property
     def conflict(self) -> bool:
