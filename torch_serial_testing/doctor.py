@@ -1,0 +1,236 @@
+"""``doctor``: this interpreter's torch and the switches that change what ``torch.load`` does.
+
+Reports torch's build, whether ``torch.load`` is torch's own, the ``weights_only``
+default of a bare ``torch.load`` and why, the four environment switches (raw value
+and effect), the registered safe globals, engines and devices.  The report is the
+JSON object documented in :mod:`torch_serial_testing.cli`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any, Optional
+
+from .cli import (
+    AUTOLOAD, ENV_VARS, EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, FORCE_NO_WO, FORCE_WO, SCHEMA_VERSION,
+    WAIT_LIMIT, _FALSY, _torch_info,
+)
+
+__all__ = ["doctor_report", "format_doctor"]
+
+# C's atof: leading whitespace, then the longest float prefix; anything else reads as 0.
+_ATOF = re.compile(r"\s*([+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan))", re.IGNORECASE)
+
+
+def _atof(raw: str) -> float:
+    m = _ATOF.match(raw)
+    return float(m.group(1)) if m else 0.0
+
+
+def _json_float(x: float) -> Any:
+    return x if math.isfinite(x) else ("nan" if math.isnan(x) else "inf")
+
+
+def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]) -> tuple[bool, str]:
+    from .load_modes import torch_reads_force_no_weights_only
+
+    from .load_modes import is_truthy
+
+    active = is_truthy(raw)
+    if raw is None:
+        return False, "unset: no effect"
+    if name == FORCE_NO_WO and not torch_reads_force_no_weights_only():
+        problems.append(f"{name}={raw!r} is ignored: this torch's torch.load does not read it (torch < 2.6)")
+        return False, "ignored: this torch's torch.load does not read it (it was added in torch 2.6)"
+    if not active:
+        if raw.strip().lower() not in _FALSY:
+            problems.append(
+                f"{name}={raw!r} is ignored: torch only reads 1, y, yes, true (any case) as set"
+            )
+            return False, (
+                f"ignored: {raw!r} is not one of torch's truthy spellings (1, y, yes, true; any case)"
+            )
+        return False, f"off ({raw!r} is not truthy): no effect"
+    if both:
+        return True, "active, and so is the other TORCH_FORCE_* switch: every torch.load raises RuntimeError"
+    if name == FORCE_WO:
+        problems.append(
+            f"{name}={raw} forces weights_only=True on every torch.load, even an explicit "
+            "weights_only=False: files needing globals beyond the allowlist fail with 'Unsupported global'"
+        )
+        return True, (
+            "active: every torch.load runs weights_only=True, even where the call site passes "
+            "weights_only=False explicitly"
+        )
+    problems.append(
+        f"{name}={raw} makes a torch.load without weights_only fully unpickle (runs arbitrary code "
+        "from the file) and warn"
+    )
+    return True, (
+        "active: a torch.load that does not pass weights_only runs weights_only=False (full "
+        "unpickling, executes arbitrary code from the file) with a UserWarning; an explicit "
+        "weights_only=True/False is obeyed"
+    )
+
+
+def _wait_limit_effect(raw: Optional[str]) -> tuple[Any, str]:
+    if raw is None:
+        return 10.0, (
+            "unset: at exit, waits up to 10 s (the default) for autograd worker threads to shut down "
+            "(only when no backward is running)"
+        )
+    seconds = _atof(raw)
+    if math.isnan(seconds) or seconds <= 0:
+        if math.isnan(seconds):
+            why = "NaN is not > 0"
+        else:
+            why = f"{seconds:g} <= 0" if _ATOF.match(raw) else f"{raw!r} reads as 0 (C atof)"
+        return _json_float(seconds), f"{why}: does not wait for autograd worker threads at exit"
+    return _json_float(seconds), (
+        f"at exit, waits up to {seconds:g} s for autograd worker threads to shut down "
+        "(only when no backward is running)"
+    )
+
+
+def _backend_entry_points() -> list[str]:
+    try:
+        from importlib.metadata import entry_points
+
+        eps = entry_points(group="torch.backends")
+    except Exception:  # noqa: BLE001 - a broken metadata install is not the user's question
+        return []
+    return sorted(f"{ep.name} = {ep.value}" for ep in eps)
+
+
+def _autoload_effect(raw: Optional[str], eps: list[str], problems: list[str]) -> tuple[bool, str]:
+    enabled = (raw if raw is not None else "1") == "1"
+    installed = ", ".join(eps) if eps else "none installed"
+    if enabled:
+        origin = "unset, default '1'" if raw is None else "'1'"
+        return True, (
+            f"enabled ({origin}): `import torch` imported the out-of-tree backends of entry-point group "
+            f"'torch.backends': {installed}"
+        )
+    if raw != "0":
+        problems.append(
+            f"{AUTOLOAD}={raw!r} disables backend autoload: torch enables it only for exactly '1'"
+        )
+    why = "'0'" if raw == "0" else f"{raw!r} is not exactly '1'"
+    if eps:
+        problems.append(
+            f"{AUTOLOAD}={raw!r}: installed backends were not imported ({installed}); their devices "
+            "and any torch.load patch are absent unless imported explicitly"
+        )
+        return False, f"disabled ({why}): `import torch` did NOT import the installed backends: {installed}"
+    return False, (f"disabled ({why}): `import torch` imports no out-of-tree backend; none is installed "
+                   "in entry-point group 'torch.backends', so no effect here")
+
+
+def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """The facts ``doctor`` prints, as the documented JSON object."""
+    import torch
+
+    from .allowlist import dangerous_reason, registered_globals
+    from .devices import available_device_types, privateuse1_backend
+    from .engines import supported_qengines
+    from .load_modes import WeightsOnlySwitches, torch_default_weights_only, torch_load_replacement
+
+    env = os.environ if environ is None else environ
+    problems: list[str] = []
+    errors: list[str] = []
+    switches = WeightsOnlySwitches.from_environ(env)
+    raw = {name: env.get(name) for name in ENV_VARS}
+
+    environment: dict[str, dict[str, Any]] = {}
+    for name in (FORCE_WO, FORCE_NO_WO):
+        value, effect = _force_effect(name, raw[name], switches.conflict, problems)
+        environment[name] = {"raw": raw[name], "value": value, "effect": effect}
+    seconds, effect = _wait_limit_effect(raw[WAIT_LIMIT])
+    environment[WAIT_LIMIT] = {"raw": raw[WAIT_LIMIT], "value": seconds, "effect": effect}
+    eps = _backend_entry_points()
+    enabled, effect = _autoload_effect(raw[AUTOLOAD], eps, problems)
+    environment[AUTOLOAD] = {"raw": raw[AUTOLOAD], "value": enabled, "effect": effect}
+
+    torch_default, torch_why = torch_default_weights_only()
+    if switches.conflict:
+        errors.append(switches.conflict_message())
+        wo: dict[str, Any] = {"value": None, "reason": "both TORCH_FORCE_* switches are set: every torch.load "
+                              "raises RuntimeError", "warns": False}
+    elif switches.force_weights_only:
+        wo = {"value": True, "reason": f"forced by {FORCE_WO}={raw[FORCE_WO]}", "warns": False}
+    elif switches.force_no_weights_only:
+        wo = {"value": False, "reason": f"forced by {FORCE_NO_WO}={raw[FORCE_NO_WO]} (torch warns)",
+              "warns": True}
+    else:
+        wo = {"value": torch_default, "reason": f"torch's default {torch_why}", "warns": False}
+        if not torch_default:
+            problems.append(f"a bare torch.load is weights_only=False here ({torch_why}): it fully unpickles")
+    wo["torch_default"] = torch_default
+    wo["torch_default_reason"] = torch_why
+
+    replaced = torch_load_replacement()
+    if replaced:
+        problems.append(f"torch.load is replaced by {replaced}: its behaviour may differ from torch's rules")
+
+    safe = sorted(registered_globals())
+    for name in safe:
+        reason = dangerous_reason(name)
+        if reason:
+            problems.append(f"registered safe global {name} is DANGEROUS: {reason}")
+
+    status = "error" if errors else ("attention" if problems else "ok")
+    code = {"ok": EXIT_OK, "attention": EXIT_ATTENTION, "error": EXIT_DANGEROUS}[status]
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": "doctor",
+        "status": status,
+        "exit_code": code,
+        "problems": errors + problems,
+        "torch": _torch_info(),
+        "torch_load_replaced_by": replaced,
+        "default_weights_only": wo,
+        "environment": environment,
+        "backend_entry_points": eps,
+        "safe_globals": safe,
+        "quantized_engines": {"supported": list(supported_qengines()),
+                              "current": torch.backends.quantized.engine},
+        "devices": {"available": list(available_device_types()), "privateuse1_backend": privateuse1_backend()},
+    }
+
+
+def format_doctor(r: dict[str, Any]) -> str:
+    t = r["torch"]
+    wo = r["default_weights_only"]
+    lines = [
+        f"torch {t['version']}  (cuda {t['cuda']}, hip {t['hip']}, git {t['git_version']}, debug {t['debug']})",
+        "torch.load: " + (f"REPLACED by {r['torch_load_replaced_by']}" if r["torch_load_replaced_by"]
+                          else "torch's own (torch.serialization.load)"),
+    ]
+    if wo["value"] is None:
+        lines.append(f"bare torch.load(f): FAILS -- {wo['reason']}")
+    else:
+        lines.append(f"bare torch.load(f): weights_only={wo['value']} -- {wo['reason']}")
+    lines.append(f"  torch's own default here: weights_only={wo['torch_default']} ({wo['torch_default_reason']})")
+    if wo["value"]:
+        lines.append(
+            "  so a checkpoint naming a global beyond the allowlist fails with "
+            "'_pickle.UnpicklingError: ... Unsupported global: GLOBAL <name>'; "
+            "run `inspect CHECKPOINT` for the names and the fix"
+        )
+    lines.append("environment:")
+    for name, e in r["environment"].items():
+        shown = "unset" if e["raw"] is None else repr(e["raw"])
+        lines.append(f"  {name}={shown}")
+        lines.append(f"      {e['effect']}")
+    lines.append(f"safe globals registered process-wide: {', '.join(r['safe_globals']) or 'none'}")
+    q = r["quantized_engines"]
+    lines.append(f"quantized engines: {', '.join(q['supported']) or 'none'} (current: {q['current']})")
+    d = r["devices"]
+    lines.append(
+        f"devices: {', '.join(d['available'])}; privateuse1 backend: {d['privateuse1_backend'] or 'none registered'}"
+    )
+    lines.append(f"status: {r['status'].upper()} (exit {r['exit_code']})")
+    lines.extend(f"  - {p}" for p in r["problems"])
+    return "\n".join(lines)
