@@ -8,6 +8,8 @@ torch should do in the current environment.
 """
 
 from .allowlist import dangerous_reason, qualified_name, required_globals, safe_globals_snippet
+from .snippet import refusal_notes
+from .trust import UnsafeCallable, judge_global
 from .case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
 from .checkpoint import Checkpoint, CheckpointInfo, scan_checkpoint
 from .comparison import RoundTripMismatch, assert_round_trip_equal
@@ -45,16 +47,19 @@ __all__ = [
     "RoundTripMismatch",
     "SerializationRoundTripTestCase",
     "UnexpectedLoadOutcome",
+    "UnsafeCallable",
     "UnsafeLoadRefused",
     "assert_round_trip_equal",
     "available_device_types",
     "cross_engine",
     "dangerous_reason",
     "instantiate_round_trip_tests",
+    "judge_global",
     "load",
     "override_qengine",
     "predict",
     "qualified_name",
+    "refusal_notes",
     "required_globals",
     "round_trip",
     "safe_globals_snippet",

@@ -11,7 +11,6 @@ behind one lock.
 from __future__ import annotations
 
 import importlib
-import sys
 import threading
 from dataclasses import dataclass
 from contextlib import contextmanager
@@ -19,14 +18,19 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from .checkpoint import Checkpoint, scan_checkpoint
 from .errors import RoundTripConfigError
+from .names import name_problem, quote_name, show_name
+from .snippet import safe_globals_snippet
+from .trust import UnsafeCallable, describe, judge_global, judge_name
 
 __all__ = [
     "SafeGlobal",
+    "UnsafeCallable",
     "normalize_safe_globals",
     "refuse_dangerous",
     "as_safe_globals",
     "qualified_name",
     "torch_allowlist",
+    "torch_allowlist_objects",
     "registered_globals",
     "required_globals",
     "dangerous_reason",
@@ -40,49 +44,11 @@ __all__ = [
 #: and while it loads, so a prediction and the load it predicts see the same registry.
 registry_lock = threading.RLock()
 
-# Modules and callables that no allowlist should ever contain: they execute code,
-# touch the file system or the process, or reach arbitrary attributes.
-_DANGEROUS_MODULES = frozenset(
-    "os posix nt sys subprocess shutil socket pty runpy importlib ctypes code codeop "
-    "webbrowser marshal pickle _pickle dill multiprocessing signal threading asyncio "
-    "pathlib tempfile io _io platform commands popen2 __builtin__".split()
-)
-_DANGEROUS_BUILTINS = frozenset(
-    "eval exec compile getattr setattr delattr __import__ open globals locals vars input "
-    "breakpoint memoryview exit quit help".split()
-)
-_DANGEROUS_QUALIFIED = frozenset(
-    [
-        "operator.attrgetter",
-        "operator.methodcaller",
-        "operator.itemgetter",
-        "functools.partial",
-        "functools.reduce",
-        "types.FunctionType",
-        "types.CodeType",
-        "types.LambdaType",
-        "torch.load",
-        "torch.serialization.load",
-        "torch.jit.load",
-        "torch.hub.load",
-        "torch._C._jit_set_profiling_executor",
-    ]
-)
-
-
 def dangerous_reason(name: str) -> Optional[str]:
-    """Why *name* must never be allowlisted, or None when nothing is known against it."""
-    if name.startswith("<"):
-        return "built at unpickling time, so it cannot be named or checked statically"
-    parts = name.split(".")
-    if parts[0] in ("builtins", "__builtin__") and len(parts) >= 2 and parts[1] in _DANGEROUS_BUILTINS:
-        return f"builtins.{parts[1]} can execute code or reach arbitrary attributes"
-    for part in parts[:-1]:
-        if part in _DANGEROUS_MODULES:
-            return f"module {part!r} gives access to the process, the file system or code execution"
-    if name in _DANGEROUS_QUALIFIED:
-        return "it calls or reaches arbitrary code"
-    return None
+    """Why *name* must never be allowlisted (the trust policy's ``dangerous`` or ``malformed``
+    verdict, "cannot tell" included), or None.  Never imports anything."""
+    verdict = judge_name(name)
+    return verdict.reason if verdict.kind in ("dangerous", "malformed") else None
 
 
 @dataclass(frozen=True)
@@ -92,6 +58,8 @@ class SafeGlobal:
     obj: Any
     name: str
     explicit_name: bool = False
+    #: Set (to the author's reason) for an :class:`UnsafeCallable` opt-in.
+    unsafe_reason: Optional[str] = None
 
     @property
     def torch_entry(self) -> Any:
@@ -114,7 +82,12 @@ def qualified_name(obj: Any) -> str:
 
 
 def resolve_global(name: str) -> Any:
-    """Import ``module.attr[.attr]`` (longest importable module prefix)."""
+    """Import ``module.attr[.attr]`` (longest importable module prefix) of an author's declaration."""
+    problem = name_problem(name)
+    if problem:
+        raise RoundTripConfigError(
+            f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'"
+        )
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:cut])
@@ -129,7 +102,7 @@ def resolve_global(name: str) -> Any:
             break
         return obj
     raise RoundTripConfigError(
-        f"safe global {name!r} is not importable; fix the spelling ('package.module.Name') or "
+        f"safe global {quote_name(name)} is not importable; fix the spelling ('package.module.Name') or "
         "declare the object itself"
     )
 
@@ -146,14 +119,19 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
         )
     out: list[SafeGlobal] = []
     for item in declared:
-        if isinstance(item, str):
-            sg = SafeGlobal(resolve_global(item), item)
-            if qualified_name(sg.obj) != item:
-                sg = SafeGlobal(sg.obj, item, explicit_name=True)
+        if isinstance(item, SafeGlobal):
+            sg = item
+        elif isinstance(item, UnsafeCallable):
+            obj = resolve_global(item.target) if isinstance(item.target, str) else item.target
+            name = item.target if isinstance(item.target, str) else qualified_name(obj)
+            sg = SafeGlobal(obj, name, explicit_name=_own_name(obj) != name, unsafe_reason=item.reason)
+        elif isinstance(item, str):
+            obj = resolve_global(item)
+            sg = SafeGlobal(obj, item, explicit_name=_own_name(obj) != item)
         elif isinstance(item, tuple):
             if len(item) != 2 or not isinstance(item[1], str):
                 raise RoundTripConfigError(
-                    f"safe global tuple {item!r} must be (object, 'module.Name')"
+                    f"safe global tuple {show_name(repr(item)[:80])} must be (object, 'module.Name')"
                 )
             sg = SafeGlobal(item[0], item[1], explicit_name=True)
         else:
@@ -163,41 +141,37 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
     names = [sg.name for sg in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise RoundTripConfigError(f"safe global declared twice: {', '.join(dupes)}")
+        raise RoundTripConfigError(f"safe global declared twice: {', '.join(map(show_name, dupes))}")
     return tuple(out)
 
 
-def refuse_dangerous(sg: SafeGlobal) -> None:
-    """Raise :class:`RoundTripConfigError` if *sg* names or *is* something dangerous.
+def _own_name(obj: Any) -> Optional[str]:
+    try:
+        return qualified_name(obj)
+    except RoundTripConfigError:
+        return None
 
-    The object's own ``module.qualname`` is checked too, so ``(os.system, "mymod.Safe")``
-    cannot smuggle ``os.system`` in under a harmless-looking name.
+
+def refuse_dangerous(sg: SafeGlobal) -> None:
+    """Raise :class:`RoundTripConfigError` unless the trust policy accepts *sg*.
+
+    A safe global must be a class that *sg.name* resolves to (the very object, so
+    ``(os.system, "mymod.Safe")`` or a partial wearing a harmless ``__qualname__``
+    cannot slip in), or a plain function declared with :class:`UnsafeCallable`;
+    the denylist applies to both (see :mod:`torch_serial_testing.trust`).
     """
-    reason = dangerous_reason(sg.name)
-    real = None
-    if not reason:
-        module = getattr(sg.obj, "__module__", None)
-        qualname = getattr(sg.obj, "__qualname__", None)
-        if isinstance(module, str) and isinstance(qualname, str):
-            real = f"{module}.{qualname}"
-            reason = dangerous_reason(real)
+    reason = judge_global(sg.obj, sg.name, opt_in=sg.unsafe_reason is not None)
     if reason:
-        alias = f" (which is {real})" if real and real != sg.name else ""
-        raise RoundTripConfigError(f"refusing to allowlist {sg.name}{alias}: {reason}")
+        raise RoundTripConfigError(
+            f"refusing to allowlist {show_name(sg.name)} ({describe(sg.obj)}): {reason}"
+        )
 
 
 def as_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
     """*safe_globals* as SafeGlobal entries, refusing dangerous ones (however they are named)."""
     if isinstance(safe_globals, (str, bytes)):
         return normalize_safe_globals(safe_globals)  # raises, naming the fix
-    out: list[SafeGlobal] = []
-    for sg in safe_globals:
-        if isinstance(sg, SafeGlobal):
-            refuse_dangerous(sg)
-            out.append(sg)
-        else:
-            out.extend(normalize_safe_globals([sg]))
-    return tuple(out)
+    return normalize_safe_globals(safe_globals)
 
 
 def torch_allowlist() -> frozenset[str]:
@@ -205,6 +179,13 @@ def torch_allowlist() -> frozenset[str]:
     from torch import _weights_only_unpickler as wou
 
     return frozenset(wou._get_allowed_globals())
+
+
+def torch_allowlist_objects() -> dict[str, Any]:
+    """torch's own allowlist, name -> the object it allows under that name."""
+    from torch import _weights_only_unpickler as wou
+
+    return dict(wou._get_allowed_globals())
 
 
 def registered_globals() -> frozenset[str]:
@@ -234,56 +215,6 @@ def required_globals(obj_or_buffer: Any) -> list[str]:
         )
     allowed = torch_allowlist()
     return sorted(g for g in info.globals if g not in allowed)
-
-
-def safe_globals_snippet(names: Sequence[str], *, context: Optional[bool] = None) -> str:
-    """A ready-to-paste ``with torch.serialization.safe_globals([...]):`` block with its imports.
-
-    Pure string work: nothing is imported, so it is safe on names from a hostile file.
-    Dangerous names are left out, each with a comment saying why.  Where torch has no
-    ``safe_globals`` context (torch < 2.5; *context* None detects it) the snippet uses
-    ``add_safe_globals`` instead.
-    """
-    if context is None:
-        import torch
-
-        context = hasattr(torch.serialization, "safe_globals")
-    imports: set[str] = set()
-    refs: list[str] = []
-    skipped: list[str] = []
-    for name in sorted(names):
-        if dangerous_reason(name):
-            skipped.append(name)
-            continue
-        if name.startswith("torch.") and name.count(".") == 1:
-            refs.append(name)  # torch.ScriptObject, torch.Size: reachable as torch.<attr>
-            continue
-        if name.startswith("builtins.") and name.count(".") == 1:
-            refs.append(name.split(".", 1)[1])  # set, complex: no import needed
-            continue
-        module, attr_path = _split_module(name)
-        imports.add(f"from {module} import {attr_path.split('.')[0]}")
-        refs.append(attr_path)
-    lines = ["import torch", *sorted(imports), ""]
-    if context:
-        lines.append(f"with torch.serialization.safe_globals([{', '.join(refs)}]):")
-        lines.append("    obj = torch.load(f, weights_only=True)")
-    else:
-        lines.append("# this torch has no safe_globals context (torch < 2.5): register process-wide")
-        lines.append(f"torch.serialization.add_safe_globals([{', '.join(refs)}])")
-        lines.append("obj = torch.load(f, weights_only=True)")
-    for name in skipped:
-        lines.append(f"# NOT allowlisted, dangerous: {name} ({dangerous_reason(name)})")
-    return "\n".join(lines)
-
-
-def _split_module(name: str) -> tuple[str, str]:
-    """Split 'pkg.mod.Outer.Inner' at the longest already-imported module (never imports)."""
-    parts = name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        if ".".join(parts[:cut]) in sys.modules:
-            return ".".join(parts[:cut]), ".".join(parts[cut:])
-    return ".".join(parts[:-1]), parts[-1]
 
 
 def snapshot_registry() -> list[Any]:

@@ -1,0 +1,409 @@
+"""The trust policy: which globals may ever be allowlisted, judged without running them.
+
+A weights-only load calls every allowlisted global the pickle names, with
+arguments the pickle chooses.  A name list of known-bad callables is always one
+name short, so the policy is positive:
+
+* a safe global must be a **class** (an instance of ``type``, not a metaclass),
+  importable under exactly the declared name and resolving to the very object
+  declared -- ``__qualname__`` is never taken on trust;
+* functions, builtins, methods, partials, ``methodcaller``\\ s, bound
+  ``__call__``\\ s, modules and other objects are refused unless torch
+  allowlists them itself, or the author opts in with :class:`UnsafeCallable`
+  (plain functions only), and they are never suggested;
+* a **denylist** is the second line: families that run code, load other
+  pickles or native code, spawn processes, touch files or the network, or
+  reach arbitrary attributes are refused even as classes, under every spelling
+  a full unpickle may resolve (``_compat_pickle``), by name, by the object's
+  real identity and by every base class;
+* "cannot tell" is dangerous: a name whose module is not imported, or whose
+  attribute a module-level ``__getattr__`` would compute, is never vouched for.
+
+Judging never imports or runs what a checkpoint names: objects are found in
+``sys.modules`` through module ``__dict__``\\ s and ``inspect.getattr_static``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .names import escape_text, is_marker, is_valid_name, name_problem, pickle_forms, show_name
+
+__all__ = ["Verdict", "UnsafeCallable", "judge_name", "judge_global", "denylist_reason", "describe"]
+
+# -- the denylist (second line) -----------------------------------------------------------------
+
+_RUNS_PROCESSES = (
+    "runs commands, signals or threads, or changes the process",
+    "os posix nt _posixsubprocess subprocess commands popen2 pty sys signal threading _thread "
+    "multiprocessing concurrent asyncio sched atexit ctypes _ctypes cffi resource fcntl termios tty "
+    "curses readline rlcompleter _winapi msvcrt winreg _winreg platform webbrowser antigravity this "
+    "gc faulthandler tracemalloc",
+)
+_RUNS_CODE = (
+    "compiles, imports or runs code",
+    "code codeop compileall py_compile runpy importlib imp pkgutil zipimport site sysconfig "
+    "ensurepip venv distutils setuptools pip pkg_resources timeit pdb bdb cProfile profile pstats "
+    "trace pydoc doctest unittest inspect dis types functools operator itertools copyreg copy_reg "
+    "torch.fx torch.jit torch.package torch._dynamo torch._inductor torch.compiler torch.export "
+    "torch._export torch.utils.cpp_extension torch.testing torch.library torch._library torch.ops "
+    "torch._ops torch.classes torch._classes torch.distributed.rpc torch.multiprocessing "
+    "torch._utils._import_dotted_name torch.hub numpy.testing numpy.distutils numpy.f2py "
+    "numpy.ctypeslib numpy.lib.utils numpy._utils",
+)
+_LOADS_DATA = (
+    "loads another pickle, checkpoint, file or native library",
+    "pickle _pickle cPickle marshal shelve dbm dill cloudpickle joblib yaml torch.load torch.save "
+    "torch.serialization torch.storage._load_from_bytes torch._C._jit torch._C.import_ir_module "
+    "torch._C._load_for_lite_interpreter numpy.load numpy.save numpy.savez numpy.savez_compressed "
+    "numpy.loadtxt numpy.savetxt numpy.genfromtxt numpy.fromfile numpy.fromregex numpy.memmap "
+    "numpy.DataSource numpy.lib.npyio numpy.lib._npyio_impl numpy.lib.format numpy.lib._format_impl "
+    "numpy.lib._datasource numpy.lib.format.open_memmap",
+)
+_TOUCHES_FILES = (
+    "opens, writes or deletes files",
+    "io _io tempfile shutil pathlib glob posixpath ntpath genericpath fileinput filecmp gzip bz2 "
+    "lzma zipfile tarfile zlib mmap sqlite3 logging.config logging.handlers logging.FileHandler "
+    "logging.basicConfig",
+)
+_USES_NETWORK = (
+    "fetches from or talks to the network",
+    "socket _socket ssl select selectors socketserver urllib urllib2 urlparse httplib http ftplib "
+    "smtplib poplib imaplib nntplib telnetlib xmlrpc requests",
+)
+
+_FAMILIES: dict[str, str] = {}
+for _why, _names in (_RUNS_PROCESSES, _RUNS_CODE, _LOADS_DATA, _TOUCHES_FILES, _USES_NETWORK):
+    for _name in _names.split():
+        _FAMILIES[_name] = _why
+
+#: Harmless classes inside a denied family.
+_EXEMPT = frozenset({"types.SimpleNamespace"})
+#: Parts that, met between the first and the last, walk the pickle into a dangerous module
+#: (``torch.serialization.os.system`` at protocol 4).  The static resolution catches the
+#: rest of such walks by the identity of what they reach.
+_WALK_INTO = frozenset(
+    "os posix nt sys subprocess builtins shutil socket pickle marshal ctypes importlib runpy pty".split()
+)
+
+# builtins that run code, reach attributes, build classes or callables, or touch the outside world.
+_DANGEROUS_BUILTINS = frozenset(
+    "eval exec compile getattr setattr delattr hasattr __import__ open globals locals vars dir input "
+    "breakpoint memoryview exit quit help copyright credits license print type super classmethod "
+    "staticmethod property map filter iter next aiter anext function code method "
+    "builtin_function_or_method module frame generator coroutine cell __build_class__ __loader__ "
+    "__spec__".split()
+)
+
+
+def denylist_reason(name: str) -> Optional[str]:
+    """Why the denylist refuses *name* (a valid dotted name) under any pickle spelling, or None."""
+    for form in pickle_forms(name):
+        reason = _deny_one(form)
+        if reason:
+            return reason if form == name else f"a full unpickle resolves it as {form}: {reason}"
+    return None
+
+
+def _deny_one(name: str) -> Optional[str]:
+    if name in _EXEMPT:
+        return None
+    parts = name.split(".")
+    for part in parts[1:]:
+        if len(part) > 4 and part.startswith("__") and part.endswith("__"):
+            return f"it reaches the interpreter's internals ({part})"
+    if parts[0] in ("builtins", "__builtin__") and len(parts) >= 2 and parts[1] in _DANGEROUS_BUILTINS:
+        return f"builtins.{parts[1]} runs code, reaches arbitrary attributes or builds callables"
+    prefix = ""
+    for part in parts:
+        prefix = f"{prefix}.{part}" if prefix else part
+        why = _FAMILIES.get(prefix)
+        if why:
+            return f"{prefix} {why}"
+    for part in parts[1:-1]:
+        if part in _WALK_INTO:
+            return f"it walks into the module {part!r}"
+    return None
+
+
+# -- verdicts -------------------------------------------------------------------------------------
+
+#: Verdict kinds, from worst to best.
+KINDS = ("malformed", "dangerous", "callable", "absent", "class", "allowlisted")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the policy says about one name: ``kind`` (see :data:`KINDS`) and why.
+
+    ``dangerous`` includes "cannot tell"; ``callable`` is a verified non-class that only an
+    explicit :class:`UnsafeCallable` may allow; ``absent`` names nothing in this process.
+    """
+
+    name: str
+    kind: str
+    reason: str
+
+    @property
+    def suggestible(self) -> bool:
+        """Only verified classes are ever suggested."""
+        return self.kind == "class"
+
+    @property
+    def shown(self) -> str:
+        return show_name(self.name)
+
+
+class _CannotTell(str):
+    pass
+
+
+class _Absent(str):
+    pass
+
+
+_FUNCTION_TYPES = (
+    types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.WrapperDescriptorType,
+    types.MethodWrapperType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
+)
+
+
+def _identity(obj: Any) -> Optional[str]:
+    """``module.qualname`` an object really has (classes and functions only), read without hooks."""
+    try:
+        if isinstance(obj, type):
+            module = type.__getattribute__(obj, "__module__")
+            qualname = type.__getattribute__(obj, "__qualname__")
+        elif isinstance(obj, _FUNCTION_TYPES):
+            module = getattr(obj, "__module__", None)
+            qualname = getattr(obj, "__qualname__", None)
+            if module is None and isinstance(getattr(obj, "__self__", None), types.ModuleType):
+                module = obj.__self__.__name__
+        else:
+            return None
+    except Exception:  # noqa: BLE001 - an object that cannot say what it is
+        return None
+    if isinstance(module, str) and isinstance(qualname, str):
+        return f"{module}.{qualname}"
+    return None
+
+
+def describe(obj: Any) -> str:
+    """What *obj* is, in words ("a class", "a function", "a functools.partial object" ...)."""
+    if isinstance(obj, types.ModuleType):
+        return f"the module {escape_text(getattr(obj, '__name__', '?'))}"
+    if isinstance(obj, type):
+        return "a metaclass" if issubclass(obj, type) else "a class"
+    if isinstance(obj, types.FunctionType):
+        return "a function"
+    if isinstance(obj, types.BuiltinFunctionType):
+        owner = getattr(obj, "__self__", None)
+        return "a builtin function" if owner is None or isinstance(owner, types.ModuleType) else \
+            f"a bound method of a {type(owner).__name__} object"
+    if isinstance(obj, (types.MethodType, types.MethodWrapperType)):
+        return f"a bound method ({type(obj).__name__}) of a {type(obj.__self__).__name__} object"
+    kind = _identity(type(obj)) or type(obj).__name__
+    return f"an object of type {show_name(kind)}" + ("" if callable(obj) else " (not callable)")
+
+
+def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
+    """(kind, reason) for an object already in hand; only "class" passes the policy."""
+    if isinstance(obj, types.ModuleType):
+        return "dangerous", (f"it is {describe(obj)}: a module hands the pickle every attribute it has, "
+                             "and torch.save never writes one")
+    real = _identity(obj)
+    if real is not None and is_valid_name(real):
+        why = denylist_reason(real)
+        if why:
+            return "dangerous", f"it is {real}: {why}"
+    if isinstance(obj, type):
+        if issubclass(obj, type):
+            return "dangerous", "it is a metaclass: the pickle could build new classes from its own data"
+        for base in obj.__mro__[1:]:
+            base_name = _identity(base)
+            why = denylist_reason(base_name) if base_name and is_valid_name(base_name) else None
+            if why:
+                return "dangerous", f"it subclasses {base_name}: {why}"
+        return "class", "a class"
+    type_name = None if isinstance(obj, _FUNCTION_TYPES) else _identity(type(obj))
+    why = denylist_reason(type_name) if type_name and is_valid_name(type_name) else None
+    if why:
+        return "dangerous", f"it is {describe(obj)}: {why}"
+    owner = getattr(obj, "__self__", None) if isinstance(obj, _FUNCTION_TYPES) else None
+    if owner is not None and not isinstance(owner, types.ModuleType) and depth < 3:
+        kind, reason = _judge_object(owner, depth + 1)
+        if kind == "dangerous":
+            return "dangerous", f"it is {describe(obj)}, and that object: {reason}"
+    return "callable", (f"it is {describe(obj)}, not a class: the pickle would call it with arguments "
+                        "of its choosing; never suggested, allowed only by an explicit UnsafeCallable")
+
+
+def _resolve_static(name: str) -> Any:
+    """The object *name* names in this process, found without importing or running anything.
+
+    Returns the object, or a :class:`_CannotTell` / :class:`_Absent` reason string.
+    """
+    import importlib.machinery
+    import inspect
+
+    parts = name.split(".")
+    cut = len(parts) - 1
+    while cut > 0 and ".".join(parts[:cut]) not in sys.modules:
+        cut -= 1
+    if cut == 0:
+        return _CannotTell(
+            f"module {parts[0]} is not imported in this process, and judging never imports what a "
+            "checkpoint names"
+        )
+    path = ".".join(parts[:cut])
+    obj: Any = sys.modules[path]
+    for attr in parts[cut:]:
+        if isinstance(obj, types.ModuleType):
+            namespace = vars(obj)
+            sub = sys.modules.get(f"{path}.{attr}")
+            if attr in namespace:
+                obj = namespace[attr]
+            elif sub is not None:
+                obj = sub
+            elif "__getattr__" in namespace:
+                return _CannotTell(f"{path} computes {attr!r} in a module-level __getattr__ at load time")
+            else:
+                search = getattr(obj, "__path__", None)
+                try:
+                    found = search is not None and importlib.machinery.PathFinder.find_spec(
+                        f"{path}.{attr}", list(search)) is not None
+                except (ImportError, ValueError, TypeError):
+                    found = True  # an unusual package: do not guess
+                if found:
+                    return _CannotTell(f"{path}.{attr} is a submodule that is not imported here")
+                return _Absent(f"{path} (imported) has no attribute {attr!r}: a forged name or one from "
+                               "another version; no load mode can load it here")
+        else:
+            try:
+                obj = inspect.getattr_static(obj, attr)
+            except AttributeError:
+                return _Absent(f"{path} has no attribute {attr!r}: no load mode can load it here")
+        path = f"{path}.{attr}"
+    return obj
+
+
+def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
+    """The policy's verdict on a name read from a checkpoint; never imports or runs anything.
+
+    *allowed*: the names torch allowlists itself (computed when None).
+    """
+    if is_marker(name):
+        return Verdict(name, "dangerous", "built at unpickling time, so it cannot be named or checked statically")
+    problem = name_problem(name)
+    if problem:
+        return Verdict(str(name) if isinstance(name, str) else repr(name), "malformed",
+                       f"not a dotted Python name ({problem}); nothing is suggested for it")
+    if allowed is None:
+        from .allowlist import torch_allowlist
+
+        allowed = torch_allowlist()
+    if name in allowed:
+        return Verdict(name, "allowlisted", "torch allowlists it itself")
+    why = denylist_reason(name)
+    if why:
+        return Verdict(name, "dangerous", why)
+    worst: Optional[Verdict] = None
+    for form in pickle_forms(name):
+        found = _resolve_static(form)
+        prefix = "" if form == name else f"a full unpickle resolves it as {form}: "
+        if isinstance(found, _CannotTell):
+            verdict = Verdict(name, "dangerous", f"{prefix}cannot tell what it is ({found}); treated as dangerous")
+        elif isinstance(found, _Absent):
+            verdict = Verdict(name, "absent", f"{prefix}{found}")
+        else:
+            kind, reason = _judge_object(found)
+            verdict = Verdict(name, kind, prefix + reason)
+        if worst is None or KINDS.index(verdict.kind) < KINDS.index(worst.kind):
+            worst = verdict
+    assert worst is not None
+    return worst
+
+
+def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) -> Optional[str]:
+    """Why *obj* may not be registered or declared as the safe global *name*, or None when it may.
+
+    The one check for every way a global reaches torch's allowlist: declarations,
+    ``UnsafeCallable`` opt-ins (*opt_in*: plain functions are then accepted) and
+    registrations found in the registry.  *name* defaults to ``module.qualname``;
+    a ``(obj, name)`` tuple is accepted as *obj*.  Never imports anything: the
+    name must resolve, among modules already imported, to the very same object.
+    """
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], str) and name is None:
+        obj, name = obj
+    if name is None:
+        name = _identity(obj)
+        if name is None:
+            return f"{describe(obj)} has no module and qualified name of its own: declare a class"
+    problem = name_problem(name)
+    if problem:
+        return f"the name {show_name(name)} is not a dotted Python name ({problem})"
+    from .allowlist import torch_allowlist_objects
+
+    allowed = torch_allowlist_objects()
+    if name in allowed and allowed[name] is obj:
+        return None  # torch vouches for it itself
+    why = denylist_reason(name)
+    if why:
+        return why
+    kind, reason = _judge_object(obj)
+    if kind == "dangerous":
+        return reason
+    if kind == "callable" and not (opt_in and _plain_function(obj)):
+        if opt_in:
+            return (f"it is {describe(obj)}: UnsafeCallable accepts only plain module-level functions "
+                    "and builtins, never bound methods, partials or other callable objects")
+        return reason
+    found = _resolve_static(name)
+    if isinstance(found, (_CannotTell, _Absent)):
+        return (f"cannot verify that {name} is the declared object ({found}); declare the object "
+                "under the name it is importable by")
+    if found is not obj:
+        return (f"{name} resolves to {describe(found)}, not to the declared object: the name must "
+                "resolve to exactly what is declared")
+    return None
+
+
+def _plain_function(obj: Any) -> bool:
+    if isinstance(obj, types.FunctionType):
+        return True
+    return isinstance(obj, types.BuiltinFunctionType) and (
+        obj.__self__ is None or isinstance(obj.__self__, types.ModuleType)
+    )
+
+
+class UnsafeCallable:
+    """The loud opt-in for a global that is not a class: a function the pickle will *call*.
+
+    ``safe_globals = (MyNet, UnsafeCallable("numpy._core.multiarray._reconstruct",
+    reason="numpy arrays in the state"))``.  Only plain module-level functions and
+    builtins qualify, verified by identity like classes; the denylist still
+    applies, and nothing ever suggests one.
+    """
+
+    __slots__ = ("target", "reason")
+
+    def __init__(self, target: Any, *, reason: str) -> None:
+        if not isinstance(reason, str) or not reason.strip():
+            raise _config_error(
+                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)"
+            )
+        self.target = target
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        target = self.target if isinstance(self.target, str) else _identity(self.target) or describe(self.target)
+        return f"UnsafeCallable({escape_text(show_name(target))!s}, reason={escape_text(repr(self.reason))})"
+
+
+def _config_error(message: str) -> Exception:
+    from .errors import RoundTripConfigError
+
+    return RoundTripConfigError(message)
