@@ -65,8 +65,8 @@ DOCTOR_KEYS = {
 }
 INSPECT_KEYS = {
     "schema", "command", "status", "exit_code", "checkpoint", "nbytes", "format", "error", "globals",
-    "required_globals", "dangerous", "unknown", "safe_globals", "modes", "snippet", "torch",
-    "torch_load_replaced_by",
+    "required_globals", "dangerous", "malformed", "unknown", "needs_opt_in", "notes", "safe_globals", "modes",
+    "snippet", "torch", "torch_load_replaced_by",
 }
 MODE_KEYS = {"weights_only", "outcome", "missing", "summary"}
 
@@ -177,6 +177,7 @@ class TestInspect(CLITestBase):
         self.assertEqual(r["required_globals"], SEED_GLOBALS)
         self.assertTrue(set(SEED_GLOBALS) < set(r["globals"]))
         self.assertEqual((r["dangerous"], r["unknown"], r["error"]), ([], [], None))
+        self.assertEqual((r["malformed"], r["needs_opt_in"], r["notes"]), ([], [], []))  # all three are classes
         self.assertEqual(r["nbytes"], os.path.getsize(self.seed))
         self.assertEqual(list(r["modes"]), list(cli.MODES))
         for mode in r["modes"].values():
@@ -288,7 +289,7 @@ class TestInspect(CLITestBase):
             with self.subTest(name):
                 self.assertEqual(code, cli.EXIT_DANGEROUS, r)
                 self.assertIn(r["status"], ("dangerous", "unloadable"))
-                flagged = {d["name"] for d in r["dangerous"] + r["unknown"]}
+                flagged = {d["name"] for d in r["dangerous"] + r["malformed"] + r["unknown"]}
                 self.assertIn(self.hostile_expected[name], flagged)
                 self.assertIsNone(r["snippet"])
                 self.assertNotEqual(r["modes"]["safe_globals"]["outcome"], "loads")

@@ -192,7 +192,7 @@ def registered_globals() -> frozenset[str]:
     """Names registered process-wide right now (``add_safe_globals`` or an open context)."""
     import torch
 
-    return frozenset(qualified_name(g) for g in torch.serialization.get_safe_globals())
+    return frozenset(_own_name(g) or f"<unnamed {type(g).__name__}>" for g in torch.serialization.get_safe_globals())
 
 
 def required_globals(obj_or_buffer: Any) -> list[str]:

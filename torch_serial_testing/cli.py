@@ -16,9 +16,12 @@ errors are instant):
     the format, the globals the checkpoint needs beyond torch's allowlist --
     found by reading pickle opcodes, **never by unpickling**; ``torch.load`` is
     never called on the input -- what each load mode would do here, and a
-    ready-to-paste ``safe_globals`` snippet.  Globals no allowlist should contain
-    (``os.*``, ``eval``, ``getattr``, ``subprocess.*``, unresolved
-    ``STACK_GLOBAL``, ...) are flagged DANGEROUS and never suggested.
+    ready-to-paste snippet: imports of verified classes and one ``safe_globals``
+    call, nothing else.  Each global is judged by the trust policy
+    (:mod:`torch_serial_testing.trust`, never importing what the checkpoint
+    names): denylisted or unverifiable globals are flagged DANGEROUS, malformed
+    names MALFORMED (shown escaped), functions and other non-classes NOT A CLASS;
+    none of them is ever suggested.
     ``--safe-global`` names are plain strings matched against the required
     names; nothing is imported for them.
 
@@ -27,14 +30,16 @@ Exit codes (both subcommands)
 =====  ==================================================================================
 0      inspect: loads weights-only here (with the ``--safe-global`` names given).
        doctor: environment OK -- ``torch.load`` does what its call site says.
-1      inspect: needs action first -- allowlisting the listed globals, or (TorchScript,
-       legacy ``.tar``) a loader that is only for trusted files.
+1      inspect: needs action first -- allowlisting the listed classes, an explicit
+       ``UnsafeCallable`` opt-in for a needed global that is not a class, or
+       (TorchScript, legacy ``.tar``) a loader that is only for trusted files.
        doctor: attention -- something changes what ``torch.load`` does: a
        ``TORCH_FORCE_*`` switch active or set to a spelling torch ignores, ``torch.load``
        replaced by a backend, a bare ``torch.load`` not weights-only, or
        ``TORCH_DEVICE_BACKEND_AUTOLOAD`` set to anything but ``0``/``1`` or disabling
        installed backends.
-2      inspect: dangerous or unloadable input -- a DANGEROUS global, a global this torch
+2      inspect: dangerous or unloadable input -- a DANGEROUS global (denylisted, or one
+       the trust policy cannot tell apart from one), a malformed name, a global this torch
        does not have, unreadable / truncated / not a checkpoint, or both
        ``TORCH_FORCE_*`` switches set (every ``torch.load`` raises RuntimeError).
        doctor: error -- both ``TORCH_FORCE_*`` switches set.
@@ -61,13 +66,17 @@ string}); ``backend_entry_points`` (list of "name = target" in entry-point group
 ``quantized_engines`` ({``supported``: list, ``current``: string}); ``devices``
 ({``available``: list, ``privateuse1_backend``: string or null}).
 
-inspect: ``status`` "loads" | "needs_allowlist" | "needs_trusted_loader" |
-"dangerous" | "unloadable" | "unreadable" | "environment_error"; ``checkpoint``
+inspect: ``status`` "loads" | "needs_allowlist" | "needs_opt_in" |
+"needs_trusted_loader" | "dangerous" | "unloadable" | "unreadable" |
+"environment_error"; ``checkpoint``
 (the argument); ``nbytes`` (int or null); ``format`` ("zip" | "torchscript" |
 "legacy" | "tar" | null); ``error`` (string or null: why it is unreadable or
 every load fails); ``globals`` (every global the pickle names);
-``required_globals`` (those beyond torch's allowlist); ``dangerous`` and
-``unknown`` (lists of {``name``, ``reason``}); ``safe_globals`` ({``given``,
+``required_globals`` (those beyond torch's allowlist); ``dangerous``
+(denylisted, or the policy cannot tell what it is), ``malformed`` (not a dotted
+Python name), ``unknown`` (absent here) and ``needs_opt_in`` (verified, but not a
+class) (lists of {``name``, ``reason``}); ``notes`` (one line per global the
+snippet leaves out, and why); ``safe_globals`` ({``given``,
 ``unused``}); ``modes`` (object keyed by weights_only_false, safe_globals,
 default, each {``weights_only``: bool or null, ``outcome``: "loads" | "rejected"
 | "unsafe" | "error", ``missing``: list, ``summary``: the text line});
@@ -104,11 +113,12 @@ _EXIT_HELP = """\
 exit codes:
   0  inspect: loads weights-only here (with the --safe-global names given)
      doctor:  environment OK (torch.load does what its call site says)
-  1  inspect: needs allowlisting (or, TorchScript / legacy .tar, a loader only for trusted files)
+  1  inspect: needs allowlisting, an explicit opt-in for a global that is not a class, or
+              (TorchScript / legacy .tar) a loader only for trusted files
      doctor:  attention: a TORCH_FORCE_* switch is active or misspelled, torch.load is
               replaced, a bare torch.load is not weights-only, or backend autoload is off
               for installed backends / set to something other than 0 or 1
-  2  inspect: DANGEROUS global, global this torch lacks, unreadable / truncated / not a
+  2  inspect: DANGEROUS or malformed global, global this torch lacks, unreadable / truncated / not a
               checkpoint, or both TORCH_FORCE_* switches set (every torch.load fails)
      doctor:  both TORCH_FORCE_* switches set (every torch.load raises RuntimeError)
   3  usage error
@@ -125,9 +135,10 @@ _DOCTOR_JSON_HELP = """\
 """
 
 _INSPECT_JSON_HELP = """\
---json keys (schema 1): schema, command, status (loads|needs_allowlist|needs_trusted_loader|
-  dangerous|unloadable|unreadable|environment_error), exit_code, checkpoint, nbytes, format,
-  error, globals, required_globals, dangerous[{name,reason}], unknown[{name,reason}],
+--json keys (schema 1): schema, command, status (loads|needs_allowlist|needs_opt_in|
+  needs_trusted_loader|dangerous|unloadable|unreadable|environment_error), exit_code, checkpoint,
+  nbytes, format, error, globals, required_globals, dangerous[{name,reason}],
+  malformed[{name,reason}], unknown[{name,reason}], needs_opt_in[{name,reason}], notes,
   safe_globals{given,unused}, modes{weights_only_false,safe_globals,default:
   {weights_only,outcome (loads|rejected|unsafe|error),missing,summary}}, snippet,
   torch{version,cuda,hip,git_version,debug}, torch_load_replaced_by
@@ -242,7 +253,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out = text(report)
             sys.stdout.write(out + "\n")
             if report["command"] == "inspect" and report["status"] == "unreadable":
-                sys.stderr.write(f"error: {report['error']}\n")
+                from .names import escape_text
+
+                sys.stderr.write(f"error: {escape_text(report['error'])}\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head`
         pass

@@ -132,7 +132,9 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """The facts ``doctor`` prints, as the documented JSON object."""
     import torch
 
-    from .allowlist import dangerous_reason, registered_globals
+    from .allowlist import _own_name, registered_globals
+    from .names import show_name
+    from .trust import judge_global
     from .devices import available_device_types, privateuse1_backend
     from .engines import supported_qengines
     from .load_modes import WeightsOnlySwitches, torch_default_weights_only, torch_load_replacement
@@ -175,10 +177,13 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
         problems.append(f"torch.load is replaced by {replaced}: its behaviour may differ from torch's rules")
 
     safe = sorted(registered_globals())
-    for name in safe:
-        reason = dangerous_reason(name)
+    # Judged as objects by the trust policy; a registration is an explicit choice (torch's own
+    # modules register functions such as _rebuild_njt), so plain functions pass, as with UnsafeCallable.
+    for entry in torch.serialization.get_safe_globals():
+        reason = judge_global(entry, opt_in=True)
         if reason:
-            problems.append(f"registered safe global {name} is DANGEROUS: {reason}")
+            name = entry[1] if isinstance(entry, tuple) else _own_name(entry) or f"<unnamed {type(entry).__name__}>"
+            problems.append(f"registered safe global {show_name(name)} is refused by the trust policy: {reason}")
 
     status = "error" if errors else ("attention" if problems else "ok")
     code = {"ok": EXIT_OK, "attention": EXIT_ATTENTION, "error": EXIT_DANGEROUS}[status]
@@ -201,6 +206,8 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
 
 
 def format_doctor(r: dict[str, Any]) -> str:
+    from .names import escape_text, show_name
+
     t = r["torch"]
     wo = r["default_weights_only"]
     lines = [
@@ -224,7 +231,7 @@ def format_doctor(r: dict[str, Any]) -> str:
         shown = "unset" if e["raw"] is None else repr(e["raw"])
         lines.append(f"  {name}={shown}")
         lines.append(f"      {e['effect']}")
-    lines.append(f"safe globals registered process-wide: {', '.join(r['safe_globals']) or 'none'}")
+    lines.append(f"safe globals registered process-wide: {', '.join(map(show_name, r['safe_globals'])) or 'none'}")
     q = r["quantized_engines"]
     lines.append(f"quantized engines: {', '.join(q['supported']) or 'none'} (current: {q['current']})")
     d = r["devices"]
@@ -233,4 +240,4 @@ def format_doctor(r: dict[str, Any]) -> str:
     )
     lines.append(f"status: {r['status'].upper()} (exit {r['exit_code']})")
     lines.extend(f"  - {p}" for p in r["problems"])
-    return "\n".join(lines)
+    return "\n".join(escape_text(line) for line in lines)  # no byte of a name or variable can repaint it

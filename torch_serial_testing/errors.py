@@ -21,31 +21,41 @@ __all__ = [
 ]
 
 
-class RoundTripConfigError(ValueError):
+class _EscapedMessage(Exception):
+    """Messages name things from checkpoints and declarations: non-printable characters
+    (terminal escapes, carriage returns, bidi overrides) are shown escaped, never emitted."""
+
+    def __init__(self, *args: Any) -> None:
+        from .names import escape_text
+
+        super().__init__(*(escape_text(a, keep_newlines=True) if isinstance(a, str) else a for a in args))
+
+
+class RoundTripConfigError(_EscapedMessage, ValueError):
     """A test class, dimension or argument is declared wrongly."""
 
 
-class UnsafeLoadRefused(RuntimeError):
+class UnsafeLoadRefused(_EscapedMessage, RuntimeError):
     """A full-pickle (``weights_only=False``) load was asked for bytes the library did not produce."""
 
 
-class CheckpointFormatError(ValueError):
+class CheckpointFormatError(_EscapedMessage, ValueError):
     """The bytes are not a checkpoint the library can read (truncated, damaged, wrong format)."""
 
 
-class ConflictingEnvironmentError(AssertionError):
+class ConflictingEnvironmentError(_EscapedMessage, AssertionError):
     """Both TORCH_FORCE_WEIGHTS_ONLY_LOAD and TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD are set: torch refuses every load."""
 
 
-class UnexpectedLoadOutcome(AssertionError):
+class UnexpectedLoadOutcome(_EscapedMessage, AssertionError):
     """torch.load did not do what torch's own rules predict for this mode and environment."""
 
 
-class AllowlistError(AssertionError):
+class AllowlistError(_EscapedMessage, AssertionError):
     """The declared safe globals do not match what the checkpoint needs (missing or over-trusted)."""
 
 
-class LeakedGlobalStateError(AssertionError):
+class LeakedGlobalStateError(_EscapedMessage, AssertionError):
     """A test changed process-wide state (engine, allocator, registry, environment) and did not restore it."""
 
 

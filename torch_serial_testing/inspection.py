@@ -1,8 +1,11 @@
 """``inspect``: what ``torch.load`` would do with a checkpoint here, without unpickling it.
 
 The checkpoint's pickle opcodes are scanned (never unpickled; ``torch.load`` is
-never called on the input); the report says which globals it needs, what each
-load mode would do, and offers a ``safe_globals`` snippet of validated names.
+never called on the input); every global it needs is judged by the trust policy
+(:mod:`torch_serial_testing.trust`, which never imports what a checkpoint names);
+the report says what each load mode would do and offers a snippet holding only
+imports of verified classes and one ``safe_globals`` call.  Names are data: every
+one is shown escaped, and the text report escapes every non-printable character.
 """
 
 from __future__ import annotations
@@ -11,71 +14,9 @@ import sys
 from typing import Any, Optional, Sequence
 
 from .cli import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, MODES, SCHEMA_VERSION, _torch_info
+from .names import escape_text, show_name
 
 __all__ = ["inspect_report", "format_inspect"]
-
-
-def _judge_here(name: str) -> Optional[tuple[str, str]]:
-    """("dangerous"|"unknown", why) for *name*, judged only from modules already imported.
-
-    Nothing is imported and no module ``__getattr__`` runs: attributes are read from
-    module ``__dict__``s and with :func:`inspect.getattr_static`.  Returns None when
-    the name looks fine or cannot be judged without importing.
-    """
-    import importlib.machinery
-    import inspect as _inspect
-    import types
-
-    from .allowlist import dangerous_reason
-
-    parts = name.split(".")
-    if parts[0] in ("__main__", "__mp_main__"):
-        return None  # the saving script's __main__, not this one
-    for cut in range(len(parts) - 1, 0, -1):
-        path = ".".join(parts[:cut])
-        obj: Any = sys.modules.get(path)
-        if obj is None:
-            continue
-        for attr in parts[cut:]:
-            if isinstance(obj, types.ModuleType):
-                sub = sys.modules.get(f"{path}.{attr}")
-                if attr in vars(obj):
-                    obj = vars(obj)[attr]
-                elif sub is not None:
-                    obj = sub
-                else:
-                    search = getattr(obj, "__path__", None)
-                    try:
-                        found = search is not None and importlib.machinery.PathFinder.find_spec(
-                            f"{path}.{attr}", list(search)) is not None
-                    except (ImportError, ValueError):
-                        found = False
-                    if found or "__getattr__" in vars(obj):
-                        return None  # a submodule not imported yet, or a lazy attribute: cannot tell
-                    return "unknown", (
-                        f"{path} (already imported) has no attribute {attr!r}: a forged name or one "
-                        "from another torch version; no load mode can load it here"
-                    )
-            else:
-                try:
-                    obj = _inspect.getattr_static(obj, attr)
-                except AttributeError:
-                    return "unknown", f"{path} has no attribute {attr!r}: no load mode can load it here"
-            path = f"{path}.{attr}"
-        if isinstance(obj, types.ModuleType):
-            return "dangerous", (
-                f"it is the module {obj.__name__}: torch.save never writes a module as a global, and "
-                "a module hands the pickle all of its attributes"
-            )
-        real_module = getattr(obj, "__module__", None)
-        real_name = getattr(obj, "__qualname__", None)
-        if isinstance(real_module, str) and isinstance(real_name, str):
-            real = f"{real_module}.{real_name}"
-            reason = dangerous_reason(real) if real != name else None
-            if reason:
-                return "dangerous", f"it resolves to {real}: {reason}"
-        return None
-    return None
 
 
 def _read_input(arg: str) -> bytes:
@@ -88,7 +29,9 @@ def _read_input(arg: str) -> bytes:
 def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Optional[bytes] = None,
                    environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """The facts ``inspect`` prints, as the documented JSON object (never unpickles *data*)."""
-    from .allowlist import SafeGlobal, dangerous_reason, safe_globals_snippet, torch_allowlist
+    from .allowlist import SafeGlobal, torch_allowlist
+    from .snippet import refusal_notes, safe_globals_snippet
+    from .trust import judge_name
     from .checkpoint import Checkpoint
     from .errors import CheckpointFormatError, ConflictingEnvironmentError
     from .load_modes import LoadMode, mode_skip_reason, predict, torch_load_replacement
@@ -106,7 +49,10 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
         "globals": [],
         "required_globals": [],
         "dangerous": [],
+        "malformed": [],
         "unknown": [],
+        "needs_opt_in": [],
+        "notes": [],
         "safe_globals": {"given": given, "unused": []},
         "modes": {},
         "snippet": None,
@@ -128,22 +74,24 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
         return report
     allowed = torch_allowlist()
     required = [g for g in info.globals if g not in allowed]
-    dangerous = [{"name": g, "reason": dangerous_reason(g)} for g in required if dangerous_reason(g)]
-    flagged = {d["name"] for d in dangerous}
-    unknown = []
-    for g in required:
-        if g not in flagged:
-            judged = _judge_here(g)
-            if judged:
-                (dangerous if judged[0] == "dangerous" else unknown).append({"name": g, "reason": judged[1]})
-    dangerous.sort(key=lambda d: d["name"])
-    flagged |= {u["name"] for u in dangerous + unknown}
+    verdicts = {g: judge_name(g, allowed) for g in required}
+
+    def listed(kind: str) -> list[dict[str, str]]:
+        return [{"name": g, "reason": v.reason} for g, v in verdicts.items() if v.kind == kind]
+
+    dangerous, malformed, unknown, opt_in = listed("dangerous"), listed("malformed"), listed("absent"), listed("callable")
+    flagged = {g for g, v in verdicts.items() if v.kind in ("dangerous", "malformed", "absent")}
+    # --safe-global names the checkpoint needs but the policy refuses (a load "because" of them)
+    refused_given = [g for g in given if g in flagged]
+    callable_given = [g for g in given if g in verdicts and verdicts[g].kind == "callable"]
     report.update(
         format=info.format,
         globals=list(info.globals),
         required_globals=required,
         dangerous=dangerous,
+        malformed=malformed,
         unknown=unknown,
+        needs_opt_in=opt_in,
     )
     report["safe_globals"]["unused"] = [n for n in given if n not in required]
     sgs = [SafeGlobal(None, n, explicit_name=True) for n in given]  # names only: never imported
@@ -158,7 +106,7 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
             modes[mode.value] = {"weights_only": None, "outcome": "error", "missing": [],
                                  "summary": "error: RuntimeError on every torch.load: " + conflict}
             continue
-        modes[mode.value] = _mode_result(mode.value, exp, info.format, flagged, given)
+        modes[mode.value] = _mode_result(mode.value, exp, info.format, refused_given, callable_given)
         unavailable = mode_skip_reason(mode)
         if unavailable:
             modes[mode.value]["summary"] += (
@@ -168,26 +116,29 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
 
     if conflict:
         status, report["error"] = "environment_error", conflict
-    elif dangerous:
+    elif dangerous or malformed:
         status = "dangerous"
     elif unknown:
         status = "unloadable"
     elif info.format in ("torchscript", "tar"):
         status = "needs_trusted_loader"
+    elif opt_in:
+        status = "needs_opt_in"
     elif modes["safe_globals"]["outcome"] == "loads":
         status = "loads"
     else:
         status = "needs_allowlist"
     report["status"] = status
-    report["exit_code"] = {"loads": EXIT_OK, "needs_allowlist": EXIT_ATTENTION,
+    report["exit_code"] = {"loads": EXIT_OK, "needs_allowlist": EXIT_ATTENTION, "needs_opt_in": EXIT_ATTENTION,
                            "needs_trusted_loader": EXIT_ATTENTION}.get(status, EXIT_DANGEROUS)
-    suggest = [g for g in required if g not in flagged]
-    if status in ("needs_allowlist", "loads") and info.format not in ("torchscript", "tar") and suggest:
+    suggest = [g for g, v in verdicts.items() if v.suggestible]
+    if status in ("needs_allowlist", "loads", "needs_opt_in") and suggest:
         report["snippet"] = safe_globals_snippet(suggest)
+    report["notes"] = refusal_notes(required, allowed) if required else []
     return report
 
 
-def _mode_result(mode: str, exp: Any, fmt: str, flagged: set[str], given: list[str]) -> dict[str, Any]:
+def _mode_result(mode: str, exp: Any, fmt: str, refused_given: list[str], callable_given: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"weights_only": exp.weights_only, "missing": list(exp.missing)}
     why = exp.reason + ("; torch warns (UserWarning)" if exp.warns else "")
     if not exp.weights_only:
@@ -207,52 +158,65 @@ def _mode_result(mode: str, exp: Any, fmt: str, flagged: set[str], given: list[s
                           "(RuntimeError); re-save it from a trusted environment")
         return out
     if exp.loads:
-        risky = [g for g in given if g in flagged] if mode == "safe_globals" else []
+        risky = [show_name(g) for g in refused_given] if mode == "safe_globals" else []
+        calls = [show_name(g) for g in callable_given] if mode == "safe_globals" else []
         if risky:
             out["outcome"] = "unsafe"
             out["summary"] = (f"unsafe: {why}; it would load only because --safe-global allowlists "
-                              f"{', '.join(risky)}, which the pickle would call: DANGEROUS, never allowlist it")
+                              f"{', '.join(risky)}: DANGEROUS, never allowlist it")
             return out
         out["outcome"] = "loads"
-        out["summary"] = f"loads ({why})"
+        out["summary"] = f"loads ({why})" + (
+            f"; only because --safe-global allowlists {', '.join(calls)}, which is not a class: the pickle "
+            "calls it (the library requires UnsafeCallable for it)" if calls else "")
         return out
     out["outcome"] = "rejected"
-    names = ", ".join(exp.missing)
-    raised = (f"'Unsupported global: GLOBAL {exp.missing[0]}'" if len(exp.missing) == 1
+    names = ", ".join(show_name(g) for g in exp.missing)
+    raised = (f"'Unsupported global: GLOBAL {show_name(exp.missing[0])}'" if len(exp.missing) == 1
               else "'Unsupported global: GLOBAL <name>' for the first one it meets")
     out["summary"] = f"rejected: {why}; not allowlisted: {names} (torch raises _pickle.UnpicklingError: {raised})"
     return out
 
 
 def format_inspect(r: dict[str, Any]) -> str:
+    """The text report.  Names come out through :func:`show_name`, other fields through
+    :func:`escape_text`, and every line is escaped once more, so no byte of the input can
+    add a line, move the cursor or recolour the terminal."""
+    return "\n".join(escape_text(line) for line in _inspect_lines(r))
+
+
+def _inspect_lines(r: dict[str, Any]) -> list[str]:
     lines = []
+    where = escape_text(r["checkpoint"])
     if r["format"] is None:
-        lines.append(f"checkpoint: {r['checkpoint']}" + (f" ({r['nbytes']} bytes)" if r["nbytes"] is not None else ""))
-        lines.append(f"UNREADABLE: {r['error']}")
+        lines.append(f"checkpoint: {where}" + (f" ({r['nbytes']} bytes)" if r["nbytes"] is not None else ""))
+        lines.append(f"UNREADABLE: {escape_text(r['error'])}")
         lines.append(f"status: {r['status'].upper()} (exit {r['exit_code']})")
-        return "\n".join(lines)
+        return lines
     t = r["torch"]
-    lines.append(f"checkpoint: {r['checkpoint']} ({r['nbytes']} bytes, format {r['format']})")
+    lines.append(f"checkpoint: {where} ({r['nbytes']} bytes, format {r['format']})")
     lines.append(f"torch {t['version']}; torch.load is "
-                 + (f"REPLACED by {r['torch_load_replaced_by']} (predictions follow torch's own rules)"
+                 + (f"REPLACED by {escape_text(r['torch_load_replaced_by'])} (predictions follow torch's own rules)"
                     if r["torch_load_replaced_by"] else "torch's own"))
     req = r["required_globals"]
     flagged = {d["name"]: f"DANGEROUS: {d['reason']}" for d in r["dangerous"]}
+    flagged.update({d["name"]: f"MALFORMED: {d['reason']}" for d in r.get("malformed", [])})
     flagged.update({u["name"]: f"UNKNOWN: {u['reason']}" for u in r["unknown"]})
+    flagged.update({u["name"]: f"NOT A CLASS: {u['reason']}" for u in r.get("needs_opt_in", [])})
     if r["format"] == "torchscript":
         lines.append("a TorchScript archive: its code is not a pickle of globals; weights_only does not apply")
     else:
         lines.append(f"globals beyond torch's allowlist ({len(req)}), found without unpickling:"
                      + ("" if req else " none"))
         for g in req:
-            lines.append(f"  {g}" + (f"    <-- {flagged[g]}" if g in flagged else ""))
+            lines.append(f"  {show_name(g)}" + (f"    <-- {escape_text(flagged[g])}" if g in flagged else ""))
     sg = r["safe_globals"]
     if sg["given"]:
-        lines.append(f"--safe-global: {', '.join(sg['given'])}"
-                     + (f" (not needed: {', '.join(sg['unused'])})" if sg["unused"] else ""))
+        lines.append(f"--safe-global: {', '.join(map(show_name, sg['given']))}"
+                     + (f" (not needed: {', '.join(map(show_name, sg['unused']))})" if sg["unused"] else ""))
     lines.append("load modes here:")
     for name in MODES:
-        lines.append(f"  {name:<19} {r['modes'][name]['summary']}")
+        lines.append(f"  {name:<19} {escape_text(r['modes'][name]['summary'])}")
     if r["snippet"]:
         lines.append("to load it weights-only, only if you trust these classes:")
         lines.extend(f"    {line}" if line else "" for line in r["snippet"].splitlines())
@@ -264,9 +228,15 @@ def format_inspect(r: dict[str, Any]) -> str:
             f"and this checkpoint needs {len(r['required_globals'])} global(s) beyond torch's allowlist: "
             "allowlist them as above if you trust them, or pass weights_only=False for a trusted file only"
         )
+    if r["status"] == "needs_opt_in":
+        lines.append("  - it needs globals that are not classes (NOT A CLASS above): the pickle calls them with "
+                     "arguments of its choosing; they are never suggested, and a test may allow one only "
+                     "explicitly, with UnsafeCallable('module.name', reason=...), if you trust it")
     if r["error"]:
-        lines.append(f"  - {r['error']}")
-    if r["dangerous"]:
+        lines.append(f"  - {escape_text(r['error'])}")
+    if r["dangerous"] or r.get("malformed"):
         lines.append("  - DANGEROUS: do not load this file with weights_only=False, and never allowlist "
-                     + ", ".join(d["name"] for d in r["dangerous"]))
-    return "\n".join(lines)
+                     + ", ".join(show_name(d["name"]) for d in r["dangerous"] + r.get("malformed", [])))
+    lines.extend(f"  - {escape_text(note)}" for note in r.get("notes", []) if not note.startswith(
+        tuple(f"{show_name(d['name'])}:" for d in r["dangerous"] + r.get("malformed", []))))
+    return lines

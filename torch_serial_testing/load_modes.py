@@ -29,6 +29,7 @@ from typing import Any, Mapping, Optional, Sequence
 from .allowlist import SafeGlobal, as_safe_globals, preserved_registry, registered_globals, registry_lock, torch_allowlist
 from .checkpoint import Checkpoint
 from .errors import CheckpointFormatError, ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
+from .names import show_name
 
 __all__ = [
     "LoadMode",
@@ -193,7 +194,7 @@ class Expectation:
         verb = "loaded" if loaded else "rejected"
         why = self.reason
         if not loaded and self.missing:
-            why += f"; {', '.join(self.missing)} not allowlisted"
+            why += f"; {', '.join(map(show_name, self.missing))} not allowlisted"  # names are data: escaped
         if not loaded and self.unsupported_opcodes:
             why += f"; opcode {', '.join(self.unsupported_opcodes)} not supported by the weights-only unpickler"
         if self.warns:

@@ -238,7 +238,7 @@ def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
         if kind == "dangerous":
             return "dangerous", f"it is {describe(obj)}, and that object: {reason}"
     return "callable", (f"it is {describe(obj)}, not a class: the pickle would call it with arguments "
-                        "of its choosing; never suggested, allowed only by an explicit UnsafeCallable")
+                        "of its choosing")
 
 
 def _resolve_static(name: str) -> Any:
@@ -341,6 +341,9 @@ def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) 
     if name is None:
         name = _identity(obj)
         if name is None:
+            kind, reason = _judge_object(obj)
+            if kind == "dangerous":
+                return reason
             return f"{describe(obj)} has no module and qualified name of its own: declare a class"
     problem = name_problem(name)
     if problem:
