@@ -123,7 +123,7 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
             sg = item
         elif isinstance(item, UnsafeCallable):
             obj = resolve_global(item.target) if isinstance(item.target, str) else item.target
-            name = item.target if isinstance(item.target, str) else qualified_name(obj)
+            name = item.target if isinstance(item.target, str) else _name_or_refuse(obj)
             sg = SafeGlobal(obj, name, explicit_name=_own_name(obj) != name, unsafe_reason=item.reason)
         elif isinstance(item, str):
             obj = resolve_global(item)
@@ -135,7 +135,7 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
                 )
             sg = SafeGlobal(item[0], item[1], explicit_name=True)
         else:
-            sg = SafeGlobal(item, qualified_name(item))
+            sg = SafeGlobal(item, _name_or_refuse(item))
         refuse_dangerous(sg)
         out.append(sg)
     names = [sg.name for sg in out]
@@ -150,6 +150,19 @@ def _own_name(obj: Any) -> Optional[str]:
         return qualified_name(obj)
     except RoundTripConfigError:
         return None
+
+
+def _name_or_refuse(obj: Any) -> str:
+    """``module.qualname`` of a declared object; one without (a partial, a module, a bound
+    ``__call__``) is refused by the policy, naming what it is."""
+    name = _own_name(obj)
+    if name is None:
+        reason = judge_global(obj) or "it has no __module__/__qualname__ of its own"
+        raise RoundTripConfigError(
+            f"refusing to allowlist {describe(obj)}: {reason}; declare the class itself, a "
+            "'module.Name' string, or an (object, 'module.Name') tuple"
+        )
+    return name
 
 
 def refuse_dangerous(sg: SafeGlobal) -> None:

@@ -1,0 +1,358 @@
+"""The trust policy (issue #11.2, #11.7): classes only, callables by explicit opt-in, a denylist
+as second line, "cannot tell" is dangerous, and judging never imports what a checkpoint names.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import types
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np  # noqa: E402  (torch imports numpy already)
+import torch  # noqa: E402
+
+import hostile_checkpoints as H  # noqa: E402
+from torch_serial_testing import (  # noqa: E402
+    AllowlistError,
+    Checkpoint,
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    UnsafeCallable,
+    cli,
+    dangerous_reason,
+    judge_global,
+    required_globals,
+)
+from torch_serial_testing.allowlist import normalize_safe_globals, torch_allowlist_objects  # noqa: E402
+from torch_serial_testing.inspection import format_inspect, inspect_report  # noqa: E402
+from torch_serial_testing.names import pickle_forms  # noqa: E402
+from torch_serial_testing.trust import judge_name  # noqa: E402
+
+from roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
+
+#: Callables from every family of issue #11.2: each must be judged dangerous by name.
+DANGEROUS_FAMILIES = {
+    "torch full-unpickle helper": "torch.storage._load_from_bytes",
+    "torch import helper": "torch._utils._import_dotted_name",
+    "fx reduce helper (exec)": "torch.fx.graph_module.reduce_graph_module",
+    "fx package reduce helper": "torch.fx.graph_module.reduce_package_graph_module",
+    "fx GraphModule class": "torch.fx.graph_module.GraphModule",
+    "numpy runstring": "numpy.testing._private.utils.runstring",
+    "cpp_extension load_inline": "torch.utils.cpp_extension.load_inline",
+    "cpp_extension load": "torch.utils.cpp_extension.load",
+    "timeit": "timeit.timeit",
+    "timeit Timer class": "timeit.Timer",
+    "pdb.run": "pdb.run",
+    "cProfile.run": "cProfile.run",
+    "profile.run": "profile.run",
+    "pydoc pager": "pydoc.pager",
+    "pydoc pipepager": "pydoc.pipepager",
+    "logging fileConfig": "logging.config.fileConfig",
+    "logging listen": "logging.config.listen",
+    "urlretrieve": "urllib.request.urlretrieve",
+    "urlopen": "urllib.request.urlopen",
+    "http connection": "http.client.HTTPConnection",
+    "numpy.load": "numpy.load",
+    "numpy memmap": "numpy.memmap",
+    "torch.ops.load_library": "torch.ops.load_library",
+    "types.FunctionType at runtime": "builtins.function",
+    "types.CodeType at runtime": "builtins.code",
+    "types.FunctionType": "types.FunctionType",
+    "builtins.type": "builtins.type",
+    "builtins.getattr": "builtins.getattr",
+    "copyreg reconstructor": "copyreg._reconstructor",
+    "functools.partial": "functools.partial",
+    "operator.methodcaller": "operator.methodcaller",
+    "torch.load": "torch.load",
+    "torch.jit.load": "torch.jit.load",
+    "ctypes": "ctypes.CDLL",
+    "io.FileIO": "io.FileIO",
+    "shutil.rmtree": "shutil.rmtree",
+    "dunder walk": "torch.nn.Module.__init__.__globals__",
+    "walk into os": "torch.serialization.os.system",
+}
+
+#: Names pickle rewrites for protocol < 3 (_compat_pickle) into a dangerous callable.
+COMPAT_GADGETS = {
+    "cPickle.loads": "pickle.loads",
+    "urllib.urlretrieve": "urllib.request.urlretrieve",
+    "commands.getoutput": "subprocess.getoutput",
+    "__builtin__.eval": "builtins.eval",
+    "itertools.imap": "builtins.map",
+    # harmless-looking raw names that only their _compat_pickle form gives away
+    "__builtin__.reduce": "functools.reduce",
+    "__builtin__.intern": "sys.intern",
+}
+
+
+class Meta(type):
+    pass
+
+
+class Spawner(subprocess.Popen):  # type: ignore[type-arg]
+    pass
+
+
+class Opener(io.FileIO):
+    pass
+
+
+class Pickler(__import__("pickle").Unpickler):
+    pass
+
+
+def _call_checkpoint(module: str, name: str) -> bytes:
+    return H.torch_zip(H.proto(2) + H.call1(H.glob(module, name), H.ustr("x")) + H.STOP)
+
+
+class TestDenylistFamilies(unittest.TestCase):
+    def test_every_family_is_dangerous_by_name(self) -> None:
+        for family, name in DANGEROUS_FAMILIES.items():
+            with self.subTest(family, name=name):
+                verdict = judge_name(name)
+                self.assertEqual(verdict.kind, "dangerous", verdict)
+                self.assertEqual(dangerous_reason(name), verdict.reason)
+
+    def test_inspect_flags_every_family_and_suggests_nothing(self) -> None:
+        for family, name in DANGEROUS_FAMILIES.items():
+            module, _, attr = name.rpartition(".")
+            with self.subTest(family):
+                r = inspect_report("f.pt", [], data=_call_checkpoint(module, attr))
+                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", cli.EXIT_DANGEROUS))
+                self.assertEqual([d["name"] for d in r["dangerous"]], [name])
+                self.assertIsNone(r["snippet"])
+                # and allowlisting it by hand is reported as unsafe, never as loading
+                r = inspect_report("f.pt", [name], data=_call_checkpoint(module, attr))
+                self.assertEqual(r["exit_code"], cli.EXIT_DANGEROUS)
+                if not SAFE_GLOBALS_SKIP:
+                    self.assertEqual(r["modes"]["safe_globals"]["outcome"], "unsafe")
+
+    def test_compat_pickle_spellings_are_judged_as_a_full_unpickle_resolves_them(self) -> None:
+        for name, resolved in COMPAT_GADGETS.items():
+            with self.subTest(name):
+                verdict = judge_name(name)
+                self.assertEqual(verdict.kind, "dangerous", verdict)
+                self.assertIn(resolved, pickle_forms(name))
+                if name.startswith("__builtin__.") and name != "__builtin__.eval":
+                    self.assertIn(f"a full unpickle resolves it as {resolved}", verdict.reason)
+
+    def test_declaring_a_family_member_is_refused(self) -> None:
+        import pdb
+        import timeit
+
+        for declared in (torch.storage._load_from_bytes, torch._utils._import_dotted_name, timeit.Timer, pdb.run,
+                         UnsafeCallable(torch.storage._load_from_bytes, reason="it is a torch function"),
+                         UnsafeCallable("timeit.timeit", reason="benchmark"), types.FunctionType, types.CodeType,
+                         (types.FunctionType, "builtins.function")):
+            with self.subTest(declared=declared):
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals([declared])
+
+    def test_genuine_graph_module_checkpoint_gets_no_snippet(self) -> None:
+        class AddOne(torch.nn.Module):
+            def forward(self, x):  # type: ignore[no-untyped-def]
+                return x + 1
+
+        buf = io.BytesIO()
+        torch.save(torch.fx.symbolic_trace(AddOne()), buf)
+        r = inspect_report("gm.pt", [], data=buf.getvalue())
+        self.assertEqual(r["status"], "dangerous")
+        self.assertIn("torch.fx.graph_module.reduce_graph_module", [d["name"] for d in r["dangerous"]])
+        self.assertIsNone(r["snippet"])
+
+    def test_torch_own_allowlist_passes_the_policy(self) -> None:
+        for name, obj in torch_allowlist_objects().items():
+            with self.subTest(name):
+                self.assertIsNone(judge_global(obj, name))
+                self.assertEqual(judge_name(name).kind, "allowlisted")
+
+
+class TestClassesOnly(unittest.TestCase):
+    def test_flagship_classes_are_suggested(self) -> None:
+        from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
+        from torch.ao.nn.sparse.quantized.linear import LinearPackedParams
+
+        for obj in (Linear, LinearPackedParams, torch.ScriptObject, torch.nn.Linear, set, np.ndarray, np.dtype):
+            with self.subTest(obj=obj):
+                self.assertIsNone(judge_global(obj))
+                name = f"{obj.__module__}.{obj.__qualname__}"
+                self.assertIn(judge_name(name).kind, ("class", "allowlisted"))
+
+    def test_functions_are_refused_and_never_suggested(self) -> None:
+        for obj in (np._core.multiarray._reconstruct, torch.nn.functional.relu, len, print, torch.add):
+            with self.subTest(obj=obj):
+                self.assertIsNotNone(judge_global(obj))
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals([obj])
+        verdict = judge_name("numpy._core.multiarray._reconstruct")
+        self.assertEqual((verdict.kind, verdict.suggestible), ("callable", False))
+        self.assertIn("not a class", verdict.reason)
+
+    def test_metaclasses_and_dangerous_subclasses_are_refused(self) -> None:
+        for cls, why in ((Meta, "metaclass"), (Spawner, "subclasses subprocess.Popen"),
+                         (Opener, "subclasses _io.FileIO"), (Pickler, "subclasses _pickle.Unpickler")):
+            with self.subTest(cls=cls):
+                self.assertIn(why, judge_global(cls))
+                self.assertIn(why, judge_name(f"{__name__}.{cls.__qualname__}").reason)
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals([cls])
+
+    def test_numpy_checkpoint_needs_the_explicit_opt_in(self) -> None:
+        state = {"weight": torch.ones(2), "stats": np.arange(3.0)}
+        needed = required_globals(state)
+        self.assertIn("numpy._core.multiarray._reconstruct", needed)
+        data = Checkpoint.save(state).rewound().getvalue()
+        r = inspect_report("np.pt", [], data=data)
+        self.assertEqual((r["status"], r["exit_code"]), ("needs_opt_in", cli.EXIT_ATTENTION))
+        self.assertEqual([d["name"] for d in r["needs_opt_in"]], ["numpy._core.multiarray._reconstruct"])
+        self.assertNotIn("_reconstruct", r["snippet"])
+        self.assertIn("from numpy import ndarray", r["snippet"])
+        self.assertIn("UnsafeCallable('numpy._core.multiarray._reconstruct'", "\n".join(r["notes"]))
+        text = format_inspect(r)
+        self.assertIn("NOT A CLASS", text)
+        self.assertIn("status: NEEDS_OPT_IN (exit 1)", text)
+
+    def test_opt_in_loads_a_numpy_checkpoint(self) -> None:
+        if SAFE_GLOBALS_SKIP:
+            self.skipTest(SAFE_GLOBALS_SKIP)
+        state = {"stats": np.arange(3.0)}
+        extra = [g for g in required_globals(state) if g not in ("numpy._core.multiarray._reconstruct",
+                                                                  "numpy.ndarray", "numpy.dtype")]
+
+        class NumpyState(SerializationRoundTripTestCase, unittest.TestCase):
+            # torch's BUILD check also wants the dtype's class, which the pickle does not name as a
+            # global (hence allow_unneeded_safe_globals); it is a class, so no opt-in for it.
+            safe_globals = (
+                UnsafeCallable(np._core.multiarray._reconstruct, reason="numpy arrays in the state"),
+                np.ndarray, np.dtype, np.dtypes.Float64DType, *extra,
+            )
+            allow_unneeded_safe_globals = True
+
+            def runTest(self) -> None:  # noqa: N802
+                pass
+
+        probe = NumpyState()
+        probe.setUp()
+        try:
+            loaded = probe.round_trip(state, mode="safe_globals")
+        finally:
+            probe.doCleanups()
+        np.testing.assert_array_equal(loaded["stats"], state["stats"])
+
+        class Undeclared(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (np.ndarray, np.dtype, np.dtypes.Float64DType, *extra)
+            allow_unneeded_safe_globals = True
+
+            def runTest(self) -> None:  # noqa: N802
+                pass
+
+        probe = Undeclared()
+        probe.setUp()
+        try:
+            with self.assertRaises(AllowlistError) as cm:
+                probe.round_trip(state, mode="safe_globals")
+        finally:
+            probe.doCleanups()
+        self.assertIn("NOT suggested (callable)", str(cm.exception))
+        self.assertIn("UnsafeCallable('numpy._core.multiarray._reconstruct', reason='...')", str(cm.exception))
+
+    def test_opt_in_needs_a_reason_and_a_plain_function(self) -> None:
+        import functools
+
+        with self.assertRaisesRegex(RoundTripConfigError, "needs reason="):
+            UnsafeCallable(len, reason="  ")
+        for target in (functools.partial(len), torch.nn.Linear(1, 1).forward, os.system.__call__, os):
+            with self.subTest(target=target):
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals([UnsafeCallable(target, reason="because")])
+        (sg,) = normalize_safe_globals([UnsafeCallable("torch.nn.functional.relu", reason="a test")])
+        self.assertEqual((sg.name, sg.unsafe_reason), ("torch.nn.functional.relu", "a test"))
+
+
+class TestCannotTellIsDangerous(unittest.TestCase):
+    """A name the policy cannot verify without importing is dangerous, and nothing is imported."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.mkdtemp(prefix="tst-trust-")
+        cls.sentinel = os.path.join(cls.tmp, "imported")
+        pkg = os.path.join(cls.tmp, "tst_lazy_pkg")
+        os.makedirs(pkg)
+        with open(os.path.join(pkg, "__init__.py"), "w") as fh:
+            fh.write("")
+        with open(os.path.join(pkg, "sub.py"), "w") as fh:
+            fh.write(f"open({cls.sentinel!r}, 'a').write('sub')\nimport subprocess\nrun = subprocess.getoutput\n")
+        with open(os.path.join(cls.tmp, "tst_never_imported.py"), "w") as fh:
+            fh.write(f"open({cls.sentinel!r}, 'a').write('top')\nclass Safe: pass\n")
+        sys.path.insert(0, cls.tmp)
+        import tst_lazy_pkg  # noqa: F401 - the package is imported, its submodule is not
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        sys.path.remove(cls.tmp)
+        for mod in ("tst_lazy_pkg", "tst_lazy_pkg.sub", "tst_never_imported", "tst_getattr_mod"):
+            sys.modules.pop(mod, None)
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def assertNothingImported(self) -> None:  # noqa: N802
+        self.assertFalse(os.path.exists(self.sentinel), "judging imported a module the checkpoint names")
+        self.assertNotIn("tst_lazy_pkg.sub", sys.modules)
+        self.assertNotIn("tst_never_imported", sys.modules)
+
+    def test_unimported_submodule(self) -> None:
+        verdict = judge_name("tst_lazy_pkg.sub.run")  # really subprocess.getoutput
+        self.assertEqual(verdict.kind, "dangerous")
+        self.assertIn("cannot tell", verdict.reason)
+        self.assertNothingImported()
+
+    def test_unimported_module(self) -> None:
+        verdict = judge_name("tst_never_imported.Safe")
+        self.assertEqual(verdict.kind, "dangerous")
+        self.assertIn("not imported", verdict.reason)
+        self.assertNothingImported()
+
+    def test_module_level_getattr(self) -> None:
+        mod = types.ModuleType("tst_getattr_mod")
+        mod.__getattr__ = lambda name: subprocess.getoutput  # type: ignore[attr-defined]
+        sys.modules["tst_getattr_mod"] = mod
+        verdict = judge_name("tst_getattr_mod.Anything")
+        self.assertEqual(verdict.kind, "dangerous")
+        self.assertIn("__getattr__", verdict.reason)
+
+    def test_inspect_treats_cannot_tell_as_dangerous(self) -> None:
+        for module, name in (("tst_lazy_pkg.sub", "run"), ("tst_never_imported", "Safe"),
+                             ("numpy.distutils.cpuinfo", "getstatusoutput"), ("torch", "not_an_attribute")):
+            with self.subTest(module=module):
+                r = inspect_report("f.pt", [], data=_call_checkpoint(module, name))
+                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", cli.EXIT_DANGEROUS))
+                self.assertIsNone(r["snippet"])
+                self.assertNothingImported()
+
+    def test_cli_process_imports_nothing_it_judges(self) -> None:
+        path = os.path.join(self.tmp, "c.pt")
+        with open(path, "wb") as fh:
+            fh.write(_call_checkpoint("tst_never_imported", "Safe"))
+        code = textwrap.dedent(f"""
+            import sys
+            sys.path.insert(0, {self.tmp!r})
+            from torch_serial_testing import cli
+            rc = cli.main(["inspect", {path!r}, "--json"])
+            assert "tst_never_imported" not in sys.modules
+            sys.exit(rc)
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.assertEqual(proc.returncode, cli.EXIT_DANGEROUS, proc.stderr[-2000:])
+        self.assertIn("cannot tell", proc.stdout)
+        self.assertNothingImported()
+
+
+if __name__ == "__main__":
+    unittest.main()
