@@ -13,6 +13,8 @@ import tempfile
 import textwrap
 import types
 import unittest
+from typing import Any
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -275,6 +277,39 @@ class TestClassesOnly(unittest.TestCase):
                     normalize_safe_globals([UnsafeCallable(target, reason="because")])
         (sg,) = normalize_safe_globals([UnsafeCallable("torch.nn.functional.relu", reason="a test")])
         self.assertEqual((sg.name, sg.unsafe_reason), ("torch.nn.functional.relu", "a test"))
+
+
+class TestFullLoadNames(unittest.TestCase):
+    """The scanner's ``full_load_globals`` / ``weights_only_blocker`` facts feed the verdicts."""
+
+    def info(self, **extra: Any) -> Any:
+        real = Checkpoint.from_bytes(_call_checkpoint("torch.nn", "Linear")).info
+        fields = dict(format=real.format, globals=real.globals, nbytes=real.nbytes,
+                      unsupported_opcodes=real.unsupported_opcodes, unresolved=False, **extra)
+        return types.SimpleNamespace(**fields)
+
+    def report(self, info: Any) -> dict:
+        with mock.patch.object(Checkpoint, "info", new_callable=mock.PropertyMock, return_value=info):
+            return inspect_report("f.pt", [], data=_call_checkpoint("torch.nn", "Linear"))
+
+    def test_without_the_facts_a_class_is_suggested(self) -> None:
+        r = self.report(self.info())
+        self.assertEqual((r["status"], r["dangerous"]), ("needs_allowlist", []))
+        self.assertIn("from torch.nn import Linear", r["snippet"])
+
+    def test_a_dangerous_full_load_name_is_flagged(self) -> None:
+        for full in (("urllib.request.urlretrieve",), {"urllib.urlretrieve": "urllib.request.urlretrieve"},
+                     ("pickle.loads", "torch.nn.Linear")):
+            with self.subTest(full=full):
+                r = self.report(self.info(full_load_globals=full))
+                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", cli.EXIT_DANGEROUS))
+                self.assertIn("a full unpickle of this file resolves a global as", r["dangerous"][0]["reason"])
+                self.assertIsNone(r["snippet"])
+
+    def test_a_weights_only_blocker_means_no_snippet(self) -> None:
+        r = self.report(self.info(weights_only_blocker="Unsupported operand 147"))
+        self.assertEqual((r["status"], r["exit_code"], r["snippet"]), ("unloadable", cli.EXIT_DANGEROUS, None))
+        self.assertIn("Unsupported operand 147", r["error"])
 
 
 class TestCannotTellIsDangerous(unittest.TestCase):

@@ -19,6 +19,15 @@ from .names import escape_text, show_name
 __all__ = ["inspect_report", "format_inspect"]
 
 
+def _full_load_names(info: Any) -> list[str]:
+    """``CheckpointInfo.full_load_globals`` as a list of names, when the scanner provides it."""
+    full = getattr(info, "full_load_globals", None)
+    if not full:
+        return []
+    values = full.values() if hasattr(full, "values") else full
+    return sorted({n for n in values if isinstance(n, str)})
+
+
 def _read_input(arg: str) -> bytes:
     if arg == "-":
         return sys.stdin.buffer.read()
@@ -72,6 +81,9 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
     except CheckpointFormatError as e:
         report["error"] = str(e)
         return report
+    except Exception as e:  # noqa: BLE001 - hostile bytes must end as "unreadable" (exit 2), never a traceback
+        report["error"] = f"cannot scan it ({type(e).__name__}: {e})"
+        return report
     allowed = torch_allowlist()
     required = [g for g in info.globals if g not in allowed]
     verdicts = {g: judge_name(g, allowed) for g in required}
@@ -81,6 +93,15 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
 
     dangerous, malformed, unknown, opt_in = listed("dangerous"), listed("malformed"), listed("absent"), listed("callable")
     flagged = {g for g, v in verdicts.items() if v.kind in ("dangerous", "malformed", "absent")}
+    # Where the scanner records the names a *full* unpickle resolves (pickle's _compat_pickle,
+    # torch's load_module_mapping), a gadget hiding behind a rewrite is flagged under that name.
+    for full in _full_load_names(info):
+        if full not in verdicts and full not in allowed:
+            verdict = judge_name(full, allowed)
+            if verdict.kind in ("dangerous", "malformed"):
+                dangerous.append({"name": full, "reason": f"a full unpickle of this file resolves a global as "
+                                                          f"{show_name(full)}: {verdict.reason}"})
+    blocker = getattr(info, "weights_only_blocker", None)
     # --safe-global names the checkpoint needs but the policy refuses (a load "because" of them)
     refused_given = [g for g in given if g in flagged]
     callable_given = [g for g in given if g in verdicts and verdicts[g].kind == "callable"]
@@ -114,11 +135,13 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
             )
     report["modes"] = modes
 
+    if blocker and not conflict:
+        report["error"] = f"no allowlist makes it load weights-only here: {blocker}"
     if conflict:
         status, report["error"] = "environment_error", conflict
     elif dangerous or malformed:
         status = "dangerous"
-    elif unknown:
+    elif unknown or blocker:
         status = "unloadable"
     elif info.format in ("torchscript", "tar"):
         status = "needs_trusted_loader"
