@@ -188,6 +188,18 @@ class TestClassesOnly(unittest.TestCase):
                 name = f"{obj.__module__}.{obj.__qualname__}"
                 self.assertIn(judge_name(name).kind, ("class", "allowlisted"))
 
+    def test_aliases_are_not_suggested(self) -> None:
+        # torch matches a class by its own module.qualname: allowlisting Linear never matches
+        # a checkpoint naming it torch.nn.Linear, so that name is not suggested as if it would.
+        for name in ("torch.nn.Linear", "torch.nn.modules.linear.torch.nn.Linear"):
+            with self.subTest(name):
+                verdict = judge_name(name)
+                self.assertEqual((verdict.kind, verdict.suggestible), ("alias", False))
+                self.assertIn("torch.nn.modules.linear.Linear", verdict.reason)
+                r = inspect_report("f.pt", [], data=_call_checkpoint(*name.rsplit(".", 1)))
+                self.assertEqual((r["status"], r["snippet"]), ("unloadable", None))
+        self.assertEqual(judge_name("torch.nn.modules.linear.Linear").kind, "class")
+
     def test_functions_are_refused_and_never_suggested(self) -> None:
         for obj in (np._core.multiarray._reconstruct, torch.nn.functional.relu, len, print, torch.add):
             with self.subTest(obj=obj):
@@ -283,23 +295,23 @@ class TestFullLoadNames(unittest.TestCase):
     """The scanner's ``full_load_globals`` / ``weights_only_blocker`` facts feed the verdicts."""
 
     def info(self, **extra: Any) -> Any:
-        real = Checkpoint.from_bytes(_call_checkpoint("torch.nn", "Linear")).info
+        real = Checkpoint.from_bytes(_call_checkpoint("torch.nn.modules.linear", "Linear")).info
         fields = dict(format=real.format, globals=real.globals, nbytes=real.nbytes,
                       unsupported_opcodes=real.unsupported_opcodes, unresolved=False, **extra)
         return types.SimpleNamespace(**fields)
 
     def report(self, info: Any) -> dict:
         with mock.patch.object(Checkpoint, "info", new_callable=mock.PropertyMock, return_value=info):
-            return inspect_report("f.pt", [], data=_call_checkpoint("torch.nn", "Linear"))
+            return inspect_report("f.pt", [], data=_call_checkpoint("torch.nn.modules.linear", "Linear"))
 
     def test_without_the_facts_a_class_is_suggested(self) -> None:
         r = self.report(self.info())
         self.assertEqual((r["status"], r["dangerous"]), ("needs_allowlist", []))
-        self.assertIn("from torch.nn import Linear", r["snippet"])
+        self.assertIn("from torch.nn.modules.linear import Linear", r["snippet"])
 
     def test_a_dangerous_full_load_name_is_flagged(self) -> None:
         for full in (("urllib.request.urlretrieve",), {"urllib.urlretrieve": "urllib.request.urlretrieve"},
-                     ("pickle.loads", "torch.nn.Linear")):
+                     ("pickle.loads", "torch.nn.modules.linear.Linear")):
             with self.subTest(full=full):
                 r = self.report(self.info(full_load_globals=full))
                 self.assertEqual((r["status"], r["exit_code"]), ("dangerous", cli.EXIT_DANGEROUS))

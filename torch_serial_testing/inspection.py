@@ -91,8 +91,8 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
     def listed(kind: str) -> list[dict[str, str]]:
         return [{"name": g, "reason": v.reason} for g, v in verdicts.items() if v.kind == kind]
 
-    dangerous, malformed, unknown, opt_in = listed("dangerous"), listed("malformed"), listed("absent"), listed("callable")
-    flagged = {g for g, v in verdicts.items() if v.kind in ("dangerous", "malformed", "absent")}
+    dangerous, malformed, unknown, opt_in = listed("dangerous"), listed("malformed"), listed("absent") + listed("alias"), listed("callable")
+    flagged = {g for g, v in verdicts.items() if v.kind in ("dangerous", "malformed", "absent", "alias")}
     # Where the scanner records the names a *full* unpickle resolves (pickle's _compat_pickle,
     # torch's load_module_mapping), a gadget hiding behind a rewrite is flagged under that name.
     for full in _full_load_names(info):

@@ -132,7 +132,7 @@ def _deny_one(name: str) -> Optional[str]:
 # -- verdicts -------------------------------------------------------------------------------------
 
 #: Verdict kinds, from worst to best.
-KINDS = ("malformed", "dangerous", "callable", "absent", "class", "allowlisted")
+KINDS = ("malformed", "dangerous", "callable", "absent", "alias", "class", "allowlisted")
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,9 @@ class Verdict:
     """What the policy says about one name: ``kind`` (see :data:`KINDS`) and why.
 
     ``dangerous`` includes "cannot tell"; ``callable`` is a verified non-class that only an
-    explicit :class:`UnsafeCallable` may allow; ``absent`` names nothing in this process.
+    explicit :class:`UnsafeCallable` may allow; ``absent`` names nothing in this process;
+    ``alias`` is a class under a name other than its own (torch matches a class by its own
+    ``module.qualname``, so allowlisting the class would not make this name load).
     """
 
     name: str
@@ -222,7 +224,7 @@ def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
     if isinstance(obj, type):
         if issubclass(obj, type):
             return "dangerous", "it is a metaclass: the pickle could build new classes from its own data"
-        for base in obj.__mro__[1:]:
+        for base in type.__getattribute__(obj, "__mro__")[1:]:
             base_name = _identity(base)
             why = denylist_reason(base_name) if base_name and is_valid_name(base_name) else None
             if why:
@@ -320,6 +322,10 @@ def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
             verdict = Verdict(name, "absent", f"{prefix}{found}")
         else:
             kind, reason = _judge_object(found)
+            real = _identity(found) if kind == "class" else form
+            if real != form:
+                kind, reason = "alias", (f"an alias of the class {show_name(real)}: torch matches a class by its "
+                                         "own name, so only an explicit (class, name) declaration would match it")
             verdict = Verdict(name, kind, prefix + reason)
         if worst is None or KINDS.index(verdict.kind) < KINDS.index(worst.kind):
             worst = verdict
