@@ -135,6 +135,19 @@ class TestSmuggledIdentities(unittest.TestCase):
                     self.assertIs(sg.obj, obj)
                 self.assertIsNone(judge_global(sg.obj, sg.name))
 
+    def test_doctor_judges_registered_objects(self) -> None:
+        from torch_serial_testing.allowlist import preserved_registry
+        from torch_serial_testing.doctor import doctor_report
+
+        with preserved_registry():
+            clean = [p for p in doctor_report()["problems"] if "trust policy" in p]
+            self.assertEqual(clean, [])  # torch's own registrations (e.g. _rebuild_njt) pass
+            torch.serialization.add_safe_globals([SMUGGLED["partial"], SMUGGLED["module"], torch.nn.Linear])
+            problems = [p for p in doctor_report()["problems"] if "trust policy" in p]
+        self.assertEqual(len(problems), 2, problems)
+        self.assertTrue(any("functools.partial" in p for p in problems))
+        self.assertTrue(any("the module os" in p for p in problems))
+
     def test_load_with_a_smuggled_identity_never_runs_it(self) -> None:
         if SAFE_GLOBALS_SKIP:
             self.skipTest(SAFE_GLOBALS_SKIP)
