@@ -267,10 +267,9 @@ class TestMessagesEscapeNames(unittest.TestCase):
             probe.load_checkpoint(Checkpoint.from_bytes(data), mode="safe_globals")
         message = str(cm.exception)
         self.assertIn("NOT suggested (malformed)", message)
-        snippet = message.split("e.g.:\n\n", 1)[1].split("\n'", 1)[0].split("\n\"", 1)[0]
-        code = "\n".join(l for l in snippet.splitlines() if not l.startswith(("'", '"')))
-        _code_lines_only(self, code)
-        self.assertIn("safe_globals([]):", code)
+        self.assertIn("No global it needs is a class the trust policy can suggest.", message)
+        self.assertNotIn("safe_globals([", message)
+        self.assertTrue(all(line.isprintable() for line in message.splitlines()), message)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
 from . import allowlist, load_modes
 from .allowlist import SafeGlobal, as_safe_globals, normalize_safe_globals, safe_globals_snippet
 from .names import show_name
-from .snippet import refusal_notes
+from .snippet import refusal_notes, suggestible
 from .checkpoint import Checkpoint
 from .comparison import assert_round_trip_equal
 from .engines import override_qengine, validate_qengines
@@ -283,10 +283,11 @@ class SerializationRoundTripTestCase:
         unneeded = sorted(n for n in names - needed if n not in used)
         if missing:
             notes = refusal_notes(sorted(needed))
+            example = ("Declare the classes (only if you trust them), e.g.:\n\n" + safe_globals_snippet(sorted(needed))
+                       if suggestible(sorted(needed)) else "No global it needs is a class the trust policy can suggest.")
             raise AllowlistError(
                 f"safe_globals misses {len(missing)} global(s) the checkpoint needs: {', '.join(map(show_name, missing))}\n"
-                "Declare the classes (only if you trust them), e.g.:\n\n" + safe_globals_snippet(sorted(needed))
-                + "".join(f"\n{note}" for note in notes)
+                + example + "".join(f"\n{note}" for note in notes)
             )
         if unneeded and not self.allow_unneeded_safe_globals:
             raise AllowlistError(
