@@ -95,6 +95,14 @@ COMPAT_GADGETS = {
 }
 
 
+# What torch.save writes for a numpy array: numpy 2 moved numpy.core to numpy._core.
+_NP_CORE = np._core if hasattr(np, "_core") else np.core
+RECONSTRUCT = _NP_CORE.multiarray._reconstruct
+RECONSTRUCT_NAME = f"{_NP_CORE.multiarray.__name__}.{RECONSTRUCT.__name__}"
+# torch's BUILD check of a dtype wants its class (numpy >= 1.25 has numpy.dtypes).
+DTYPE_CLASSES = (type(np.dtype("float64")),) if hasattr(np, "dtypes") else ()
+
+
 class Meta(type):
     pass
 
@@ -201,12 +209,12 @@ class TestClassesOnly(unittest.TestCase):
         self.assertEqual(judge_name("torch.nn.modules.linear.Linear").kind, "class")
 
     def test_functions_are_refused_and_never_suggested(self) -> None:
-        for obj in (np._core.multiarray._reconstruct, torch.nn.functional.relu, len, print, torch.add):
+        for obj in (RECONSTRUCT, torch.nn.functional.relu, len, print, torch.add):
             with self.subTest(obj=obj):
                 self.assertIsNotNone(judge_global(obj))
                 with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
                     normalize_safe_globals([obj])
-        verdict = judge_name("numpy._core.multiarray._reconstruct")
+        verdict = judge_name(RECONSTRUCT_NAME)
         self.assertEqual((verdict.kind, verdict.suggestible), ("callable", False))
         self.assertIn("not a class", verdict.reason)
 
@@ -222,14 +230,14 @@ class TestClassesOnly(unittest.TestCase):
     def test_numpy_checkpoint_needs_the_explicit_opt_in(self) -> None:
         state = {"weight": torch.ones(2), "stats": np.arange(3.0)}
         needed = required_globals(state)
-        self.assertIn("numpy._core.multiarray._reconstruct", needed)
+        self.assertIn(RECONSTRUCT_NAME, needed)
         data = Checkpoint.save(state).rewound().getvalue()
         r = inspect_report("np.pt", [], data=data)
         self.assertEqual((r["status"], r["exit_code"]), ("needs_opt_in", cli.EXIT_ATTENTION))
-        self.assertEqual([d["name"] for d in r["needs_opt_in"]], ["numpy._core.multiarray._reconstruct"])
+        self.assertEqual([d["name"] for d in r["needs_opt_in"]], [RECONSTRUCT_NAME])
         self.assertNotIn("_reconstruct", r["snippet"])
         self.assertIn("from numpy import ndarray", r["snippet"])
-        self.assertIn("UnsafeCallable('numpy._core.multiarray._reconstruct'", "\n".join(r["notes"]))
+        self.assertIn(f"UnsafeCallable('{RECONSTRUCT_NAME}'", "\n".join(r["notes"]))
         text = format_inspect(r)
         self.assertIn("NOT A CLASS", text)
         self.assertIn("status: NEEDS_OPT_IN (exit 1)", text)
@@ -238,15 +246,15 @@ class TestClassesOnly(unittest.TestCase):
         if SAFE_GLOBALS_SKIP:
             self.skipTest(SAFE_GLOBALS_SKIP)
         state = {"stats": np.arange(3.0)}
-        extra = [g for g in required_globals(state) if g not in ("numpy._core.multiarray._reconstruct",
+        extra = [g for g in required_globals(state) if g not in (RECONSTRUCT_NAME,
                                                                   "numpy.ndarray", "numpy.dtype")]
 
         class NumpyState(SerializationRoundTripTestCase, unittest.TestCase):
             # torch's BUILD check also wants the dtype's class, which the pickle does not name as a
             # global (hence allow_unneeded_safe_globals); it is a class, so no opt-in for it.
             safe_globals = (
-                UnsafeCallable(np._core.multiarray._reconstruct, reason="numpy arrays in the state"),
-                np.ndarray, np.dtype, np.dtypes.Float64DType, *extra,
+                UnsafeCallable(RECONSTRUCT, reason="numpy arrays in the state"),
+                np.ndarray, np.dtype, *DTYPE_CLASSES, *extra,
             )
             allow_unneeded_safe_globals = True
 
@@ -262,7 +270,7 @@ class TestClassesOnly(unittest.TestCase):
         np.testing.assert_array_equal(loaded["stats"], state["stats"])
 
         class Undeclared(SerializationRoundTripTestCase, unittest.TestCase):
-            safe_globals = (np.ndarray, np.dtype, np.dtypes.Float64DType, *extra)
+            safe_globals = (np.ndarray, np.dtype, *DTYPE_CLASSES, *extra)
             allow_unneeded_safe_globals = True
 
             def runTest(self) -> None:  # noqa: N802
@@ -276,7 +284,7 @@ class TestClassesOnly(unittest.TestCase):
         finally:
             probe.doCleanups()
         self.assertIn("NOT suggested (callable)", str(cm.exception))
-        self.assertIn("UnsafeCallable('numpy._core.multiarray._reconstruct', reason='...')", str(cm.exception))
+        self.assertIn(f"UnsafeCallable('{RECONSTRUCT_NAME}', reason='...')", str(cm.exception))
 
     def test_opt_in_needs_a_reason_and_a_plain_function(self) -> None:
         import functools
