@@ -225,8 +225,9 @@ def build_all(sentinel: str) -> dict[str, bytes]:
         pickle.dumps(_Reduce(os.system, sh("stack_global_protocol4")), protocol=4)
     )
 
-    # STACK_GLOBAL whose module string is DUP-licated: statically unnameable.
-    body = short_ustr("os") + b"2" + b"0" + short_ustr("system") + STACK_GLOBAL  # DUP, POP
+    # STACK_GLOBAL whose module string is computed at unpickling time (str("os") by REDUCE):
+    # statically unnameable.  (DUP/POP/memo games are followed by the scan and name os.system.)
+    body = short_ustr("pad") + b"0" + call1(glob("builtins", "str"), short_ustr("os")) + short_ustr("system") + STACK_GLOBAL
     out["stack_global_unresolved"] = tz(call1(body, short_ustr(sh("stack_global_unresolved"))), protocol=4)
 
     # Protocol 0 INST: MARK, args, INST module name -- calls os.system(args).

@@ -6,47 +6,71 @@ Two ideas live here.  First, *ownership*: a :class:`Checkpoint` made by
 ``weights_only=False``.  Bytes from anywhere else are *foreign* and are only
 ever loaded by torch's weights-only unpickler.
 
-Second, a *static scan*: the globals a checkpoint names are read from its pickle
-opcodes with :mod:`pickletools`, which never executes anything.  Only the small
-``data.pkl`` record is read; tensor storages are never touched.
+Second, a *static scan* (:func:`scan_checkpoint`): every pickle torch would
+unpickle is read the way torch reads it (:mod:`.archive`) and walked opcode by
+opcode against a model of torch's weights-only unpickler (:mod:`.pickle_scan`);
+nothing is imported or executed, tensor storages are never touched, and the work
+is bounded (:mod:`.scan_limits`).  The result is computed once per checkpoint.
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import os
-import pickletools
-import re
-import tarfile
-import zipfile
 from dataclasses import dataclass
-from typing import IO, Any, Iterator, Optional, Union
+from typing import IO, Any, Optional, Union
 
 from .errors import CheckpointFormatError
+from .pickle_scan import WEIGHTS_ONLY_OPCODES, Check, ScanState, weights_only_opcodes
+from .scan_limits import ScanLimits, default_scan_limits, scan_limits
 
-__all__ = ["Checkpoint", "CheckpointInfo", "scan_checkpoint", "FORMATS", "WEIGHTS_ONLY_OPCODES"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointInfo",
+    "Check",
+    "scan_checkpoint",
+    "FORMATS",
+    "WEIGHTS_ONLY_OPCODES",
+    "weights_only_opcodes",
+    "ScanLimits",
+    "scan_limits",
+]
 
 #: Formats :func:`scan_checkpoint` recognises.
 FORMATS = ("zip", "torchscript", "legacy", "tar")
-
-_ZIP_MAGIC = b"PK\x03\x04"
-# torch.serialization.MAGIC_NUMBER, the first pickle of the legacy (pre-1.6) format.
-_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
-_UNRESOLVED = "<unresolved STACK_GLOBAL>"
 
 BufferLike = Union[bytes, bytearray, memoryview, IO[bytes], "os.PathLike[str]", str, "Checkpoint"]
 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What a static scan found: the format and every global the pickle names (sorted)."""
+    """What a static scan found: the format, every global the pickles name (sorted), and the
+    checks torch's weights-only unpickler would make, in order."""
 
     format: str
+    #: Globals as torch's weights-only unpickler spells them (its own Python-2 fix-ups applied).
     globals: tuple[str, ...]
     nbytes: int
     #: Opcodes torch's weights-only unpickler refuses ("Unsupported operand"), e.g. STACK_GLOBAL.
     unsupported_opcodes: tuple[str, ...] = ()
+    #: torch's reason when NO allowlist can make ``weights_only=True`` load this checkpoint
+    #: (TorchScript or tar format, an unsupported opcode, SETITEM on a defaultdict, a non-storage
+    #: persistent id, a blocked module...), else None.
+    weights_only_blocker: Optional[str] = None
+    #: Every global a *full* unpickle (``weights_only=False``) resolves, as it resolves it
+    #: (pickle's ``_compat_pickle`` renames for protocol < 3, torch's ``load_module_mapping``).
+    full_load_globals: tuple[str, ...] = ()
+    #: The weights-only unpickler's checks in the order it meets them (duplicates dropped).
+    checks: tuple[Check, ...] = ()
+    #: Work the scan did: opcodes walked, pickle bytes read, the largest memo held.
+    opcodes_walked: int = 0
+    bytes_scanned: int = 0
+    memo_entries: int = 0
+
+    @property
+    def type_checks(self) -> tuple[str, ...]:
+        """Types BUILD is applied to that must be allowlisted (e.g. ``numpy.dtypes.Float64DType``)."""
+        return tuple(c.name for c in self.checks if c.kind == "type")
 
     @property
     def unresolved(self) -> bool:
@@ -115,9 +139,9 @@ class Checkpoint:
 
     @property
     def info(self) -> CheckpointInfo:
-        """The static scan, computed once."""
+        """The static scan, computed once (under the default :class:`ScanLimits`)."""
         if self._info is None:
-            self._info = scan_checkpoint(self.rewound())
+            self._info = _scan(self.rewound(), 0, default_scan_limits())
         return self._info
 
     def rewound(self) -> io.BytesIO:
@@ -146,211 +170,52 @@ def _require_binary_seekable(f: Any) -> None:
         raise TypeError("the checkpoint file is open in text mode; open it with 'rb'")
 
 
-def scan_checkpoint(f: BufferLike) -> CheckpointInfo:
-    """Return the format and the globals a checkpoint names, without unpickling it.
+def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> CheckpointInfo:
+    """Return the format, the globals and torch's weights-only checks of a checkpoint, without unpickling it.
 
-    Raises :class:`CheckpointFormatError` naming what is wrong for empty,
-    truncated, damaged or unrecognised bytes.
+    Reads exactly the records torch reads (:mod:`.archive`).  Raises
+    :class:`CheckpointFormatError` naming what is wrong for empty, truncated,
+    damaged, unrecognised or over-limit bytes (*limits*, default
+    :func:`~.scan_limits.default_scan_limits`).
     """
+    limits = default_scan_limits() if limits is None else limits
     if isinstance(f, Checkpoint):
-        return f.info
+        return f.info if limits == default_scan_limits() else _scan(f.rewound(), 0, limits)
     if isinstance(f, (bytes, bytearray, memoryview)):
         f = io.BytesIO(bytes(f))
     elif isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as fh:
-            return scan_checkpoint(io.BytesIO(fh.read()))
+            return scan_checkpoint(io.BytesIO(fh.read()), limits=limits)
     _require_binary_seekable(f)
     start = f.tell()
     try:
-        return _scan(f, start)
+        # The checkpoint starts where the stream is positioned, as for torch.load.
+        return _scan(f if start == 0 else io.BytesIO(f.read()), 0, limits)
     finally:
         f.seek(start)
 
 
-def _scan(f: IO[bytes], start: int) -> CheckpointInfo:
-    f.seek(0, io.SEEK_END)
-    nbytes = f.tell() - start
+def _scan(f: IO[bytes], start: int, limits: ScanLimits) -> CheckpointInfo:
+    from .archive import scan_archive
+
+    nbytes = f.seek(0, io.SEEK_END) - start
     f.seek(start)
     if nbytes == 0:
         raise CheckpointFormatError("the checkpoint is empty (0 bytes): was the buffer rewound or written at all?")
-    head = f.read(4)
-    f.seek(start)
-    opcodes: set[str] = set()
-    if head == _ZIP_MAGIC:
-        fmt, globals_ = _scan_zip(f, opcodes)
-    elif _is_tar(f, start):
-        fmt, globals_ = "tar", _scan_tar(f, opcodes)
-    elif head[:1] == b"\x80":
-        fmt, globals_ = "legacy", _scan_legacy(f, opcodes)
-    else:
-        raise CheckpointFormatError(
-            f"not a torch checkpoint: the first bytes are {head!r}; expected a zip archive from "
-            "torch.save (b'PK\\x03\\x04') or the legacy pickle format"
-        )
-    return CheckpointInfo(fmt, tuple(sorted(globals_)), nbytes, tuple(sorted(opcodes)))
-
-
-def _scan_zip(f: IO[bytes], opcodes: set[str]) -> tuple[str, set[str]]:
+    state = ScanState(limits)
     try:
-        archive = zipfile.ZipFile(f)
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as e:
-        raise CheckpointFormatError(
-            f"the zip archive is truncated or its central directory is damaged ({e}); "
-            "re-save the checkpoint"
-        ) from None
-    with archive:
-        names = archive.namelist()
-        if any(n.endswith("/constants.pkl") or n == "constants.pkl" for n in names):
-            return "torchscript", set()
-        data = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
-        if len(data) != 1:
-            raise CheckpointFormatError(
-                f"the zip archive has {len(data)} '<name>/data.pkl' records, expected exactly one: "
-                "not a torch.save checkpoint"
-            )
-        try:
-            pkl = archive.read(data[0])
-        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
-            raise CheckpointFormatError(f"cannot read {data[0]!r} from the archive: {e}") from None
-    return "zip", _pickle_globals(io.BytesIO(pkl), 1, opcodes)
-
-
-def _is_tar(f: IO[bytes], start: int) -> bool:
-    f.seek(start)
-    try:
-        with tarfile.open(fileobj=f, mode="r:") as tar:
-            return tar.next() is not None
-    except (tarfile.TarError, EOFError, OSError, ValueError):
-        return False
+        fmt = scan_archive(f, nbytes, state)
     finally:
         f.seek(start)
-
-
-def _scan_tar(f: IO[bytes], opcodes: set[str]) -> set[str]:
-    found: set[str] = set()
-    try:
-        with tarfile.open(fileobj=f, mode="r:") as tar:
-            for member in ("sys_info", "pickle"):
-                try:
-                    extracted = tar.extractfile(member)
-                except KeyError:
-                    if member == "pickle":
-                        raise CheckpointFormatError(
-                            "the tar archive has no 'pickle' member: not a legacy torch checkpoint"
-                        ) from None
-                    continue
-                if extracted is not None:
-                    found |= _pickle_globals(io.BytesIO(extracted.read()), 1, opcodes)
-    except tarfile.TarError as e:
-        raise CheckpointFormatError(f"the legacy tar checkpoint is damaged: {e}") from None
-    return found
-
-
-def _scan_legacy(f: IO[bytes], opcodes: set[str]) -> set[str]:
-    # magic number, protocol version, sys_info, the object, the storage keys.
-    ops = list(_genops(f))
-    magic = next((arg for op, arg, _ in ops if op.name in ("LONG1", "LONG4", "LONG")), None)
-    if magic != _LEGACY_MAGIC:
-        raise CheckpointFormatError(
-            "a pickle stream, but not a torch checkpoint (no torch magic number): "
-            "torch.load would refuse it"
-        )
-    return _pickle_globals(f, 4, opcodes)
-
-
-def _genops(f: IO[bytes]) -> Iterator[tuple[Any, Any, Any]]:
-    try:
-        yield from pickletools.genops(f)
-    except (ValueError, EOFError, UnicodeDecodeError, KeyError) as e:
-        raise CheckpointFormatError(f"the pickle stream is truncated or damaged: {e}") from None
-
-
-_STRING_OPS = frozenset(
-    ["SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "STRING", "BINSTRING", "SHORT_BINSTRING"]
-)
-
-
-# The opcodes torch 2.13's weights-only unpickler handles (torch/_weights_only_unpickler.py,
-# Unpickler.load); any other one makes it raise "Unsupported operand <code>".  Read from torch's
-# own source when it is available (see weights_only_opcodes), this is the fallback.
-WEIGHTS_ONLY_OPCODES = frozenset(
-    "GLOBAL NEWOBJ REDUCE BUILD APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1 TUPLE2 TUPLE3 "
-    "NONE NEWFALSE NEWTRUE EMPTY_TUPLE EMPTY_LIST EMPTY_DICT EMPTY_SET BININT BININT1 BININT2 "
-    "BINFLOAT BINUNICODE SHORT_BINSTRING BINPERSID BINGET LONG_BINGET BINPUT LONG_BINPUT LONG1 "
-    "PROTO STOP".split()
-)
-
-
-@functools.lru_cache(maxsize=1)
-def weights_only_opcodes() -> frozenset[str]:
-    """The opcodes this torch's weights-only unpickler accepts, read from its source."""
-    try:
-        import inspect
-
-        from torch import _weights_only_unpickler as wou
-
-        source = inspect.getsource(wou.Unpickler.load)
-    except (ImportError, AttributeError, OSError, TypeError):
-        return WEIGHTS_ONLY_OPCODES
-    found = frozenset(re.findall(r"\b([A-Z][A-Z0-9_]*)\[0\]", source)) & frozenset(
-        op.name for op in pickletools.opcodes
+    return CheckpointInfo(
+        format=fmt,
+        globals=tuple(sorted(state.globals)),
+        nbytes=nbytes,
+        unsupported_opcodes=tuple(sorted(state.refused_opcodes)),
+        weights_only_blocker=state.blocker,
+        full_load_globals=tuple(sorted(state.full_load_globals)),
+        checks=tuple(state.checks),
+        opcodes_walked=state.opcodes,
+        bytes_scanned=state.bytes_scanned,
+        memo_entries=state.max_memo,
     )
-    return found if "GLOBAL" in found and "STOP" in found else WEIGHTS_ONLY_OPCODES
-
-
-def _pickle_globals(f: IO[bytes], pickles: int, opcodes: set[str]) -> set[str]:
-    """Names of every GLOBAL/INST/STACK_GLOBAL in the next *pickles* pickles of *f*.
-
-    Opcodes outside :data:`WEIGHTS_ONLY_OPCODES` are added to *opcodes*.
-    """
-    from torch._utils import IMPORT_MAPPING, NAME_MAPPING  # python 2 name fix-ups torch applies
-
-    found: set[str] = set()
-    supported = weights_only_opcodes()
-
-    def add(module: str, name: str) -> None:
-        if (module, name) in NAME_MAPPING:
-            module, name = NAME_MAPPING[(module, name)]
-        elif module in IMPORT_MAPPING:
-            module = IMPORT_MAPPING[module]
-        found.add(f"{module}.{name}")
-
-    for _ in range(pickles):
-        recent: list[Any] = []  # values pushed, strings kept, others as None
-        memo: dict[Any, Any] = {}
-        saw_any = False
-        for op, arg, _pos in _genops(f):
-            saw_any = True
-            name = op.name
-            if name not in supported:
-                opcodes.add(name)
-            if name in ("GLOBAL", "INST"):
-                module, _, attr = str(arg).partition(" ")
-                add(module, attr)
-                recent.append(None)
-            elif name == "STACK_GLOBAL":
-                if len(recent) >= 2 and isinstance(recent[-1], str) and isinstance(recent[-2], str):
-                    add(recent[-2], recent[-1])
-                else:
-                    found.add(_UNRESOLVED)
-                recent[-2:] = [None]
-            elif name in _STRING_OPS:
-                recent.append(arg if isinstance(arg, str) else bytes(arg).decode("latin-1"))
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[arg] = recent[-1] if recent else None
-            elif name == "MEMOIZE":
-                memo[len(memo)] = recent[-1] if recent else None
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                recent.append(memo.get(arg))
-            elif name in ("EXT1", "EXT2", "EXT4"):
-                found.add(f"<extension registry code {arg}>")
-                recent.append(None)
-            elif name == "STOP":
-                break
-            else:
-                recent.append(None)
-            if len(recent) > 64:
-                del recent[:-8]
-        if not saw_any:
-            raise CheckpointFormatError("the pickle stream ended early: the checkpoint is truncated")
-    return found

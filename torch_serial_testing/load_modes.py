@@ -28,6 +28,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from .allowlist import SafeGlobal, as_safe_globals, preserved_registry, registered_globals, registry_lock, torch_allowlist
 from .checkpoint import Checkpoint
+from .pickle_scan import Check, class_repr, special_global_messages
 from .errors import CheckpointFormatError, ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from .names import show_name
 
@@ -187,6 +188,11 @@ class Expectation:
     reason: str
     replaced_by: Optional[str] = None
     unsupported_opcodes: tuple[str, ...] = ()
+    #: torch's reason when no allowlist can make this checkpoint load weights-only (see
+    #: CheckpointInfo.weights_only_blocker); None when allowlisting can help, or not weights-only.
+    blocker: Optional[str] = None
+    #: The text torch's rejection must contain: the first check the weights-only unpickler fails.
+    rejection: Optional[str] = None
 
     def summary(self, loaded: Optional[bool] = None) -> str:
         """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``."""
@@ -197,6 +203,8 @@ class Expectation:
             why += f"; {', '.join(map(show_name, self.missing))} not allowlisted"  # names are data: escaped
         if not loaded and self.unsupported_opcodes:
             why += f"; opcode {', '.join(self.unsupported_opcodes)} not supported by the weights-only unpickler"
+        if not loaded and self.blocker and not self.unsupported_opcodes:
+            why += f"; cannot load weights-only: {self.blocker}"
         if self.warns:
             why += "; torch warned"
         if self.replaced_by:
@@ -240,21 +248,117 @@ def predict(
     safe_globals: Sequence[SafeGlobal] = (),
     environ: Optional[Mapping[str, str]] = None,
 ) -> Expectation:
-    """What torch should do loading *checkpoint* in *mode*, here and now."""
+    """What torch should do loading *checkpoint* in *mode*, here and now.
+
+    With ``weights_only=True`` the checkpoint's scanned checks (:attr:`CheckpointInfo.checks`)
+    are replayed in torch's order against what is allowed: the first one that fails is the
+    rejection torch raises; a :attr:`CheckpointInfo.weights_only_blocker` means no allowlist helps.
+    """
     mode = LoadMode.parse(mode)
     weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_environ(environ))
-    missing: tuple[str, ...] = ()
-    opcodes: tuple[str, ...]
-    if weights_only:
-        allowed = set(torch_allowlist()) | set(registered_globals())
-        if mode is LoadMode.SAFE_GLOBALS:
-            allowed |= {sg.name for sg in safe_globals}
-        missing = tuple(g for g in checkpoint.info.globals if g not in allowed)
-        opcodes = checkpoint.info.unsupported_opcodes
-    else:
-        opcodes = ()
-    loads = not missing and not opcodes
-    return Expectation(mode, weights_only, warns, loads, missing, reason, torch_load_replacement(), opcodes)
+    info = checkpoint.info
+    if not weights_only:
+        return Expectation(mode, weights_only, warns, True, (), reason, torch_load_replacement())
+    names, types = _allowed(safe_globals if mode is LoadMode.SAFE_GLOBALS else ())
+    missing, rejection = _replay(info.checks, names, types)
+    # Globals past the point where torch stops (an unsupported opcode...) are still reported.
+    missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in names}))
+    return Expectation(
+        mode,
+        weights_only,
+        warns,
+        rejection is None,
+        missing,
+        reason,
+        torch_load_replacement(),
+        info.unsupported_opcodes,
+        info.weights_only_blocker,
+        rejection,
+    )
+
+
+_BUILD_REFUSAL = "Can only build Tensor, Parameter, OrderedDict or types allowlisted via `add_safe_globals`, but got "
+
+
+def _replay(checks: Sequence[Check], names: frozenset[str], types: frozenset[str]) -> tuple[tuple[str, ...], Optional[str]]:
+    """(every global/type not allowed, torch's message for the first failing check or None)."""
+    missing: list[str] = []
+    rejection: Optional[str] = None
+    for c in checks:
+        if c.kind == "global":
+            if c.name in names:
+                continue
+            missing.append(c.name)
+            if rejection is None:
+                spelled = c.name[len("builtins."):] if c.name.startswith("builtins.") else c.name
+                rejection = special_global_messages().get(c.name) or (
+                    f"Unsupported global: GLOBAL {spelled} was not an allowed global by default"
+                )
+        elif c.kind == "type":
+            if c.name in types or c.name in names:
+                continue
+            if c.name not in missing:
+                missing.append(c.name)
+            if rejection is None:
+                rejection = _BUILD_REFUSAL + class_repr(c.name)
+        elif rejection is None:
+            rejection = c.message
+    return tuple(dict.fromkeys(missing)), rejection
+
+
+def _real_name(obj: Any) -> Optional[str]:
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else None
+
+
+_torch_type_cache: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def _torch_type_names() -> frozenset[str]:
+    """Real ``module.qualname`` of every value on torch's allowlist (cached per allowlist object)."""
+    from torch import _weights_only_unpickler as wou
+
+    table = wou._get_allowed_globals()
+    cached = _torch_type_cache.get(id(table))
+    if cached is None or cached[0] is not table:
+        cached = (table, frozenset(n for n in map(_real_name, table.values()) if n))
+        _torch_type_cache.clear()
+        _torch_type_cache[id(table)] = cached
+    return cached[1]
+
+
+def _allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
+    """(global names torch accepts, names of the types BUILD accepts) with *declared* added.
+
+    Types are matched by object in torch (``type(inst) in allowed.values()``); the model
+    matches them by the objects' real ``module.qualname`` and by any name they are allowed
+    under (a key's value is always among the values).
+    """
+    import torch
+
+    names = set(torch_allowlist()) | set(registered_globals())
+    types = set(_torch_type_names())
+    entries: list[Any] = list(torch.serialization.get_safe_globals())
+    for sg in declared:
+        if isinstance(sg, SafeGlobal):
+            names.add(sg.name)
+            entries.append(sg.obj)
+        elif isinstance(sg, str):
+            names.add(sg)
+        elif isinstance(sg, tuple) and len(sg) == 2 and isinstance(sg[1], str):
+            names.add(sg[1])
+            entries.append(sg[0])
+        else:
+            real = _real_name(sg)
+            if real:
+                names.add(real)
+            entries.append(sg)
+    for entry in entries:
+        real = _real_name(entry[0] if isinstance(entry, tuple) else entry)
+        if real:
+            types.add(real)
+    types |= names
+    return frozenset(names), frozenset(types)
 
 
 def load(
@@ -350,8 +454,11 @@ def _torch_spellings(name: str) -> tuple[str, ...]:
 def _names_a_cause(exp: Expectation, message: str) -> bool:
     """Whether torch's rejection names one of the predicted causes (a global or an opcode).
 
-    The unpickler stops at the first cause it meets, so any one of them will do.
+    The unpickler stops at the first cause it meets: the predicted rejection text, or any
+    missing global or refused opcode, will do.
     """
+    if exp.rejection and exp.rejection in message:
+        return True
     if any(s in message for name in exp.missing for s in _torch_spellings(name)):
         return True
     codes = {getattr(pickle, op)[0] for op in exp.unsupported_opcodes if hasattr(pickle, op)}
