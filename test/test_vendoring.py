@@ -226,7 +226,8 @@ class TestDirectRunners(VendoredTree):
         # the seed report's command
         proc, records = self.run_in("test/ao/sparsity", "-m", "unittest", "test_qlinear_packed_params", "-v")
         self.assertUnittestRan(proc, records, FLAGSHIP_TESTS)
-        self.assertIn("test_qlinear_packed_params_fbgemm_default_cpu (test_qlinear_packed_params.TestQlinearPackedParamsCPU", proc.stderr)
+        self.assertIn("test_qlinear_packed_params_fbgemm_default_cpu "
+                      "(test_qlinear_packed_params.TestQlinearPackedParamsCPU", proc.stderr)
 
     def test_script_from_test_folder(self):
         proc, records = self.run_in("test", "ao/sparsity/test_qlinear_packed_params.py", "-v")
