@@ -7,6 +7,7 @@ quantized engine and device, and asserts in each generated test exactly what
 torch should do in the current environment.
 """
 
+from .aggregation import import_round_trip_tests
 from .allowlist import dangerous_reason, qualified_name, required_globals, safe_globals_snippet
 from .snippet import refusal_notes
 from .trust import UnsafeCallable, judge_global
@@ -53,6 +54,7 @@ __all__ = [
     "available_device_types",
     "cross_engine",
     "dangerous_reason",
+    "import_round_trip_tests",
     "instantiate_round_trip_tests",
     "judge_global",
     "load",

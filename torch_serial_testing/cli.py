@@ -25,7 +25,12 @@ errors are instant):
     ``--safe-global`` names are plain strings matched against the required
     names; nothing is imported for them.
 
-Exit codes (both subcommands)
+``vendor PYTORCH_CHECKOUT [--with-flagship] [--check]``
+    Copies this package into a pytorch checkout's ``test/`` (see
+    ``torch_serial_testing/vendor.py``; never imports torch).  Exit codes: 0
+    done or current, 1 ``--check`` found it not current, 2 not a checkout, 3 usage.
+
+Exit codes (doctor and inspect)
 -----------------------------
 =====  ==================================================================================
 0      inspect: loads weights-only here (with the ``--safe-global`` names given).
@@ -170,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXIT_HELP,
         formatter_class=fmt,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect,vendor}", required=True)
     doc = sub.add_parser(
         "doctor",
         help="this interpreter's torch, torch.load default, environment switches, engines, devices",
@@ -206,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a 'module.Name' you would allowlist (repeatable); matched as a string, never imported",
     )
     ins.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
+    from .vendor import add_parser as add_vendor_parser
+
+    add_vendor_parser(sub, fmt)
     return parser
 
 
@@ -236,6 +244,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (3)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if args.command == "vendor":
+        from .vendor import run as run_vendor
+
+        return run_vendor(args)
     if args.command == "doctor":
         from .doctor import doctor_report, format_doctor
 

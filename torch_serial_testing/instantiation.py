@@ -8,10 +8,17 @@ named ``test_<name>_<qengine>_<load_mode>_<device>``:
 * cross-engine tests (``@cross_engine``): ``test_<name>_fbgemm_to_qnnpack_<mode>_<device>``
 * for a non-cpu device, a save-there-load-on-cpu twin: ``..._<device>_to_cpu``
 
-The expansion is done with ``parameterized.expand``.  Cases that cannot run
-here (engine unsupported, device absent, mode unsupported by this torch) are
-still generated and skip with the reason, so test ids are the same everywhere.
-The generic class is removed from the scope, so no runner collects it.
+Each generated method calls the author's function directly (one library frame
+in a traceback, then the author's) and carries it as ``__wrapped__``, so
+pytest (``-v``, JUnit XML) attributes the test to the author's file and line.
+The frame is deliberately not hidden with ``__unittest``: behind pytorch's
+``TestCase`` method wrapper, unittest would then cut an assertion failure's
+traceback at that frame, dropping the author's lines.
+Cases that cannot run here (engine unsupported, device absent, mode
+unsupported by this torch) are still generated and skip with the reason, so
+test ids are the same everywhere.  The generic class is removed from the
+scope, so no runner collects it; the names generated from it are recorded
+per module (:func:`generated_class_names`) for ``import_round_trip_tests``.
 """
 
 from __future__ import annotations
@@ -22,13 +29,16 @@ import itertools
 import unittest
 from typing import Any, Callable, MutableMapping, Optional, TypeVar
 
-from .case import CaseSpec, SerializationRoundTripTestCase
+from .case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
 from .devices import class_suffix, device_skip_reason, resolve_devices
 from .engines import override_qengine, qengine_skip_reason, validate_qengines
 from .errors import RoundTripConfigError
 from .load_modes import LoadMode, mode_skip_reason
 
 __all__ = ["instantiate_round_trip_tests", "cross_engine"]
+
+# module name -> generic class name -> names of the classes generated from it (possibly none).
+_GENERATED: dict[str, dict[str, tuple[str, ...]]] = {}
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,10 +80,14 @@ def _skip_reason(spec: CaseSpec) -> Optional[str]:
     return mode_skip_reason(spec.mode)
 
 
-def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _case_method(fn: Callable[..., Any], spec: CaseSpec, name: str, class_name: str) -> Callable[..., Any]:
+    """One generated test: *fn* run for *spec*, reported at *fn*'s file and line (``__wrapped__``)."""
     takes_device = len(inspect.signature(fn).parameters) >= 2
+    # The author's function, without the mixin's rejection wrapper: run_case does its job itself,
+    # so a traceback holds one library frame, not two.
+    author = fn.__wrapped__ if getattr(fn, "_tst_wrapped", False) else fn
 
-    def run_case(self: Any, spec: CaseSpec) -> Any:
+    def run_case(self: Any) -> Any:
         reason = _skip_reason(spec)
         if reason:
             raise unittest.SkipTest(reason)
@@ -81,12 +95,17 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
         device = class_suffix(spec.device_type).lower() if spec.device_type == "privateuse1" else spec.device_type
         engine_ctx = override_qengine(spec.save_qengine) if spec.save_qengine else contextlib.nullcontext()
         with engine_ctx:
-            return fn(self, device) if takes_device else fn(self)
+            try:
+                return author(self, device) if takes_device else author(self)
+            except ExpectedRejection:  # an expected rejection ends the test as a pass
+                return None
 
-    run_case.__name__ = fn.__name__
-    run_case.__qualname__ = getattr(fn, "__qualname__", fn.__name__)
+    run_case.__name__ = name
+    run_case.__qualname__ = f"{class_name}.{name}"
     run_case.__doc__ = fn.__doc__
     run_case.__module__ = fn.__module__
+    run_case.__wrapped__ = author  # type: ignore[attr-defined]
+    run_case._tst_wrapped = True  # type: ignore[attr-defined]  # the mixin must not wrap it again
     return run_case
 
 
@@ -103,8 +122,6 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
             f"{generic_cls!r} must subclass SerializationRoundTripTestCase and unittest.TestCase "
             "(class TestFoo(SerializationRoundTripTestCase, TestCase))"
         )
-    from parameterized import param, parameterized  # imported on use: it pulls in unittest.mock
-
     modes = tuple(generic_cls.load_modes) if generic_cls.load_modes is not None else tuple(LoadMode)
     engines = validate_qengines(generic_cls.qengines)
     devices = resolve_devices(generic_cls.devices)
@@ -134,16 +151,23 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
             )
         methods: dict[str, Any] = {}
         for name, fn in tests.items():
-            specs = _specs(fn, modes, engines, device)
-            parameterized.expand(
-                [param(spec) for spec in specs],
-                name_func=lambda f, num, p, dev=device: p.args[0].method_name(f.__name__, _device_part(dev)),
-                doc_func=lambda f, num, p: f.__doc__,
-                namespace=methods,
-            )(_runner(fn))
+            for spec in _specs(fn, modes, engines, device):
+                method_name = spec.method_name(name, _device_part(device))
+                if method_name in methods or method_name in base_dict:
+                    raise RoundTripConfigError(
+                        f"{generic_cls.__name__}.{name} generates {method_name}, which another test or "
+                        "attribute of the class already names; rename one of them"
+                    )
+                methods[method_name] = _case_method(fn, spec, method_name, class_name)
         cls = type(class_name, (base,), {**methods, "__module__": module_name, "__qualname__": class_name})
         scope[class_name] = cls
         generated.append(cls)
     if scope.get(generic_cls.__name__) is generic_cls:
         del scope[generic_cls.__name__]
+    _GENERATED.setdefault(module_name, {})[generic_cls.__name__] = tuple(c.__name__ for c in generated)
     return generated
+
+
+def generated_class_names(module_name: str) -> dict[str, tuple[str, ...]]:
+    """Generic class name -> generated class names, for each instantiation in *module_name* so far."""
+    return dict(_GENERATED.get(module_name, {}))
