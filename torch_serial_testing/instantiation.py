@@ -16,7 +16,6 @@ The generic class is removed from the scope, so no runner collects it.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import itertools
 import unittest
@@ -24,7 +23,7 @@ from typing import Any, Callable, MutableMapping, Optional, TypeVar
 
 from .case import CaseSpec, SerializationRoundTripTestCase
 from .devices import class_suffix, device_skip_reason, resolve_devices
-from .engines import override_qengine, qengine_skip_reason, validate_qengines
+from .engines import describe_engine_change, engine_state, override_qengine, qengine_skip_reason, validate_qengines
 from .errors import RoundTripConfigError
 from .load_modes import LoadMode, mode_skip_reason
 
@@ -79,9 +78,18 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise unittest.SkipTest(reason)
         self._tst_case = spec
         device = class_suffix(spec.device_type).lower() if spec.device_type == "privateuse1" else spec.device_type
-        engine_ctx = override_qengine(spec.save_qengine) if spec.save_qengine else contextlib.nullcontext()
-        with engine_ctx:
+        if not spec.save_qengine:
             return fn(self, device) if takes_device else fn(self)
+        with override_qengine(spec.save_qengine):
+            # One rule with tests that have no engine dimension: the body must leave the engine
+            # and allocator as it got them, else it is reported as leaked state (and restored).
+            given = engine_state()
+            try:
+                return fn(self, device) if takes_device else fn(self)
+            finally:
+                self._tst_note_leaks(
+                    [f"{line}, set for this {spec.save_qengine} test" for line in describe_engine_change(given, engine_state())]
+                )
 
     run_case.__name__ = fn.__name__
     run_case.__qualname__ = getattr(fn, "__qualname__", fn.__name__)

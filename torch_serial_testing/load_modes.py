@@ -22,13 +22,13 @@ import os
 import pickle
 import re
 import unittest
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 from .allowlist import SafeGlobal, as_safe_globals, preserved_registry, registered_globals, registry_lock, torch_allowlist
 from .checkpoint import Checkpoint
 from .errors import CheckpointFormatError, ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
+from .thread_warnings import observe_force_no_warning
 
 __all__ = [
     "LoadMode",
@@ -48,7 +48,6 @@ __all__ = [
 TRUE_VALUES = ("1", "y", "yes", "true")
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
-_FORCE_NO_WARNING = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
 
 
 class LoadMode(enum.Enum):
@@ -245,7 +244,9 @@ def predict(
     missing: tuple[str, ...] = ()
     opcodes: tuple[str, ...]
     if weights_only:
-        allowed = set(torch_allowlist()) | set(registered_globals())
+        # Under the registry lock: no library round trip is inside its safe_globals context now.
+        with registry_lock:
+            allowed = set(torch_allowlist()) | set(registered_globals())
         if mode is LoadMode.SAFE_GLOBALS:
             allowed |= {sg.name for sg in safe_globals}
         missing = tuple(g for g in checkpoint.info.globals if g not in allowed)
@@ -309,8 +310,9 @@ def load(
             kwargs["map_location"] = map_location
         value: Any = None
         error: Optional[BaseException] = None
-        with preserved_registry(), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        # Not warnings.catch_warnings: it rewrites the process's filters, so other threads'
+        # warnings would be recorded here and their -W error ignored (see thread_warnings).
+        with preserved_registry(), observe_force_no_warning() as observed:
             buf = checkpoint.rewound()
             try:
                 if mode is LoadMode.WEIGHTS_ONLY_FALSE:
@@ -325,18 +327,14 @@ def load(
                     value = torch.load(buf, weights_only=True, **kwargs)
             except pickle.UnpicklingError as e:
                 error = e
+            except Warning:
+                raise  # a warning the caller's filters turned into an error (-W error): theirs, as raised
             except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome below
                 raise UnexpectedLoadOutcome(
                     f"{mode.value}: expected to be {'loaded' if expectation.loads else 'rejected'} "
                     f"({expectation.reason}); torch.load raised {type(e).__name__}: {e}"
                 ) from e
-    warned = False
-    for w in caught:
-        if _FORCE_NO_WARNING.search(str(w.message)):
-            warned = True
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-    return _verify(expectation, value, error, warned)
+    return _verify(expectation, value, error, observed.seen)
 
 
 def _torch_spellings(name: str) -> tuple[str, ...]:
