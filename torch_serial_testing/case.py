@@ -25,7 +25,7 @@ from .checkpoint import Checkpoint
 from .comparison import assert_round_trip_equal
 from .engines import override_qengine, validate_qengines
 from .errors import AllowlistError, LeakedGlobalStateError, RoundTripConfigError, dimension
-from .isolation import GlobalState, deferred_interrupts
+from .isolation import GlobalState, deferred_interrupts, run_all
 from .load_modes import LoadMode
 
 __all__ = ["SerializationRoundTripTestCase", "ExpectedRejection", "CaseSpec", "REPORT_ENV"]
@@ -146,9 +146,10 @@ class SerializationRoundTripTestCase:
         try:
             return super().run(result)  # type: ignore[misc]
         finally:
-            state = self.__dict__.pop("_tst_state", None)
+            state = self.__dict__.get("_tst_state")
             if state is not None and not state.restored:
-                state.restore()  # interrupted: restore, report nothing (the interrupt propagates)
+                # Cleanups did not run (an interrupt): restore, report nothing, let it propagate.
+                run_all([state.restore])
 
     def _tst_note_leaks(self, leaks: Sequence[str]) -> None:
         """Leaks found before the final restore (engine state at the end of an engine test's body)."""

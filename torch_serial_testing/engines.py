@@ -187,7 +187,9 @@ def override_qengine(engine: str) -> Iterator[None]:
                     set_allocator(True)
             yield
         finally:
-            restore_engine_state(previous)
+            from .isolation import run_all
+
+            run_all([lambda: restore_engine_state(previous)])  # interrupted: runs once more
 
 
 def uninstall_allocator() -> None:

@@ -1,44 +1,40 @@
-"""Observe torch's ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` warning without touching other threads' warnings.
+"""Observe torch's ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` warning without touching anyone else's warnings.
 
 ``warnings.catch_warnings`` (before Python 3.14) swaps the process-wide filter
 list and ``showwarning``: while one thread records, every other thread's
 warnings are recorded too and its own ``-W error`` filters stop applying.
-Instead, for the duration of one ``torch.load`` call, this module puts a single
-entry at the front of ``warnings.filters`` whose message "regex" is an object
-(the warnings machinery calls its ``match(text)``).  It matches only
+Editing ``warnings.filters`` in place is no better: another thread walking the
+list while it shifts skips an entry (its ``error`` filter, say).
 
-* in the thread that opened the observation (thread-local),
-* torch's FORCE_NO message,
-* raised from ``torch.serialization``,
+So the process's warning filters are never touched.  For the duration of one
+``torch.load`` call, the name ``warnings`` *inside torch.serialization* is
+rebound to a proxy of the module it was (one atomic rebinding each way).  The
+proxy's ``warn`` consumes exactly one kind of warning -- torch's FORCE_NO
+message raised in the thread that opened the observation -- and counts it for
+the caller to assert.  Everything else, in this thread or any other, is passed
+to the real ``warnings.warn`` with the same location (``stacklevel`` + 1), so
+filters, ``-W error`` and ``record`` behave exactly as without the library.
 
-and its action is ``ignore``: that one warning is consumed (the caller asserts
-it), and every other warning -- in this thread or any other -- goes through the
-filters exactly as without the library (``-W error`` raises it, ``record``
-records it once, nothing is re-emitted).
-
-What still crosses threads, precisely: the entry is visible in
-``warnings.filters`` while the load runs (it matches nothing in other threads);
-adding and removing it resets the "already warned" registries as any
-``warnings.filterwarnings`` call does, so a ``once``/``default`` warning may be
-shown again; and ``catch_warnings`` entered or left by another thread during the
-load (not thread-safe by Python's own documentation) may drop the entry for the
-rest of that load or keep an inert copy in the list it restores.
+What still crosses threads, precisely: while a round trip loads, a warning
+that torch.serialization raises in *another* thread passes through the proxy
+(same message, category and location; under ``-W error`` its traceback shows
+one extra frame, the proxy's).  Nothing else is changed.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 import threading
+import types
 import warnings
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
-__all__ = ["observe_force_no_warning", "FORCE_NO_WARNING"]
+__all__ = ["observe_force_no_warning", "FORCE_NO_WARNING", "Observation"]
 
 FORCE_NO_WARNING = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
 _local = threading.local()
-_entry_lock = threading.Lock()
+_lock = threading.Lock()
 
 
 class Observation:
@@ -53,68 +49,59 @@ class Observation:
         return self.count > 0
 
 
-def _from_torch_serialization() -> bool:
-    frame: Any = sys._getframe(2)
-    for _ in range(6):  # C warn -> torch.load; the pure-Python warnings adds two frames
-        if frame is None:
-            return False
-        if frame.f_globals.get("__name__") == "torch.serialization":
-            return True
-        frame = frame.f_back
-    return False
+class _SerializationWarnings(types.ModuleType):
+    """Stands in for ``warnings`` inside torch.serialization while a round trip loads."""
+
+    def __init__(self, real: Any) -> None:
+        super().__init__("warnings")
+        self._tst_real = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tst_real, name)
+
+    def warn(self, message: Any, category: Any = None, stacklevel: int = 1, source: Any = None, **kwargs: Any) -> None:
+        stack = getattr(_local, "stack", None)
+        if stack and FORCE_NO_WARNING.search(str(message)):
+            stack[-1].count += 1  # this thread's load: observed and consumed (the caller asserts it)
+            return
+        # One frame more than torch's own call: the warning keeps torch's intended location.
+        self._tst_real.warn(message, category, stacklevel + 1, source, **kwargs)
 
 
-class _ThreadMatcher:
-    """A ``warnings.filters`` message matcher that matches only the observing thread's torch warning."""
-
-    def match(self, text: Any) -> bool:
-        try:
-            stack = getattr(_local, "stack", None)
-            if not stack or not isinstance(text, str) or not FORCE_NO_WARNING.search(text):
-                return False
-            if not _from_torch_serialization():
-                return False
-            stack[-1].count += 1
-            return True
-        except Exception:  # noqa: BLE001 - a filter must never raise into someone's warn()
-            return False
-
-    def __repr__(self) -> str:
-        return "<torch_serial_testing: this thread's TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD warning>"
-
-
-_MATCHER = _ThreadMatcher()
-_ENTRY = ("ignore", _MATCHER, UserWarning, None, 0)
+_proxy: Optional[_SerializationWarnings] = None
 _users = 0
 
 
-def _mutated() -> None:
-    mutated = getattr(warnings, "_filters_mutated", None)
-    if mutated is not None:
-        mutated()
-
-
 def _install() -> None:
-    global _users
-    with _entry_lock:
+    global _proxy, _users
+    import torch.serialization as ser
+
+    with _lock:
+        current = getattr(ser, "warnings", None)
+        if not isinstance(current, _SerializationWarnings):
+            _proxy = _SerializationWarnings(current if current is not None else warnings)
+            ser.warnings = _proxy  # type: ignore[attr-defined]
         _users += 1
-        filters = warnings.filters
-        if not filters or filters[0] is not _ENTRY:
-            # Drop an inert copy another thread's catch_warnings may have kept, then put it first.
-            filters[:] = [f for f in filters if f is not _ENTRY]
-            filters.insert(0, _ENTRY)
-            _mutated()
 
 
 def _uninstall() -> None:
     global _users
-    with _entry_lock:
+    import torch.serialization as ser
+
+    with _lock:
         _users -= 1
         if _users <= 0:
             _users = 0
-            if any(f is _ENTRY for f in warnings.filters):
-                warnings.filters[:] = [f for f in warnings.filters if f is not _ENTRY]
-                _mutated()
+            current = getattr(ser, "warnings", None)
+            if isinstance(current, _SerializationWarnings):
+                ser.warnings = current._tst_real  # type: ignore[attr-defined]
+
+
+def installed() -> bool:
+    """Whether torch.serialization's ``warnings`` is the proxy right now (tests check it is not, after)."""
+    import torch.serialization as ser
+
+    return isinstance(getattr(ser, "warnings", None), _SerializationWarnings)
 
 
 @contextmanager
