@@ -104,25 +104,50 @@ def installed() -> bool:
     return isinstance(getattr(ser, "warnings", None), _SerializationWarnings)
 
 
+def _open(observation: Observation) -> None:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(observation)
+    _install()
+    observation.installed = True
+
+
+def _close(observation: Observation) -> None:
+    """Idempotent: an interrupted close can simply run again."""
+    from .isolation import deferred_interrupts
+
+    with deferred_interrupts():
+        stack = getattr(_local, "stack", None) or []
+        if observation in stack:
+            stack.remove(observation)
+        if observation.installed:
+            _uninstall()
+            observation.installed = False
+
+
 @contextmanager
 def observe_force_no_warning() -> Iterator[Observation]:
     """Count torch's FORCE_NO warnings raised in this thread inside the block, consuming only them."""
     from .isolation import deferred_interrupts
 
     observation = Observation()
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
     try:
         with deferred_interrupts():
-            stack.append(observation)
-            _install()
-            observation.installed = True
+            _open(observation)
         yield observation
     finally:
-        with deferred_interrupts():
-            if observation in stack:
-                stack.remove(observation)
-            if observation.installed:
-                observation.installed = False
-                _uninstall()
+        # No call before the try: an interrupt landing in _close makes it run again.
+        pending: Optional[BaseException] = None
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                _close(observation)
+                break
+            except BaseException as e:  # noqa: BLE001 - re-raised once the proxy is gone
+                pending = pending or e
+                if attempts >= 3:
+                    break
+        if pending is not None:
+            raise pending
