@@ -150,6 +150,8 @@ class SerializationRoundTripTestCase:
             if state is not None and not state.restored:
                 # Cleanups did not run (an interrupt): restore, report nothing, let it propagate.
                 run_all([state.restore])
+            self.__dict__.pop("_tst_state", None)
+            self.__dict__.pop("_tst_noted_leaks", None)
 
     def _tst_note_leaks(self, leaks: Sequence[str]) -> None:
         """Leaks found before the final restore (engine state at the end of an engine test's body)."""
