@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from torch_serial_testing import engines, load_modes, thread_warnings  # noqa: E402
+from torch_serial_testing import allowlist, engines, load_modes, thread_warnings  # noqa: E402
 from torch_serial_testing.case import SerializationRoundTripTestCase  # noqa: E402
 
 from isolation_fixtures import Gate, READS_FORCE_NO, clean_env, process_state, run_tests  # noqa: E402
@@ -134,6 +134,8 @@ def campaign(name: str, scenario: Callable[[], None], consistent: Callable[[], O
 
 def main() -> None:
     before = process_state()
+    registry = allowlist.snapshot_registry()
+    env = dict(os.environ)
     report: dict[str, Any] = {}
 
     def exactly_restored() -> Optional[str]:
@@ -141,8 +143,10 @@ def main() -> None:
         if now != before:
             diff = {k: (now.get(k), before.get(k)) for k in set(now) | set(before) if now.get(k) != before.get(k)}
             # Put it back by hand so the next point starts from the same state.
-            torch.serialization.clear_safe_globals()
-            torch.serialization.add_safe_globals([])
+            allowlist.restore_registry(registry)
+            os.environ.clear()
+            os.environ.update(env)
+            engines.restore_engine_state((before["qengine"], before["allocator"]))
             return repr(diff)[:300]
         return None
 
