@@ -111,7 +111,7 @@ class TestDimensions(unittest.TestCase):
         seen = {}
 
         def test_engine(self, device):
-            seen[self.id().rsplit(".", 1)[1]] = (torch.backends.quantized.engine, engines._allocator_ours)
+            seen[self.id().rsplit(".", 1)[1]] = (torch.backends.quantized.engine, engines.allocator_installed())
 
         generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("default",),
                                body={"test_engine": test_engine})

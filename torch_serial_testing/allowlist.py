@@ -242,14 +242,25 @@ def restore_registry(snapshot: Sequence[Any]) -> None:
     """Make the registry equal *snapshot* again (re-adding what torch's context exit removed)."""
     import torch
 
+    from torch import _weights_only_unpickler as wou
+
     with registry_lock:
         current = torch.serialization.get_safe_globals()
         if set(current) == set(snapshot):
             return
-        torch.serialization.clear_safe_globals()
-        if snapshot:
-            # Restoring a snapshot, not trusting anything new.
-            torch.serialization.add_safe_globals(list(snapshot))
+        # Restoring a snapshot, not trusting anything new.  One rebinding of torch's registry
+        # (a set since torch 2.5, a list before), so an interrupt never leaves it empty or half
+        # restored; without that attribute: add what is missing, then remove what is extra.
+        for attr, kind in (("_marked_safe_globals_set", set), ("_marked_safe_globals_list", list)):
+            if isinstance(getattr(wou, attr, None), kind):
+                setattr(wou, attr, kind(snapshot))
+                return
+        missing = [g for g in snapshot if g not in current]
+        if missing:
+            wou._add_safe_globals(missing)
+        extra = [g for g in current if g not in snapshot]
+        if extra:
+            wou._remove_safe_globals(extra)
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from .checkpoint import Checkpoint
 from .comparison import assert_round_trip_equal
 from .engines import override_qengine, validate_qengines
 from .errors import AllowlistError, LeakedGlobalStateError, RoundTripConfigError, dimension
-from .isolation import GlobalState
+from .isolation import GlobalState, deferred_interrupts, run_all
 from .load_modes import LoadMode
 
 __all__ = ["SerializationRoundTripTestCase", "ExpectedRejection", "CaseSpec", "REPORT_ENV"]
@@ -131,11 +131,49 @@ class SerializationRoundTripTestCase:
         if parent is not None:
             parent()
         self.round_trip_outcomes: list[str] = []
-        state = GlobalState.capture()
+        with deferred_interrupts():  # the snapshot is kept where run()'s finally finds it
+            state = GlobalState.capture()
+            self._tst_state = state
         self.addCleanup(self._restore_global_state, state)  # type: ignore[attr-defined]
+        dangerous = state.dangerous_registrations()
+        if dangerous:
+            raise RoundTripConfigError(
+                "torch's process-wide safe-globals registry holds dangerous entries, registered before "
+                "this test (e.g. by a module imported at collection time), so every weights-only load in "
+                "this process would accept them: " + "; ".join(dangerous) + ". Remove that add_safe_globals call."
+            )
+
+    def run(self, result: Any = None) -> Any:
+        """unittest's run, plus a restore in ``finally``: cleanups never run after KeyboardInterrupt."""
+        try:
+            return super().run(result)  # type: ignore[misc]
+        finally:
+            state = self.__dict__.get("_tst_state")
+            if state is not None and not state.restored:
+                # Cleanups did not run (an interrupt): restore, report nothing, let it propagate.
+                run_all([state.restore])
+            self.__dict__.pop("_tst_state", None)
+            self.__dict__.pop("_tst_noted_leaks", None)
+
+    def _tst_note_leaks(self, leaks: Sequence[str]) -> None:
+        """Leaks found before the final restore (engine state at the end of an engine test's body)."""
+        self.__dict__.setdefault("_tst_noted_leaks", []).extend(leaks)
 
     def _restore_global_state(self, state: GlobalState) -> None:
-        leaks = state.restore()
+        if state.restored:
+            return
+        leaks = [*self.__dict__.pop("_tst_noted_leaks", []), *state.restore()]
+        imports = state.import_registrations
+        if imports.kept:
+            self._tst_say("kept safe globals registered at import time: "
+                          + ", ".join(sorted(allowlist.qualified_name(g) for g in imports.kept)))
+        if imports.refused:
+            # Never registered; always a failure (the imported module does not get what it asked for).
+            raise LeakedGlobalStateError(
+                f"{self.id()}: refused safe globals registered by modules imported during the test: "  # type: ignore[attr-defined]
+                + "; ".join(f"{why} (add_safe_globals in {mod})" for _, mod, why in imports.refused)
+                + (" -- also leaked: " + "; ".join(leaks) if leaks else "")
+            )
         if not leaks:
             return
         message = f"{self.id()} leaked global state (now restored): " + "; ".join(leaks)  # type: ignore[attr-defined]
@@ -144,6 +182,13 @@ class SerializationRoundTripTestCase:
         import warnings
 
         warnings.warn(message, RuntimeWarning, stacklevel=1)
+
+    def _tst_say(self, text: str) -> None:
+        """A line in unittest's verbose output (where the round-trip outcomes go)."""
+        test_result = getattr(getattr(self, "_outcome", None), "result", None)
+        if getattr(test_result, "showAll", False) and hasattr(test_result, "stream"):
+            test_result.stream.write(text + " ... ")
+            test_result.stream.flush()
 
     @contextlib.contextmanager
     def subTest(self, msg: Any = _MISSING, **params: Any) -> Iterator[None]:  # noqa: N802 - unittest API

@@ -7,18 +7,92 @@ back and returns a description of what had leaked, so the mixin can fail the
 leaking test while the next one starts clean.  Registrations made before the
 snapshot (a backend's import-time ``add_safe_globals``) are part of the
 snapshot and therefore survive every test.
+
+Interrupts: unittest re-raises ``KeyboardInterrupt`` without running cleanups,
+so the mixin also restores in a ``finally`` around the whole run.  Every
+restore step is idempotent (it reads the current state and writes the
+snapshot) and changes each piece of state in one step, so wherever an
+interrupt lands each piece is either as the test left it or as it was before,
+never in between (the registry is never empty, the two ``TORCH_FORCE_*``
+switches are never both set unless they were).  While a restore runs in the
+main thread, SIGINT is held back and delivered when it ends; an interrupt
+raised inside a step anyway (not by a signal) makes the step run again and the
+remaining steps run before it propagates.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from dataclasses import dataclass
-from typing import Any, Optional
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import allowlist, engines
+from .errors import RoundTripConfigError
 
-__all__ = ["GlobalState"]
+__all__ = ["GlobalState", "deferred_interrupts", "run_all", "judge_registry_entry"]
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold SIGINT's Python handler back for the block; deliver a signal that arrived after it.
+
+    Python runs signal handlers in the main thread only, so elsewhere this is a no-op.
+    Nested blocks hand the signal outwards; the outermost calls the real handler.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except (ValueError, OSError):  # pragma: no cover - no signal support here
+        previous = None
+    if not callable(previous):  # SIG_IGN / SIG_DFL / installed from C: nothing runs in Python
+        yield
+        return
+    received: list[tuple[int, Any]] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        received.append((signum, frame))
+
+    try:
+        signal.signal(signal.SIGINT, hold)
+    except (ValueError, OSError):  # pragma: no cover - e.g. a subinterpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            previous(*received[0])
+
+
+def run_all(steps: Sequence[Callable[[], None]]) -> None:
+    """Run every step even if one fails or is interrupted; then raise the first problem.
+
+    A step interrupted (``KeyboardInterrupt``, ``SystemExit``) runs once more:
+    steps are idempotent, so a second run finishes what the first began.
+    """
+    first_interrupt: Optional[BaseException] = None
+    first_error: Optional[BaseException] = None
+    for step in steps:
+        for attempt in range(2):
+            try:
+                step()
+                break
+            except Exception as e:  # noqa: BLE001 - raised after the other steps ran
+                first_error = first_error or e
+                break
+            except BaseException as e:  # noqa: BLE001 - an interrupt: finish the restore first
+                first_interrupt = first_interrupt or e
+    if first_interrupt is not None:
+        raise first_interrupt
+    if first_error is not None:
+        raise first_error
 
 
 def _watched_env() -> dict[str, Optional[str]]:
@@ -33,48 +107,106 @@ def _serialization_config() -> Optional[dict[str, Any]]:
     return config.get_config_copy()
 
 
-_recorders: list[list[Any]] = []
+def judge_registry_entry(entry: Any) -> Optional[str]:
+    """Why a registry entry (object or ``(object, name)``) must not be registered, or None.
+
+    The same danger check as a declared safe global (name and real identity).
+    # Integrator: switch to allowlist.judge_global(obj, name) once the trust rewrite lands.
+    """
+    try:
+        if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
+            sg = allowlist.SafeGlobal(entry[0], entry[1], explicit_name=True)
+        else:
+            sg = allowlist.SafeGlobal(entry, allowlist.qualified_name(entry))
+        allowlist.refuse_dangerous(sg)
+    except RoundTripConfigError as e:
+        return str(e)
+    return None
+
+
+def _entry_name(entry: Any) -> str:
+    try:
+        return allowlist.qualified_name(entry)
+    except RoundTripConfigError:
+        return repr(entry)
+
+
+@dataclass
+class ImportRegistrations:
+    """What modules imported during one test registered with ``add_safe_globals``."""
+
+    kept: list[Any] = field(default_factory=list)
+    #: (name, importing module, why refused) for every dangerous entry that was not registered.
+    refused: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+_recorders: list[ImportRegistrations] = []
 _original_add: Any = None
 
 
-def _during_import() -> bool:
-    frame = sys._getframe(2)
+def _importer() -> Optional[str]:
+    """The module whose import is running ``add_safe_globals`` (None: no import on the stack)."""
+    frame: Any = sys._getframe(2)
+    caller: Optional[str] = None
     while frame is not None:
+        name = frame.f_globals.get("__name__", "")
         if frame.f_code.co_filename.startswith("<frozen importlib._bootstrap"):
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
+            return caller or "?"
+        if caller is None and not name.startswith(("torch.serialization", "torch._weights_only_unpickler")):
+            caller = name
+        frame = frame.f_back
+    return None
 
 
 def _recording_add(safe_globals: Any) -> Any:
-    if _recorders and _during_import():
-        for recorder in _recorders:
-            recorder.extend(safe_globals)
-    return _original_add(safe_globals)
+    importer = _importer() if _recorders else None
+    if importer is None:
+        return _original_add(safe_globals)
+    # A registration made by a module being imported during a test: judged like a declaration.
+    accepted = []
+    for entry in list(safe_globals):
+        reason = judge_registry_entry(entry)
+        for recorder in list(_recorders):
+            if reason:
+                recorder.refused.append((_entry_name(entry), importer, reason))
+            else:
+                recorder.kept.append(entry)
+        if not reason:
+            accepted.append(entry)
+    return _original_add(accepted)
 
 
-def _start_recording() -> list[Any]:
+def _start_recording() -> ImportRegistrations:
     """Note globals registered by module imports (a backend's import-time add_safe_globals)."""
     global _original_add
     from torch import _weights_only_unpickler as wou
 
-    with allowlist.registry_lock:
+    with allowlist.registry_lock, deferred_interrupts():
+        recorder = ImportRegistrations()
         if not _recorders:
             _original_add = wou._add_safe_globals
+            _recorders.append(recorder)
             wou._add_safe_globals = _recording_add
-        recorder: list[Any] = []
-        _recorders.append(recorder)
+        else:
+            _recorders.append(recorder)
         return recorder
 
 
-def _stop_recording(recorder: list[Any]) -> None:
+def _stop_recording(recorder: ImportRegistrations) -> None:
     from torch import _weights_only_unpickler as wou
 
     with allowlist.registry_lock:
-        if any(r is recorder for r in _recorders):
-            _recorders[:] = [r for r in _recorders if r is not recorder]
-            if not _recorders and wou._add_safe_globals is _recording_add:
-                wou._add_safe_globals = _original_add
+        # One rebinding each: an interrupt leaves the hook either installed or not.
+        _recorders[:] = [r for r in _recorders if r is not recorder]
+        if not _recorders and wou._add_safe_globals is _recording_add:
+            wou._add_safe_globals = _original_add
+
+
+def recording_active() -> bool:
+    """Whether torch's ``_add_safe_globals`` is currently replaced by the import recorder."""
+    from torch import _weights_only_unpickler as wou
+
+    return wou._add_safe_globals is _recording_add
 
 
 @dataclass
@@ -86,62 +218,113 @@ class GlobalState:
     registry: list[Any]
     env: dict[str, Optional[str]]
     config: Optional[dict[str, Any]]
-    import_registrations: list[Any]
+    import_registrations: ImportRegistrations
+    restored: bool = False
 
     @classmethod
     def capture(cls) -> "GlobalState":
-        import torch
+        """Read the state; the import recorder is started last, so an interrupt never leaks it."""
+        with deferred_interrupts():
+            qengine, allocator = engines.engine_state()
+            state = cls(
+                qengine=qengine,
+                allocator=allocator,
+                registry=allowlist.snapshot_registry(),
+                env=_watched_env(),
+                config=_serialization_config(),
+                import_registrations=ImportRegistrations(),
+            )
+            state.import_registrations = _start_recording()
+            return state
 
-        try:
-            qengine: Optional[str] = torch.backends.quantized.engine
-        except (AttributeError, RuntimeError):
-            qengine = None
-        return cls(
-            qengine=qengine,
-            allocator=engines.allocator_installed(),
-            registry=allowlist.snapshot_registry(),
-            env=_watched_env(),
-            config=_serialization_config(),
-            import_registrations=_start_recording(),
-        )
+    def dangerous_registrations(self) -> list[str]:
+        """Registry entries in the snapshot that the danger check refuses (registered before the test)."""
+        out = []
+        for entry in self.registry:
+            reason = judge_registry_entry(entry)
+            if reason:
+                out.append(reason)
+        return out
 
     def restore(self) -> list[str]:
-        """Restore everything; return one line per thing that had leaked (empty: clean)."""
+        """Restore everything; return one line per thing that had leaked (empty: clean).
+
+        Safe to call twice (the second call finds nothing to do).  Runs with
+        SIGINT held back; see the module docstring for what an interrupt can do.
+        """
+        leaks: dict[str, str] = {}
+        with deferred_interrupts():
+            run_all([
+                lambda: self._restore_recording(),
+                lambda: self._restore_engine(leaks),
+                lambda: self._restore_allocator(leaks),
+                lambda: self._restore_registry(leaks),
+                lambda: self._restore_env(leaks),
+                lambda: self._restore_config(leaks),
+            ])
+            self.restored = True
+        return [leaks[k] for k in ("engine", "allocator", "registry", "env", "config") if k in leaks]
+
+    # Each step reads the current state, notes a difference and writes the snapshot back.
+
+    def _restore_recording(self) -> None:
+        _stop_recording(self.import_registrations)
+
+    def _restore_engine(self, leaks: dict[str, str]) -> None:
         import torch
 
-        leaks: list[str] = []
-        _stop_recording(self.import_registrations)
-        if self.qengine is not None and torch.backends.quantized.engine != self.qengine:
-            leaks.append(f"quantized engine {torch.backends.quantized.engine!r} (was {self.qengine!r})")
+        now = engines.current_qengine()
+        if self.qengine is not None and now != self.qengine:
+            leaks["engine"] = f"quantized engine {now!r} (was {self.qengine!r})"
             torch.backends.quantized.engine = self.qengine
-        if self.allocator is False and engines.allocator_installed():
-            leaks.append("the qnnpack mobile CPU allocator is still installed")
-            engines.uninstall_allocator()
-        current = allowlist.snapshot_registry()
-        if set(current) != set(self.registry):
-            # A module imported during the test may register globals at import time
-            # (torch.distributed.tensor, a device backend): that is not a leak, keep it.
-            imported = [g for g in current if g not in self.registry and g in self.import_registrations]
-            added = sorted(allowlist.qualified_name(g) for g in current if g not in self.registry and g not in imported)
-            removed = sorted(allowlist.qualified_name(g) for g in self.registry if g not in current)
-            if added or removed:
-                leaks.append(f"safe-globals registry changed (added {added}, removed {removed})")
-            allowlist.restore_registry([*self.registry, *imported])
-        env = _watched_env()
-        if env != self.env:
-            changed = sorted(k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k))
-            leaks.append("environment " + ", ".join(f"{k}={env.get(k)!r} (was {self.env.get(k)!r})" for k in changed))
-            for k in changed:
-                if self.env.get(k) is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = self.env[k]  # type: ignore[assignment]
-        if self.config is not None:
-            now = _serialization_config()
-            if now != self.config:
-                from torch.utils.serialization import config
 
-                diff = sorted(k for k in self.config if now is not None and now.get(k) != self.config[k])
-                leaks.append(f"torch.utils.serialization.config changed: {', '.join(diff)}")
-                config.load_config(self.config)
-        return leaks
+    def _restore_allocator(self, leaks: dict[str, str]) -> None:
+        if self.allocator is None:
+            return
+        now = engines.allocator_installed()
+        if now != self.allocator:
+            leaks["allocator"] = (
+                "the qnnpack mobile CPU allocator is still installed" if now
+                else "the qnnpack mobile CPU allocator was removed"
+            )
+            engines.set_allocator(self.allocator)
+
+    def _restore_registry(self, leaks: dict[str, str]) -> None:
+        current = allowlist.snapshot_registry()
+        if set(current) == set(self.registry):
+            return
+        # A module imported during the test may register globals at import time
+        # (torch.distributed.tensor, a device backend): that is not a leak, keep it.
+        kept = self.import_registrations.kept
+        imported = [g for g in current if g not in self.registry and g in kept]
+        added = sorted(_entry_name(g) for g in current if g not in self.registry and g not in imported)
+        removed = sorted(_entry_name(g) for g in self.registry if g not in current)
+        if added or removed:
+            leaks["registry"] = f"safe-globals registry changed (added {added}, removed {removed})"
+        allowlist.restore_registry([*self.registry, *imported])
+
+    def _restore_env(self, leaks: dict[str, str]) -> None:
+        env = _watched_env()
+        if env == self.env:
+            return
+        changed = sorted(k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k))
+        leaks["env"] = "environment " + ", ".join(f"{k}={env.get(k)!r} (was {self.env.get(k)!r})" for k in changed)
+        # Removals first: the two TORCH_FORCE_* switches are never both set on the way back.
+        for k in changed:
+            if self.env.get(k) is None:
+                os.environ.pop(k, None)
+        for k in changed:
+            value = self.env.get(k)
+            if value is not None:
+                os.environ[k] = value
+
+    def _restore_config(self, leaks: dict[str, str]) -> None:
+        if self.config is None:
+            return
+        now = _serialization_config()
+        if now != self.config:
+            from torch.utils.serialization import config
+
+            diff = sorted(k for k in self.config if now is not None and now.get(k) != self.config[k])
+            leaks["config"] = f"torch.utils.serialization.config changed: {', '.join(diff)}"
+            config.load_config(self.config)

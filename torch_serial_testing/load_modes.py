@@ -22,7 +22,6 @@ import os
 import pickle
 import re
 import unittest
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -31,6 +30,7 @@ from .checkpoint import Checkpoint
 from .pickle_scan import Check, class_repr, special_global_messages
 from .errors import CheckpointFormatError, ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from .names import show_name
+from .thread_warnings import observe_force_no_warning
 
 __all__ = [
     "LoadMode",
@@ -50,7 +50,6 @@ __all__ = [
 TRUE_VALUES = ("1", "y", "yes", "true")
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
-_FORCE_NO_WARNING = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
 
 
 class LoadMode(enum.Enum):
@@ -259,7 +258,9 @@ def predict(
     info = checkpoint.info
     if not weights_only:
         return Expectation(mode, weights_only, warns, True, (), reason, torch_load_replacement())
-    names, types = _allowed(safe_globals if mode is LoadMode.SAFE_GLOBALS else ())
+    # Under the registry lock: no library round trip is inside its safe_globals context now.
+    with registry_lock:
+        names, types = _allowed(safe_globals if mode is LoadMode.SAFE_GLOBALS else ())
     missing, rejection = _replay(info.checks, names, types)
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in names}))
@@ -414,8 +415,9 @@ def load(
             kwargs["map_location"] = map_location
         value: Any = None
         error: Optional[BaseException] = None
-        with preserved_registry(), warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        # Not warnings.catch_warnings: it rewrites the process's filters, so other threads'
+        # warnings would be recorded here and their -W error ignored (see thread_warnings).
+        with preserved_registry(), observe_force_no_warning() as observed:
             buf = checkpoint.rewound()
             try:
                 if mode is LoadMode.WEIGHTS_ONLY_FALSE:
@@ -430,18 +432,14 @@ def load(
                     value = torch.load(buf, weights_only=True, **kwargs)
             except pickle.UnpicklingError as e:
                 error = e
+            except Warning:
+                raise  # a warning the caller's filters turned into an error (-W error): theirs, as raised
             except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome below
                 raise UnexpectedLoadOutcome(
                     f"{mode.value}: expected to be {'loaded' if expectation.loads else 'rejected'} "
                     f"({expectation.reason}); torch.load raised {type(e).__name__}: {e}"
                 ) from e
-    warned = False
-    for w in caught:
-        if _FORCE_NO_WARNING.search(str(w.message)):
-            warned = True
-        else:
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-    return _verify(expectation, value, error, warned)
+    return _verify(expectation, value, error, observed.seen)
 
 
 def _torch_spellings(name: str) -> tuple[str, ...]:

@@ -1,0 +1,213 @@
+"""Real SIGINTs at every bytecode of the library's restore code (run by test_interrupts.py).
+
+For each scenario the campaign first counts the points where CPython 3.11 runs
+pending signal handlers (function entry, backward jumps, after a call returns)
+in the library code of the phase under test (opcode tracing), then re-runs the
+scenario once per point, raising a real SIGINT (``signal.raise_signal``) there.  After
+each run it checks that a KeyboardInterrupt came out (a held-back signal is
+delivered, never lost) and that the process is consistent:
+
+* ``cleanup``: a test that leaked everything, interrupted during its restore
+  (cleanup, then the ``finally`` around the run): everything restored exactly.
+* ``body``: the same test changing everything and then round-tripping, with a
+  signal at every point of the library code it runs (loading, scanning
+  excepted): everything restored exactly by the ``finally`` around the run.
+* ``engine``: ``override_qengine('qnnpack')`` interrupted anywhere: the engine
+  and allocator are as before, or still (qnnpack, installed) if the signal
+  landed before the restore began; either way the next switch works.
+* ``warnings``: a round trip observing torch's FORCE_NO warning, interrupted
+  anywhere in that code: the proxy is gone and the next round trip observes.
+
+Prints one JSON line: {scenario: {"points": n, "inconsistent": [...], "not_interrupted": [...]}}.
+"""
+
+from __future__ import annotations
+
+import dis
+import json
+import os
+import signal
+import sys
+from typing import Any, Callable, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+from torch_serial_testing import allowlist, engines, load_modes, thread_warnings  # noqa: E402
+from torch_serial_testing.case import SerializationRoundTripTestCase  # noqa: E402
+
+from isolation_fixtures import Gate, READS_FORCE_NO, clean_env, process_state, run_tests  # noqa: E402
+from test_interrupts import _interrupted_class  # noqa: E402
+
+LIB = os.path.dirname(os.path.abspath(engines.__file__))
+
+
+_CALLS = {"CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD", "PRECALL"}
+_delivery_cache: dict[Any, frozenset[int]] = {}
+
+
+def delivery_points(code: Any) -> frozenset[int]:
+    """Offsets where CPython runs a pending signal handler: function entry (RESUME), a backward
+    jump, and right after a call returns (attributed here to the instruction that follows it)."""
+    points = _delivery_cache.get(code)
+    if points is None:
+        out: set[int] = set()
+        after_call = False
+        for ins in dis.get_instructions(code):
+            if ins.opname == "CACHE":
+                continue
+            if after_call or ins.opname in ("RESUME", "JUMP_BACKWARD", "JUMP_ABSOLUTE") or (ins.offset == 0):
+                out.add(ins.offset)
+            after_call = ins.opname in _CALLS and ins.opname != "PRECALL"
+        points = _delivery_cache[code] = frozenset(out)
+    return points
+
+
+class Injector:
+    """A tracer that counts signal delivery points in library code while armed and raises a real
+    SIGINT at number *target*."""
+
+    def __init__(self, target: Optional[int], arm_on: Optional[Any] = None, files: Optional[tuple[str, ...]] = None) -> None:
+        self.target = target
+        self.count = 0
+        self.armed = arm_on is None
+        self.arm_on = arm_on
+        self.files = tuple(os.path.join(LIB, f) for f in files) if files else (LIB,)
+        self.where = ""
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Optional[Callable[..., Any]]:
+        if event == "call" and self.arm_on is not None and frame.f_code is self.arm_on:
+            self.armed = True
+        if not frame.f_code.co_filename.startswith(self.files):
+            return None
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        return self.local
+
+    def local(self, frame: Any, event: str, arg: Any) -> Optional[Callable[..., Any]]:
+        if event == "opcode" and self.armed and frame.f_lasti in delivery_points(frame.f_code):
+            if self.count == self.target:
+                self.where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}@{frame.f_lasti}"
+                self.count += 1
+                signal.raise_signal(signal.SIGINT)
+            else:
+                self.count += 1
+        return self.local
+
+
+def _traced(injector: Injector, fn: Callable[[], None]) -> bool:
+    """Run *fn* under *injector*; True when a KeyboardInterrupt came out."""
+    sys.settrace(injector)
+    try:
+        fn()
+    except KeyboardInterrupt:
+        return True
+    finally:
+        sys.settrace(None)
+    return False
+
+
+def campaign(name: str, scenario: Callable[[], None], consistent: Callable[[], Optional[str]], arm_on: Any = None,
+             files: Optional[tuple[str, ...]] = None, stride: int = 1) -> dict[str, Any]:
+    counter = Injector(None, arm_on, files)
+    _traced(counter, scenario)
+    problem = consistent()
+    if problem:
+        raise SystemExit(f"{name}: inconsistent without any interrupt: {problem}")
+    points = counter.count
+    inconsistent: list[str] = []
+    not_interrupted: list[str] = []
+    for k in range(0, points, stride):
+        injector = Injector(k, arm_on, files)
+        interrupted = _traced(injector, scenario)
+        if injector.count <= k:
+            continue  # this run took a shorter path; the point was not reached
+        if not interrupted:
+            not_interrupted.append(injector.where)
+        problem = consistent()
+        if problem:
+            inconsistent.append(f"{injector.where}: {problem}")
+    return {"points": points, "inconsistent": inconsistent, "not_interrupted": not_interrupted}
+
+
+def main() -> None:
+    before = process_state()
+    registry = allowlist.snapshot_registry()
+    env = dict(os.environ)
+    report: dict[str, Any] = {}
+
+    def exactly_restored() -> Optional[str]:
+        now = process_state()
+        if now != before:
+            diff = {k: (now.get(k), before.get(k)) for k in set(now) | set(before) if now.get(k) != before.get(k)}
+            # Put it back by hand so the next point starts from the same state.
+            allowlist.restore_registry(registry)
+            os.environ.clear()
+            os.environ.update(env)
+            engines.restore_engine_state((before["qengine"], before["allocator"]))
+            return repr(diff)[:300]
+        return None
+
+    leaky = _interrupted_class()
+    with clean_env():
+        report["cleanup"] = campaign(
+            "cleanup",
+            lambda: run_tests(leaky("test_leak_everything")),
+            exactly_restored,
+            arm_on=SerializationRoundTripTestCase._restore_global_state.__code__,
+        )
+
+    with clean_env():
+        # Anywhere in the library while a test body round-trips (the scanner's generators in
+        # checkpoint.py are left out: a signal during a generator's close at garbage collection
+        # is reported by Python as "Exception ignored", whatever the library does).
+        report["body"] = campaign(
+            "body",
+            lambda: run_tests(leaky("test_change_then_round_trip")),
+            exactly_restored,
+            files=("case.py", "load_modes.py", "isolation.py", "engines.py", "allowlist.py", "thread_warnings.py"),
+        )
+
+    if "qnnpack" in engines.supported_qengines():
+        def switch() -> None:
+            with engines.override_qengine("qnnpack"):
+                pass
+
+        def engine_consistent() -> Optional[str]:
+            state = (torch.backends.quantized.engine, engines.allocator_installed())
+            problem = None
+            if state not in ((before["qengine"], before["allocator"]), ("qnnpack", True)):
+                problem = f"engine/allocator {state}"
+            engines.restore_engine_state((before["qengine"], before["allocator"]))
+            try:
+                switch()
+            except Exception as e:  # noqa: BLE001 - the next switch must work
+                problem = f"next override_qengine raised {type(e).__name__}: {e}"
+            return problem
+
+        report["engine"] = campaign("engine", switch, engine_consistent)
+
+    if READS_FORCE_NO:
+        def observe() -> None:
+            load_modes.round_trip(Gate().state_dict(), "default")
+
+        def warnings_consistent() -> Optional[str]:
+            if thread_warnings.installed():
+                return "torch.serialization.warnings is still the proxy"
+            if getattr(thread_warnings._local, "stack", None):
+                return "an observation is still open"
+            if not load_modes.round_trip(Gate().state_dict(), "default").expectation.warns:
+                return "the next round trip did not observe torch's warning"
+            return None
+
+        with clean_env(TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1"):
+            report["warnings"] = campaign("warnings", observe, warnings_consistent,
+                                          files=("thread_warnings.py", "isolation.py"))
+
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Shared pieces for the thread, interrupt and foreign-switch tests.
+
+``Gate`` is a module whose ``__setstate__`` (which torch calls while loading, in
+every mode) runs a hook: tests use it to act *inside* a load, deterministically.
+``process_state()`` reads everything the library promises to restore, from torch.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import unittest
+import warnings
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+from unittest import mock
+
+import torch
+
+from torch_serial_testing import engines, isolation, load_modes
+from torch_serial_testing.allowlist import normalize_safe_globals, qualified_name
+from torch_serial_testing import thread_warnings
+
+_hook: Optional[Callable[[], None]] = None
+
+
+class Gate(torch.nn.Module):
+    """Runs the installed hook while torch loads it (from ``__setstate__``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.arange(4.0))
+
+    def __setstate__(self, state: Any) -> None:
+        super().__setstate__(state)
+        if _hook is not None:
+            _hook()
+
+
+class LeakedGlobal:
+    """What a leaking test registers."""
+
+
+# set: needed where torch's allowlist lacks it (torch < 2.6)
+GATE_SAFE_GLOBALS = normalize_safe_globals([Gate, set])
+TORCH_DEFAULT_WO = load_modes.torch_default_weights_only()[0]
+READS_FORCE_NO = load_modes.torch_reads_force_no_weights_only()
+
+
+@contextmanager
+def hook(fn: Callable[[], None]) -> Iterator[None]:
+    global _hook
+    _hook = fn
+    try:
+        yield
+    finally:
+        _hook = None
+
+
+@contextmanager
+def clean_env(**env: str) -> Iterator[None]:
+    """Exactly *env* as the TORCH_FORCE_* switches inside the block."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    clean.update(env)
+    with mock.patch.dict(os.environ, clean, clear=True):
+        yield
+
+
+def process_state() -> dict[str, Any]:
+    """Everything the library restores, read from torch and the interpreter."""
+    state: dict[str, Any] = {
+        "qengine": torch.backends.quantized.engine,
+        "allocator": engines.allocator_installed(),
+        "registry": sorted(qualified_name(g) for g in torch.serialization.get_safe_globals()),
+        "env": {k: v for k, v in os.environ.items() if k.startswith("TORCH_FORCE_")},
+        "recorder_installed": isolation.recording_active(),
+        "filters": list(warnings.filters),
+        "warnings_proxy_installed": thread_warnings.installed(),
+    }
+    try:
+        from torch.utils.serialization import config
+
+        state["config"] = config.get_config_copy()
+    except ImportError:
+        pass
+    return state
+
+
+def other_engine(current: Optional[str] = None) -> str:
+    current = current or torch.backends.quantized.engine
+    supported = [e for e in engines.supported_qengines() if e != current]
+    if not supported:
+        raise unittest.SkipTest("needs two quantized engines")
+    return supported[0]
+
+
+def run_tests(*tests: unittest.TestCase) -> unittest.TestResult:
+    """Run *tests* in this order through an inner TextTestRunner (output discarded)."""
+    runner = unittest.TextTestRunner(stream=io.StringIO(), verbosity=2, warnings=None)
+    return runner.run(unittest.TestSuite(tests))
