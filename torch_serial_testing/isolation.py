@@ -110,18 +110,26 @@ def _serialization_config() -> Optional[dict[str, Any]]:
 def judge_registry_entry(entry: Any) -> Optional[str]:
     """Why a registry entry (object or ``(object, name)``) must not be registered, or None.
 
-    The same danger check as a declared safe global (name and real identity).
-    # Integrator: switch to allowlist.judge_global(obj, name) once the trust rewrite lands.
+    The trust policy's check (name and real identity, the denylist) with functions
+    accepted: torch and backends register rebuild functions themselves
+    (``torch.nested``'s ``_rebuild_njt``, torch_npu's ``_rebuild_npu_tensor``).
     """
-    try:
-        if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
-            sg = allowlist.SafeGlobal(entry[0], entry[1], explicit_name=True)
-        else:
-            sg = allowlist.SafeGlobal(entry, allowlist.qualified_name(entry))
-        allowlist.refuse_dangerous(sg)
-    except RoundTripConfigError as e:
-        return str(e)
-    return None
+    from .trust import judge_global
+
+    obj, name = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, None)
+    if _torch_own_class(obj, name):
+        return None
+    return judge_global(entry, opt_in=True)
+
+
+def _torch_own_class(obj: Any, name: Optional[str]) -> bool:
+    """A class torch defines, registered under its own name: torch's registration (``torch._dynamo``'s
+    ``_DimRange``), not to be second-guessed by the denylist's module families."""
+    module = getattr(obj, "__module__", None) if isinstance(obj, type) else None
+    if not isinstance(module, str) or not (module == "torch" or module.startswith("torch.")):
+        return False
+    real = f"{module}.{obj.__qualname__}"
+    return (name is None or name == real) and vars(sys.modules.get(module, object)).get(obj.__qualname__) is obj
 
 
 def _entry_name(entry: Any) -> str:
