@@ -171,7 +171,7 @@ class SerializationRoundTripTestCase:
             # Never registered; always a failure (the imported module does not get what it asked for).
             raise LeakedGlobalStateError(
                 f"{self.id()}: refused safe globals registered by modules imported during the test: "  # type: ignore[attr-defined]
-                + "; ".join(f"{why} (add_safe_globals in {mod})" for _, mod, why in imports.refused)
+                + "; ".join(f"{show_name(name)}: {why} (add_safe_globals in {mod})" for name, mod, why in imports.refused)
                 + (" -- also leaked: " + "; ".join(leaks) if leaks else "")
             )
         if not leaks:

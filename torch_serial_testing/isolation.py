@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 from . import allowlist, engines
 from .errors import RoundTripConfigError
+from .names import show_name
 
 __all__ = ["GlobalState", "deferred_interrupts", "run_all", "judge_registry_entry"]
 
@@ -251,7 +252,7 @@ class GlobalState:
         for entry in self.registry:
             reason = judge_registry_entry(entry)
             if reason:
-                out.append(reason)
+                out.append(f"{show_name(_entry_name(entry))}: {reason}")
         return out
 
     def restore(self) -> list[str]:
