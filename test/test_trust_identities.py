@@ -120,6 +120,32 @@ class TestSmuggledIdentities(unittest.TestCase):
             normalize_safe_globals([SMUGGLED["module"]])
         self.assertIn("the module os", str(cm.exception))
 
+    def test_tuple_names_are_imported_like_string_declarations(self) -> None:
+        # An author's (class, name) whose module is not imported yet is verified after importing
+        # it, as a 'module.Name' string declaration would be; the identity must still match.
+        import importlib
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "tst_alias_home.py"), "w") as fh:
+                fh.write("class Moved:\n    pass\n")
+            with open(os.path.join(tmp, "tst_alias_old.py"), "w") as fh:
+                fh.write("from tst_alias_home import Moved\n")
+            sys.path.insert(0, tmp)
+            try:
+                moved = importlib.import_module("tst_alias_home").Moved
+                self.assertNotIn("tst_alias_old", sys.modules)
+                (sg,) = normalize_safe_globals([(moved, "tst_alias_old.Moved")])
+                self.assertEqual((sg.obj, sg.name, sg.explicit_name), (moved, "tst_alias_old.Moved", True))
+                with self.assertRaisesRegex(RoundTripConfigError, "not to the declared object"):
+                    normalize_safe_globals([(torch.nn.Linear, "tst_alias_old.Moved")])
+            finally:
+                sys.path.remove(tmp)
+                sys.modules.pop("tst_alias_home", None)
+                sys.modules.pop("tst_alias_old", None)
+        with self.assertRaisesRegex(RoundTripConfigError, "cannot verify"):
+            normalize_safe_globals([(torch.nn.Linear, "tst_no_such_module_anywhere.Linear")])
+
     def test_plain_objects_without_names_are_refused(self) -> None:
         for obj in (functools.partial(print), operator.methodcaller("x"), os, print.__call__, Callable()):
             with self.subTest(obj=obj):

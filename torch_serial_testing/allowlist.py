@@ -20,6 +20,7 @@ from .checkpoint import Checkpoint, scan_checkpoint
 from .errors import RoundTripConfigError
 from .names import name_problem, quote_name, show_name
 from .snippet import safe_globals_snippet
+from .denylist import denylist_reason
 from .trust import UnsafeCallable, describe, judge_global, judge_name
 
 __all__ = [
@@ -133,6 +134,7 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
                 raise RoundTripConfigError(
                     f"safe global tuple {show_name(repr(item)[:80])} must be (object, 'module.Name')"
                 )
+            _import_declared(item[1])
             sg = SafeGlobal(item[0], item[1], explicit_name=True)
         else:
             sg = SafeGlobal(item, _name_or_refuse(item))
@@ -150,6 +152,16 @@ def _own_name(obj: Any) -> Optional[str]:
         return qualified_name(obj)
     except RoundTripConfigError:
         return None
+
+
+def _import_declared(name: str) -> None:
+    """Import the module of an author's ``(obj, name)`` declaration, as a string declaration
+    would, so the identity check can find it; a checkpoint's names are never imported."""
+    if name_problem(name) is None and denylist_reason(name) is None:
+        try:
+            resolve_global(name)
+        except RoundTripConfigError:
+            pass  # the identity check then refuses it, saying why
 
 
 def _name_or_refuse(obj: Any) -> str:

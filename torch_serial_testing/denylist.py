@@ -10,6 +10,7 @@ from one of them is refused.  Every spelling a full unpickle may resolve a name 
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 from .names import pickle_forms
@@ -79,6 +80,7 @@ _DANGEROUS_BUILTINS = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function of the string: judged once per name
 def denylist_reason(name: str) -> Optional[str]:
     """Why the denylist refuses *name* (a valid dotted name) under any pickle spelling, or None."""
     for form in pickle_forms(name):

@@ -261,6 +261,21 @@ def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) 
     problem = name_problem(name)
     if problem:
         return f"the name {show_name(name)} is not a dotted Python name ({problem})"
+    key = (id(obj), name, opt_in)
+    if _ACCEPTED.get(key, _ACCEPTED) is obj:
+        return None  # judged and accepted before (the entry keeps obj alive, so its id is not reused)
+    reason = _judge_global(obj, name, opt_in)
+    if reason is None and len(_ACCEPTED) < 4096:
+        _ACCEPTED[key] = obj
+    return reason
+
+
+#: (id(obj), name, opt_in) -> obj for declarations already accepted: load() re-checks the
+#: declared globals on every call, and the verdict on an (object, name) pair does not change.
+_ACCEPTED: dict[tuple[int, str, bool], Any] = {}
+
+
+def _judge_global(obj: Any, name: str, opt_in: bool) -> Optional[str]:
     from .allowlist import torch_allowlist_objects
 
     allowed = torch_allowlist_objects()
