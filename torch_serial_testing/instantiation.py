@@ -7,6 +7,11 @@ named ``test_<name>_<qengine>_<load_mode>_<device>``:
 
 * cross-engine tests (``@cross_engine``): ``test_<name>_fbgemm_to_qnnpack_<mode>_<device>``
 * for a non-cpu device, a save-there-load-on-cpu twin: ``..._<device>_to_cpu``
+* a method narrows or drops dimensions with ``@round_trip_dims(...)`` or
+  ``@no_round_trip_dims`` (no load mode, no engine: ``test_<name>_<device>``)
+
+Test methods inherited from a shared base class or a plain mixin are generated
+too (pytorch's own instantiation ignores them).
 
 The expansion is done with ``parameterized.expand``.  Cases that cannot run
 here (engine unsupported, device absent, mode unsupported by this torch) are
@@ -22,13 +27,15 @@ import itertools
 import unittest
 from typing import Any, Callable, MutableMapping, Optional, TypeVar
 
-from .case import CaseSpec, SerializationRoundTripTestCase
-from .devices import class_suffix, device_skip_reason, resolve_devices
+from .case import CaseSpec, SerializationRoundTripTestCase, _ends_on_rejection
+from .devices import _aliases, _is_device_type, class_suffix, device_skip_reason, resolve_devices
 from .engines import override_qengine, qengine_skip_reason, validate_qengines
-from .errors import RoundTripConfigError
+from .errors import RoundTripConfigError, dimension
 from .load_modes import LoadMode, mode_skip_reason
 
-__all__ = ["instantiate_round_trip_tests", "cross_engine"]
+__all__ = ["instantiate_round_trip_tests", "cross_engine", "round_trip_dims", "no_round_trip_dims"]
+
+_KEEP: Any = object()
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,11 +46,56 @@ def cross_engine(fn: F) -> F:
     return fn
 
 
+def round_trip_dims(
+    *, load_modes: Any = _KEEP, qengines: Any = _KEEP, devices: Any = _KEEP
+) -> Callable[[F], F]:
+    """Narrow or drop this method's dimensions; an omitted one keeps the class's.
+
+    ``load_modes=()`` drops the load-mode dimension (a test that never loads: no
+    ``_<mode>`` in its names); ``qengines=None`` drops the engine dimension; a tuple
+    narrows (or, for a class without one, adds) a dimension.  ``devices=("cpu",)``
+    keeps the method only in those device classes; in the others its tests are
+    generated and skip saying so (as pytorch's ``@onlyCPU`` does).
+    """
+    dims: dict[str, Any] = {}
+    if load_modes is not _KEEP:
+        if isinstance(load_modes, (str, bytes)) or not hasattr(load_modes, "__iter__"):
+            raise RoundTripConfigError(f"round_trip_dims(load_modes=...) must be a tuple, got {load_modes!r}; "
+                                       "write load_modes=('default',) or load_modes=() for none")
+        modes = tuple(LoadMode.parse(m) for m in load_modes)
+        dims["load_modes"] = dimension("load_modes", modes, "('default',)") if modes else ()
+    if qengines is not _KEEP:
+        dims["qengines"] = validate_qengines(qengines)
+    if devices is not _KEEP:
+        names = dimension("devices", devices, "('cpu',)")
+        for d in names:
+            if not _is_device_type(d):
+                raise RoundTripConfigError(f"round_trip_dims: unknown device type {d!r}; use cpu, cuda, xpu, "
+                                           "mps, privateuse1 or a registered backend name")
+        dims["devices"] = names
+
+    def decorate(fn: F) -> F:
+        if not callable(fn):
+            raise RoundTripConfigError("round_trip_dims(...) decorates a test method: put it above 'def test_...'")
+        fn._tst_dims = {**getattr(fn, "_tst_dims", {}), **dims}  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def no_round_trip_dims(fn: F) -> F:
+    """The test never loads: no load-mode and no engine dimension, one test per device class."""
+    return round_trip_dims(load_modes=(), qengines=None)(fn)
+
+
 def _device_part(device_type: str) -> str:
     return class_suffix(device_type).lower()
 
 
 def _specs(fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optional[tuple[str, ...]], device: str) -> list[CaseSpec]:
+    dims = getattr(fn, "_tst_dims", {})
+    modes = dims.get("load_modes", modes)
+    engines = dims.get("qengines", engines)
     if engines is None:
         pairs: list[tuple[Optional[str], Optional[str]]] = [(None, None)]
     elif getattr(fn, "_tst_cross_engine", False):
@@ -54,9 +106,17 @@ def _specs(fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optiona
     return [
         CaseSpec(mode, device, save, load, to_cpu)
         for save, load in pairs
-        for mode in modes
+        for mode in (modes or (None,))
         for to_cpu in targets
     ]
+
+
+def _only_on(fn: Callable[..., Any], device: str) -> Optional[str]:
+    """Why *fn* does not run in *device*'s class (``round_trip_dims(devices=...)``), or None."""
+    only = getattr(fn, "_tst_dims", {}).get("devices")
+    if only is None or _aliases(device) & set(only):
+        return None
+    return f"{fn.__name__} runs only on {', '.join(only)} (round_trip_dims(devices=...))"
 
 
 def _skip_reason(spec: CaseSpec) -> Optional[str]:
@@ -67,14 +127,15 @@ def _skip_reason(spec: CaseSpec) -> Optional[str]:
     reason = device_skip_reason(spec.device_type)
     if reason:
         return reason
-    return mode_skip_reason(spec.mode)
+    return mode_skip_reason(spec.mode) if spec.mode is not None else None
 
 
 def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
     takes_device = len(inspect.signature(fn).parameters) >= 2
+    fn = _ends_on_rejection(fn)  # methods inherited from a plain mixin were never wrapped
 
     def run_case(self: Any, spec: CaseSpec) -> Any:
-        reason = _skip_reason(spec)
+        reason = _only_on(fn, spec.device_type) or _skip_reason(spec)
         if reason:
             raise unittest.SkipTest(reason)
         self._tst_case = spec
@@ -108,20 +169,24 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
     modes = tuple(generic_cls.load_modes) if generic_cls.load_modes is not None else tuple(LoadMode)
     engines = validate_qengines(generic_cls.qengines)
     devices = resolve_devices(generic_cls.devices)
-    tests = {n: f for n, f in generic_cls.__dict__.items() if n.startswith("test") and callable(f)}
+    tests, bases = _test_methods(generic_cls)
     if not tests:
         raise RoundTripConfigError(
             f"{generic_cls.__name__} has no test methods; define at least one 'def test_...(self, device)'"
         )
     for name, fn in tests.items():
-        if getattr(fn, "_tst_cross_engine", False) and (engines is None or len(engines) < 2):
+        fn_engines = getattr(fn, "_tst_dims", {}).get("qengines", engines)
+        if getattr(fn, "_tst_cross_engine", False) and (fn_engines is None or len(fn_engines) < 2):
             raise RoundTripConfigError(
-                f"{generic_cls.__name__}.{name} is @cross_engine but the class declares "
-                f"{len(engines or ())} qengine(s); declare at least two"
+                f"{generic_cls.__name__}.{name} is @cross_engine but "
+                f"{'its round_trip_dims give' if 'qengines' in getattr(fn, '_tst_dims', {}) else 'the class declares'} "
+                f"{len(fn_engines or ())} qengine(s); declare at least two"
             )
     module_name = scope.get("__name__", generic_cls.__module__)
-    # The base the generated classes share: the generic class minus its test methods.
+    # The base the generated classes share: the generic class minus its test methods.  Inherited
+    # test methods are masked (None is not collected by any runner): only generated ones remain.
     base_dict = {k: v for k, v in generic_cls.__dict__.items() if k not in tests and k not in ("__dict__", "__weakref__")}
+    base_dict.update({name: None for name in tests if name not in generic_cls.__dict__})
     base = type(generic_cls.__name__, generic_cls.__bases__, base_dict)
 
     generated = []
@@ -146,4 +211,31 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
         generated.append(cls)
     if scope.get(generic_cls.__name__) is generic_cls:
         del scope[generic_cls.__name__]
+    for klass in bases:  # a shared generic base in this module is generic too: never collected
+        if scope.get(klass.__name__) is klass:
+            del scope[klass.__name__]
     return generated
+
+
+def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], list[type]]:
+    """The class's test methods, own and inherited (the nearest definition wins), and the
+    ``TestCase`` bases that define some of them."""
+    tests: dict[str, Callable[..., Any]] = {}
+    seen: set[str] = set()
+    bases: list[type] = []
+    for klass in generic_cls.__mro__:
+        if klass in (SerializationRoundTripTestCase, unittest.TestCase, object) or klass.__module__.startswith(
+            ("unittest", "torch.testing._internal", "expecttest")
+        ):
+            continue
+        own = False
+        for name, value in vars(klass).items():
+            if not name.startswith("test") or name in seen:
+                continue
+            seen.add(name)  # a subclass's "test_x = None" hides the base's test_x
+            if callable(value):
+                tests[name] = value
+                own = True
+        if own and klass is not generic_cls and issubclass(klass, unittest.TestCase):
+            bases.append(klass)
+    return tests, bases
