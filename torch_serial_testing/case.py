@@ -67,6 +67,8 @@ class ExpectedRejection(BaseException):
     def __init__(self, summary: str) -> None:
         super().__init__(summary)
         self.summary = summary
+        #: A subTest that a generator held open and that was closed while this propagated.
+        self.abandoned_subtest: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -136,9 +138,9 @@ def _ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(self, *args, **kwargs)
         except ExpectedRejection as rejection:
-            open_subtests = getattr(self, "_tst_open_subtests", None)
-            if open_subtests:
-                raise _rejection_outside_subtest(open_subtests[-1], rejection) from None
+            self._tst_in_flight = None
+            if rejection.abandoned_subtest is not None:
+                raise _rejection_outside_subtest(rejection.abandoned_subtest, rejection) from None
             return None
 
     wrapper._tst_wrapped = True  # type: ignore[attr-defined]
@@ -182,6 +184,7 @@ class SerializationRoundTripTestCase:
     _tst_safe_globals: ClassVar[tuple[SafeGlobal, ...]] = ()
     _tst_state_dict_safe_globals: ClassVar[tuple[SafeGlobal, ...]] = ()
     _tst_case: ClassVar[Optional[CaseSpec]] = None
+    _tst_in_flight: Optional[ExpectedRejection] = None  # raised by a load, not yet caught by the library
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -212,7 +215,6 @@ class SerializationRoundTripTestCase:
         if parent is not None:
             parent()
         self.round_trip_outcomes: list[str] = []
-        self._tst_open_subtests: list[str] = []
         state = GlobalState.capture()
         self.addCleanup(self._restore_global_state, state)  # type: ignore[attr-defined]
         if self.ignore_warnings:
@@ -241,21 +243,20 @@ class SerializationRoundTripTestCase:
         passes through instead of being recorded as the subtest's error.
         """
         args = () if msg is _MISSING else (msg,)
-        label = ", ".join([repr(msg)] * bool(args) + [f"{k}={v!r}" for k, v in params.items()])
-        open_subtests = self.__dict__.setdefault("_tst_open_subtests", [])
         closing: Optional[GeneratorExit] = None
-        open_subtests.append(label)
-        try:
-            with super().subTest(*args, **params):  # type: ignore[misc]
-                try:
-                    yield
-                except ExpectedRejection:
-                    pass
-                except GeneratorExit as exit_:
-                    closing = exit_
-        finally:
-            open_subtests.remove(label)
+        with super().subTest(*args, **params):  # type: ignore[misc]
+            try:
+                yield
+            except ExpectedRejection:
+                self._tst_in_flight = None
+            except GeneratorExit as exit_:
+                closing = exit_
         if closing is not None:
+            in_flight = self._tst_in_flight
+            if in_flight is not None and in_flight.abandoned_subtest is None:
+                # closed because a rejection is unwinding the code that iterated this generator
+                label = ", ".join([repr(msg)] * bool(args) + [f"{k}={v!r}" for k, v in params.items()])
+                in_flight.abandoned_subtest = label
             raise closing
 
     @property
@@ -437,7 +438,9 @@ class SerializationRoundTripTestCase:
             result = load_modes.load(checkpoint, resolved, declared, map_location)
         self._report(result)
         if not result.loaded:
-            raise ExpectedRejection(result.summary)
+            rejection = ExpectedRejection(result.summary)
+            self._tst_in_flight = rejection
+            raise rejection
         return result.value
 
     def _report(self, result: load_modes.LoadResult) -> None:
