@@ -186,7 +186,7 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
     # The base the generated classes share: the generic class minus its test methods.  Inherited
     # test methods are masked (None is not collected by any runner): only generated ones remain.
     base_dict = {k: v for k, v in generic_cls.__dict__.items() if k not in tests and k not in ("__dict__", "__weakref__")}
-    base_dict.update({name: None for name in tests})
+    base_dict.update({name: None for name in tests if any(hasattr(b, name) for b in generic_cls.__bases__)})
     base = type(generic_cls.__name__, generic_cls.__bases__, base_dict)
 
     generated = []
