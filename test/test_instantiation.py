@@ -417,6 +417,37 @@ class TestRoundTripDims(unittest.TestCase):
             self.generated({"test_cross": test_cross})
 
 
+class TestExtraGridDimensions(unittest.TestCase):
+    def test_parameterized_expand_composes_with_the_generated_dimensions(self):
+        from parameterized import parameterized
+
+        seen = []
+
+        class TestGrid(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = TINY_SAFE_GLOBALS
+            devices = ("cpu",)
+            qengines = ("fbgemm", "qnnpack")
+            load_modes = ("weights_only_false", "default")
+
+            @parameterized.expand([("small", 1), ("large", 300)])
+            def test_grid(self, device, name, scale):
+                module = TinyNet()
+                with torch.no_grad():
+                    module.weight.mul_(scale)
+                seen.append((name, self.qengine, self.load_mode.value, device))
+                self.assertRoundTripEqual(module, self.round_trip(module))
+
+        (cls,) = instantiate_round_trip_tests(TestGrid, {})
+        names = sorted(n for n in dir(cls) if n.startswith("test") and callable(getattr(cls, n)))
+        self.assertEqual(names, sorted(f"test_grid_{i}_{name}_{e}_{m}_cpu" for i, name in enumerate(("small", "large"))
+                                       for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "default")))
+        result, out = run([cls])
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertEqual(sorted(seen), sorted((name, e, m, "cpu") for name in ("small", "large")
+                                              for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "default")))
+        self.assertEqual(out.count(DEFAULT_TINYNET), 4, out)
+
+
 class TestRunners(unittest.TestCase):
     """unittest discovery, explicit ids, pytest, -k and xdist all see the same generated tests."""
 
