@@ -26,16 +26,12 @@ from roundtrip_fixtures import (
     TINY_SAFE_GLOBALS,
     WEIGHTS_ONLY_BARE_ENV,
     TinyNet,
-    tiny_qlinear,
 )
 from torch_serial_testing import (
-    AllowlistError,
-    ConflictingEnvironmentError,
     ExpectedRejection,
     LoadMode,
     RoundTripConfigError,
     SerializationRoundTripTestCase,
-    instantiate_round_trip_tests,
     supported_qengines,
 )
 

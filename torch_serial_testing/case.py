@@ -13,111 +13,33 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import json
 import os
 import pickle
 import sys
 import unittest
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
 
 from . import allowlist, load_modes
 from .allowlist import SafeGlobal, as_safe_globals, normalize_safe_globals
+from .casespec import CaseSpec
 from .checkpoint import Checkpoint
 from .comparison import assert_round_trip_equal
 from .declarations import Declaration, check_declared, local_class_message, refuse_local
 from .engines import override_qengine, validate_qengines
 from .errors import ConflictingEnvironmentError, LeakedGlobalStateError, RoundTripConfigError, dimension
+from .golden import stable_names
 from .isolation import GlobalState
 from .load_modes import LoadMode
+from .outcomes import ExpectedRejection, not_instantiated, rejection_outside_subtest, required_args
+from .torch_warnings import quiet_torch_internals
 
 __all__ = ["SerializationRoundTripTestCase", "ExpectedRejection", "CaseSpec", "REPORT_ENV"]
 
 #: Set to a file path to get one JSON line per round trip (test id, mode, outcome).
 REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
 _MISSING: Any = object()
-
-#: torch deprecation warnings that saving and loading quantized modules provoke inside torch
-#: (rebuilding quantized tensors, storages); the library quiets them around its own save/load.
-TORCH_INTERNAL_WARNINGS = (
-    r".*quantized tensor creation functions.*",
-    r"TypedStorage is deprecated",
-)
-
-
-@contextlib.contextmanager
-def _quiet_torch_internals() -> Iterator[None]:
-    """Ignore :data:`TORCH_INTERNAL_WARNINGS` raised inside the library's own torch calls only."""
-    with warnings.catch_warnings():
-        for message in TORCH_INTERNAL_WARNINGS:
-            warnings.filterwarnings("ignore", message=message, category=UserWarning)
-        yield
-
-
-class ExpectedRejection(BaseException):
-    """torch rejected the load exactly as predicted; the test ends here as a pass.
-
-    A ``BaseException`` (like unittest's and pytest's outcome exceptions) so that an
-    ``except Exception`` or ``assertRaises(Exception)`` in a test cannot swallow it and
-    carry on without a loaded object.
-    """
-
-    def __init__(self, summary: str) -> None:
-        super().__init__(summary)
-        self.summary = summary
-        #: A subTest that a generator held open and that was closed while this propagated.
-        self.abandoned_subtest: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class CaseSpec:
-    """One generated test: load mode, engines (save, load), device and where to load to."""
-
-    mode: Optional[LoadMode]  # None: the method dropped the load-mode dimension
-    device_type: str
-    save_qengine: Optional[str] = None
-    load_qengine: Optional[str] = None
-    to_cpu: bool = False
-
-    def method_name(self, base: str, device_part: str) -> str:
-        parts = [base]
-        if self.save_qengine:
-            same = self.save_qengine == self.load_qengine
-            parts.append(self.save_qengine if same else f"{self.save_qengine}_to_{self.load_qengine}")
-        if self.mode is not None:
-            parts.append(self.mode.value)
-        parts.append(device_part)
-        if self.to_cpu:
-            parts.append("to_cpu")
-        return "_".join(parts)
-
-    @property
-    def map_location(self) -> Optional[str]:
-        if self.to_cpu:
-            return "cpu"
-        return None if self.device_type == "cpu" else self.device_type
-
-
-def _required_args(fn: Callable[..., Any]) -> list[str]:
-    """Parameters after ``self`` that have no default (``device`` for a generic test)."""
-    try:
-        params = list(inspect.signature(fn).parameters.values())[1:]
-    except (TypeError, ValueError):
-        return []
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
-
-
-def _not_instantiated(cls: type, name: str, params: list[str]) -> RoundTripConfigError:
-    generic = cls.__name__
-    return RoundTripConfigError(
-        f"{generic}.{name} is a generic round-trip test (it takes {', '.join(repr(p) for p in params)}): "
-        f"its tests exist only in the classes instantiate_round_trip_tests generates.  Add\n\n"
-        f"    instantiate_round_trip_tests({generic}, globals())\n\n"
-        f"at module level after the class, and run the generated tests ({generic}CPU.{name}_<load_mode>_cpu, ...)"
-    )
 
 
 def _ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,29 +54,19 @@ def _ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self._tst_case is None and not args and not kwargs:
-            params = _required_args(fn)
+            params = required_args(fn)
             if params:
-                raise _not_instantiated(type(self), fn.__name__, params)
+                raise not_instantiated(type(self), fn.__name__, params)
         try:
             return fn(self, *args, **kwargs)
         except ExpectedRejection as rejection:
             self._tst_in_flight = None
             if rejection.abandoned_subtest is not None:
-                raise _rejection_outside_subtest(rejection.abandoned_subtest, rejection) from None
+                raise rejection_outside_subtest(rejection.abandoned_subtest, rejection) from None
             return None
 
     wrapper._tst_wrapped = True  # type: ignore[attr-defined]
     return wrapper
-
-
-def _rejection_outside_subtest(subtest: str, rejection: ExpectedRejection) -> RoundTripConfigError:
-    return RoundTripConfigError(
-        f"{rejection.summary}\n... but this expected rejection happened outside the `with "
-        f"self.subTest({subtest})` block that was open (the block yields to its caller, e.g. from a "
-        "generator), so it could not end just that subtest and the remaining subtests would silently "
-        "not run.  Call round_trip inside the with block (no yield inside it), or open the subTest in "
-        "the loop body."
-    )
 
 
 def _is_module(obj: Any) -> bool:
@@ -393,7 +305,7 @@ class SerializationRoundTripTestCase:
     @staticmethod
     def _save(obj: Any) -> Checkpoint:
         try:
-            with _quiet_torch_internals():
+            with quiet_torch_internals():
                 return Checkpoint.save(obj)
         except (AttributeError, pickle.PicklingError, TypeError) as e:
             if "<locals>" not in str(e):
@@ -434,7 +346,7 @@ class SerializationRoundTripTestCase:
                            saved_type=saved_type)
         if map_location is _MISSING:
             map_location = self._tst_case.map_location if self._tst_case else None
-        with self.loading_engine(), _quiet_torch_internals():
+        with self.loading_engine(), quiet_torch_internals():
             result = load_modes.load(checkpoint, resolved, declared, map_location)
         self._report(result)
         if not result.loaded:
@@ -491,7 +403,7 @@ class SerializationRoundTripTestCase:
 
     def required_globals(self, obj_or_buffer: Any) -> list[str]:
         """Globals the checkpoint of *obj_or_buffer* needs beyond torch's allowlist."""
-        with _quiet_torch_internals():
+        with quiet_torch_internals():
             return allowlist.required_globals(obj_or_buffer)
 
     def assertRequiredGlobalsExpectedInline(  # noqa: N802
@@ -506,51 +418,8 @@ class SerializationRoundTripTestCase:
         """
         from expecttest import assert_expected_inline
 
-        names = _stable_names(self.required_globals(obj_or_buffer), expect)
+        names = stable_names(self.required_globals(obj_or_buffer), expect)
         actual = "".join(f"{name}\n" for name in names)
         assert_expected_inline(
             actual, expect, skip=skip + 1, assert_eq=self.assertMultiLineEqual, debug_id=self.id()  # type: ignore[attr-defined]
         )
-
-
-def _main_module_names() -> list[str]:
-    """Module names under which the ``__main__`` script could also be imported (best first)."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if not path:
-        return []
-    spec = getattr(main, "__spec__", None)
-    names = [spec.name] if spec is not None and spec.name and spec.name != "__main__" else []
-    path = os.path.splitext(os.path.abspath(path))[0]
-    parts = path.split(os.sep)
-    # the file's dotted name relative to each sys.path entry that holds it, shortest first
-    for entry in sys.path:
-        root = os.path.abspath(entry or os.getcwd())
-        if path.startswith(root + os.sep):
-            dotted = path[len(root) + 1:].replace(os.sep, ".")
-            if dotted not in names:
-                names.append(dotted)
-    if parts[-1] not in names:
-        names.append(parts[-1])
-    return names
-
-
-def _stable_names(names: Sequence[str], expect: str) -> list[str]:
-    """*names* with ``__main__.X`` renamed to the script's importable module name.
-
-    A name already pinned in *expect* under one of the script's possible module names is
-    kept as pinned; otherwise the shortest importable name is used.
-    """
-    if not any(n.startswith("__main__.") for n in names):
-        return list(names)
-    candidates = _main_module_names()
-    pinned = set(expect.splitlines())
-    out = []
-    for name in names:
-        if name.startswith("__main__.") and candidates:
-            rest = name[len("__main__."):]
-            options = [f"{module}.{rest}" for module in candidates]
-            chosen = next((o for o in options if o in pinned), None)
-            name = chosen or min(options, key=len)
-        out.append(name)
-    return sorted(out)
