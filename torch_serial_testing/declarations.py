@@ -57,7 +57,9 @@ class Declaration:
         imports = [ln for ln in lines if ln.startswith(("import ", "from ")) and ln != "import torch"]
         notes = [ln for ln in lines if ln.startswith("#")]
         match = _REFS.search(snippet)
-        refs = [r.strip() for r in match.group(1).split(",") if r.strip()] if match else []
+        if match is None:  # an unexpected snippet shape: never print a wrong declaration line
+            return f"declare them in {self.label}:\n{snippet}"
+        refs = [r.strip() for r in match.group(1).split(",") if r.strip()]
         tuple_text = "(" + ", ".join(refs) + ("," if len(refs) == 1 else "") + ")"
         if self.attribute:
             where = [f"class {self.owner}(...):", f"    {self.attribute} = {tuple_text}"]
