@@ -224,9 +224,7 @@ def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], lis
     seen: set[str] = set()
     bases: list[type] = []
     for klass in generic_cls.__mro__:
-        if klass in (SerializationRoundTripTestCase, unittest.TestCase, object) or klass.__module__.startswith(
-            ("unittest", "torch.testing._internal", "expecttest")
-        ):
+        if klass in (SerializationRoundTripTestCase, unittest.TestCase, object) or _is_framework(klass):
             continue
         own = False
         for name, value in vars(klass).items():
@@ -239,3 +237,9 @@ def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], lis
         if own and klass is not generic_cls and issubclass(klass, unittest.TestCase):
             bases.append(klass)
     return tests, bases
+
+
+def _is_framework(klass: type) -> bool:
+    """A test framework's base class (unittest, expecttest, pytorch's common_utils): no tests of ours."""
+    module = klass.__module__
+    return any(module == m or module.startswith(m + ".") for m in ("unittest", "expecttest", "torch.testing._internal"))
