@@ -20,6 +20,8 @@ from torch_serial_testing import (
     cross_engine,
     engines,
     instantiate_round_trip_tests,
+    no_round_trip_dims,
+    round_trip_dims,
 )
 from torch_serial_testing.devices import resolve_devices
 
@@ -240,6 +242,210 @@ def _mode_skip(test_name):
 def _passed_from_pytest(output):
     """Test ids of the ``-rA`` summary's PASSED lines (the warnings summary names tests too)."""
     return sorted(re.findall(r"^PASSED \S*::(test_\w+)", output, re.M))
+
+
+class TestInheritedTests(unittest.TestCase):
+    """Tests from a shared base class or a plain mixin are generated; the bases are never collected."""
+
+    SOURCE = textwrap.dedent("""
+        import unittest
+        from roundtrip_fixtures import TinyNet, Wrapper
+        from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
+
+        class RoundTripChecks:  # a plain mixin (pattern of model-tester suites): not a TestCase
+            def test_from_mixin(self, device):
+                module = self.make_module()
+                self.assertRoundTripEqual(module, self.round_trip(module))
+
+        class SharedBase(SerializationRoundTripTestCase, unittest.TestCase):  # a generic TestCase base
+            devices = ("cpu",)
+            load_modes = ("weights_only_false", "default")
+
+            def test_from_base(self, device):
+                self.round_trip(self.make_module())
+
+            def test_overridden(self, device):
+                if isinstance(self.make_module(), TinyNet):
+                    raise AssertionError("TestTiny overrides this")
+
+            def test_hidden(self, device):
+                if isinstance(self.make_module(), TinyNet):
+                    raise AssertionError("TestTiny hides this")
+
+        class TestTiny(RoundTripChecks, SharedBase):
+            def make_module(self):
+                return TinyNet()
+
+            def test_overridden(self, device):
+                self.assertEqual(device, "cpu")
+
+            test_hidden = None
+
+            def test_own(self, device):
+                pass
+
+        class TestWrapper(RoundTripChecks, SharedBase):
+            def make_module(self):
+                return Wrapper()
+
+        instantiate_round_trip_tests(TestTiny, globals())
+        instantiate_round_trip_tests(TestWrapper, globals())
+    """)
+
+    def expected_ids(self):
+        modes = ("weights_only_false", "default")
+        tiny = [f"TestTinyCPU.test_{n}_{m}_cpu" for n in ("from_mixin", "from_base", "overridden", "own") for m in modes]
+        wrapper = [f"TestWrapperCPU.test_{n}_{m}_cpu" for n in ("from_mixin", "from_base", "overridden", "hidden")
+                   for m in modes]
+        return sorted(tiny + wrapper)
+
+    def test_generated_and_collected_by_every_runner(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "test_inherited.py"), "w") as fh:
+                fh.write(self.SOURCE)
+            env = {"PYTHONPATH": HERE}
+            proc = _python(["-m", "unittest", "test_inherited", "-v"], cwd=d, env=env)
+            collected = _python(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test_inherited.py"],
+                                cwd=d, env=env)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        ran = sorted(f"{c}.{t}" for t, c in re.findall(r"^(test_\w+) \(test_inherited\.(\w+)\.", proc.stderr, re.M))
+        self.assertEqual(ran, self.expected_ids(), proc.stderr)
+        self.assertIn("Ran 16 tests", proc.stderr)
+        self.assertNotIn("SharedBase", proc.stderr)  # the generic base is not collected
+        pytest_ids = sorted(line.split("::", 1)[1].replace("::", ".") for line in collected.stdout.splitlines()
+                            if "::" in line)
+        self.assertEqual(pytest_ids, self.expected_ids(), collected.stdout)
+
+    def test_scope_keeps_only_generated_classes(self):
+        class Mixin:
+            def test_m(self, device):
+                pass
+
+        class Base(SerializationRoundTripTestCase, unittest.TestCase):
+            devices = ("cpu",)
+            load_modes = ("default",)
+
+            def test_b(self, device):
+                pass
+
+        class TestA(Mixin, Base):
+            pass
+
+        scope = {"Mixin": Mixin, "Base": Base, "TestA": TestA, "__name__": "m"}
+        (cls,) = instantiate_round_trip_tests(TestA, scope)
+        self.assertEqual(sorted(scope), ["Mixin", "TestACPU", "__name__"])  # Mixin: not a TestCase
+        names = sorted(n for n in dir(cls) if n.startswith("test") and callable(getattr(cls, n)))
+        self.assertEqual(names, ["test_b_default_cpu", "test_m_default_cpu"])
+
+
+class TestRoundTripDims(unittest.TestCase):
+    """@round_trip_dims / @no_round_trip_dims narrow or drop one method's dimensions."""
+
+    def generated(self, body, **attrs):
+        generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu",), body=body, **attrs)
+        (cls,) = instantiate_round_trip_tests(generic, {})
+        return cls, sorted(n for n in dir(cls) if n.startswith("test") and callable(getattr(cls, n)))
+
+    def test_no_dims(self):
+        seen = []
+
+        @no_round_trip_dims
+        def test_required_globals(self, device):
+            seen.append((device, self.load_mode, self.qengine))
+
+        cls, names = self.generated({"test_required_globals": test_required_globals})
+        self.assertIn("test_required_globals_cpu", names)
+        self.assertEqual([n for n in names if n.startswith("test_required_globals")], ["test_required_globals_cpu"])
+        self.assertEqual(len([n for n in names if n.startswith("test_rt_")]), 6)  # the others keep theirs
+        result, out = run([cls])
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertEqual(seen, [("cpu", None, None)])
+
+    def test_narrowed(self):
+        @round_trip_dims(load_modes=("default",), qengines=("qnnpack",))
+        def test_narrow(self, device):
+            pass
+
+        @round_trip_dims(qengines=None)
+        def test_no_engine(self, device):
+            pass
+
+        _, names = self.generated({"test_narrow": test_narrow, "test_no_engine": test_no_engine})
+        self.assertEqual([n for n in names if n.startswith("test_narrow")], ["test_narrow_qnnpack_default_cpu"])
+        self.assertEqual([n for n in names if n.startswith("test_no_engine")],
+                         ["test_no_engine_default_cpu", "test_no_engine_safe_globals_cpu",
+                          "test_no_engine_weights_only_false_cpu"])
+
+    def test_round_trip_without_a_mode_says_why(self):
+        @no_round_trip_dims
+        def test_loads(self, device):
+            self.round_trip(TinyNet())
+
+        cls, _ = self.generated({"test_loads": test_loads})
+        result, out = run([cls])
+        (error,) = [text for test, text in result.errors if "test_loads" in test.id()]
+        self.assertIn("this test has no load mode", error)
+        self.assertIn("no_round_trip_dims", error)
+
+    def test_devices_narrowed_skip_visibly_elsewhere(self):
+        @round_trip_dims(devices=("cuda",))
+        def test_cuda_only(self, device):
+            raise AssertionError("must not run in the cpu class")
+
+        cls, names = self.generated({"test_cuda_only": test_cuda_only}, load_modes=("default",))
+        self.assertIn("test_cuda_only_fbgemm_default_cpu", names)
+        result, out = run([cls])
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertIn("skipped 'test_cuda_only runs only on cuda (round_trip_dims(devices=...))'", out)
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(RoundTripConfigError, "must be a tuple"):
+            round_trip_dims(load_modes="default")
+        with self.assertRaisesRegex(RoundTripConfigError, "unknown quantized engine"):
+            round_trip_dims(qengines=("fbgemmm",))
+        with self.assertRaisesRegex(RoundTripConfigError, "unknown device type 'gpu'"):
+            round_trip_dims(devices=("gpu",))
+        with self.assertRaisesRegex(RoundTripConfigError, "lists default more than once"):
+            round_trip_dims(load_modes=("default", "default"))
+
+        @cross_engine
+        @round_trip_dims(qengines=None)
+        def test_cross(self, device):
+            pass
+
+        with self.assertRaisesRegex(RoundTripConfigError, "@cross_engine but its round_trip_dims give 0 qengine"):
+            self.generated({"test_cross": test_cross})
+
+
+class TestExtraGridDimensions(unittest.TestCase):
+    def test_parameterized_expand_composes_with_the_generated_dimensions(self):
+        from parameterized import parameterized
+
+        seen = []
+
+        class TestGrid(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = TINY_SAFE_GLOBALS
+            devices = ("cpu",)
+            qengines = ("fbgemm", "qnnpack")
+            load_modes = ("weights_only_false", "default")
+
+            @parameterized.expand([("small", 1), ("large", 300)])
+            def test_grid(self, device, name, scale):
+                module = TinyNet()
+                with torch.no_grad():
+                    module.weight.mul_(scale)
+                seen.append((name, self.qengine, self.load_mode.value, device))
+                self.assertRoundTripEqual(module, self.round_trip(module))
+
+        (cls,) = instantiate_round_trip_tests(TestGrid, {})
+        names = sorted(n for n in dir(cls) if n.startswith("test") and callable(getattr(cls, n)))
+        self.assertEqual(names, sorted(f"test_grid_{i}_{name}_{e}_{m}_cpu" for i, name in enumerate(("small", "large"))
+                                       for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "default")))
+        result, out = run([cls])
+        self.assertTrue(result.wasSuccessful(), out)
+        self.assertEqual(sorted(seen), sorted((name, e, m, "cpu") for name in ("small", "large")
+                                              for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "default")))
+        self.assertEqual(out.count(DEFAULT_TINYNET), 4, out)
 
 
 class TestRunners(unittest.TestCase):

@@ -118,8 +118,11 @@ class TestRoundTrip(unittest.TestCase):
         self.assertEqual(len(result.failures), 1, out)
         message = result.failures[0][1]
         missing = [g for g in WRAPPER_GLOBALS if g != "roundtrip_fixtures.TinyNet"]  # + builtins.set before 2.6
-        self.assertIn(f"AllowlistError: safe_globals misses {len(missing)} global(s) the checkpoint needs: "
-                      f"{', '.join(missing)}\n", message)
+        # The message names the class attribute to fix (issue 13 point 2), not just "safe_globals".
+        self.assertIn(f"AllowlistError: Inner.safe_globals misses {len(missing)} global(s) the checkpoint "
+                      f"needs: {', '.join(missing)}\n", message)
+        self.assertIn(f"class Inner(...):\n    safe_globals = ({', '.join(g.rsplit('.', 1)[1] for g in WRAPPER_GLOBALS)})",
+                      message)
         self.assertIn("from roundtrip_fixtures import TinyNet", message)
         self.assertIn("from torch.nn.modules.linear import Linear", message)
         self.assertNotIn("from builtins", message)  # builtins (set, before torch 2.6) need no import

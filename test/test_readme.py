@@ -10,7 +10,7 @@ import textwrap
 import unittest
 
 import torch_serial_testing
-from roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODULE_GLOBALS, default_outcome
+from roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, MODULE_GLOBALS, default_outcome
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -25,6 +25,16 @@ def code_blocks(text, language):
     return [textwrap.dedent(m.group(1)) for m in pattern.finditer(text)]
 
 
+def run_example(name, source, script=False):
+    """Write a README example to a fresh directory as NAME.py and run it with ``unittest -v``."""
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, f"{name}.py"), "w") as fh:
+            fh.write(source)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE_", "EXPECTTEST_"))}
+        args = [f"{name}.py", "-v"] if script else ["-m", "unittest", name, "-v"]
+        return subprocess.run([sys.executable, *args], cwd=d, env=env, capture_output=True, text=True)
+
+
 class TestReadme(unittest.TestCase):
     def test_complete_example_runs(self):
         (example,) = [b for b in code_blocks(readme(), "python") if "test_tinynet.py" in b]
@@ -34,14 +44,12 @@ class TestReadme(unittest.TestCase):
         pinned = '"""\\\ntest_tinynet.TinyNet\n"""'
         self.assertEqual(example.count(pinned), 1, "the README example's golden record changed")
         example = example.replace(pinned, '"""\\\n' + "".join(f"{g}\n" for g in needed) + '"""')
-        with tempfile.TemporaryDirectory() as d:
-            with open(os.path.join(d, "test_tinynet.py"), "w") as fh:
-                fh.write(example)
-            env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
-            proc = subprocess.run([sys.executable, "-m", "unittest", "test_tinynet", "-v"], cwd=d, env=env,
-                                  capture_output=True, text=True)
+        proc = run_example("test_tinynet", example)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        self.assertIn("Ran 18 tests", proc.stderr)
+        self.assertIn("Ran 13 tests", proc.stderr)
+        # @no_round_trip_dims: one test_required_globals, with neither a mode nor an engine
+        self.assertEqual(re.findall(r"^(test_required_globals\w*) \(", proc.stderr, re.M), ["test_required_globals_cpu"])
+        self.assertNotIn("Warning", proc.stderr)
         # Two full-module default round trips: rejected where a bare torch.load is weights-only;
         # two state_dict default round trips: loaded everywhere.
         rejected = 2 if DEFAULT_WEIGHTS_ONLY else 0
@@ -52,6 +60,33 @@ class TestReadme(unittest.TestCase):
         for summary, count in collections.Counter([full, full, state_dict, state_dict]).items():
             self.assertEqual(proc.stderr.count(summary), count, proc.stderr)
         self.assertIn("test_round_trip_fbgemm_default_cpu (test_tinynet.TestTinyNetCPU", proc.stderr)
+
+    def test_complete_example_as_a_script_keeps_its_golden_record(self):
+        (example,) = [b for b in code_blocks(readme(), "python") if "test_tinynet.py" in b]
+        needed = sorted(["test_tinynet.TinyNet", *MODULE_GLOBALS])
+        example = example.replace('"""\\\ntest_tinynet.TinyNet\n"""', '"""\\\n' + "".join(f"{g}\n" for g in needed) + '"""')
+        example += "\nif __name__ == '__main__':\n    unittest.main()\n"
+        proc = run_example("test_tinynet", example, script=True)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("test_required_globals_cpu (__main__.TestTinyNetCPU", proc.stderr)
+
+    def test_quantized_example_compares_with_allow_subclasses(self):
+        (example,) = [b for b in code_blocks(readme(), "python") if "test_qdynamic.py" in b]
+        proc = run_example("test_qdynamic", example)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("Ran 6 tests", proc.stderr)
+        self.assertNotIn("Warning", proc.stderr)  # unittest -v output: outcomes only
+        if "qnnpack" not in torch_serial_testing.supported_qengines():
+            return
+        # The option is what makes it pass: without it, the qnnpack tests that load fail as the README says.
+        strict = example.replace("self.assertRoundTripEqual(original, loaded, allow_subclasses=True)",
+                                 "self.assertRoundTripEqual(original, loaded)")
+        self.assertNotEqual(strict, example)
+        proc = run_example("test_qdynamic", strict)
+        loading = 2 - (1 if "safe_globals" in MODE_SKIPS else 0) - (0 if DEFAULT_WEIGHTS_ONLY else -1)
+        self.assertIn(f"FAILED (failures={loading})", proc.stderr)
+        self.assertIn("round trip mismatch at .state_dict()['_packed_params._packed_params'][1]: tensor class "
+                      "Tensor != expected Parameter", proc.stderr)
 
     def test_quick_start_is_two_commands_and_ci_runs_the_second(self):
         (console,) = code_blocks(readme(), "console")[:1]

@@ -25,7 +25,7 @@ from .errors import (
     UnexpectedLoadOutcome,
     UnsafeLoadRefused,
 )
-from .instantiation import cross_engine, instantiate_round_trip_tests
+from .instantiation import cross_engine, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims
 from .isolation import GlobalState
 from .load_modes import Expectation, LoadMode, LoadResult, load, predict, round_trip
 
@@ -58,12 +58,14 @@ __all__ = [
     "instantiate_round_trip_tests",
     "judge_global",
     "load",
+    "no_round_trip_dims",
     "override_qengine",
     "predict",
     "qualified_name",
     "refusal_notes",
     "required_globals",
     "round_trip",
+    "round_trip_dims",
     "safe_globals_snippet",
     "scan_checkpoint",
     "supported_qengines",

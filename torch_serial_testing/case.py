@@ -15,20 +15,26 @@ import contextlib
 import functools
 import json
 import os
+import pickle
+import sys
 import unittest
-from dataclasses import dataclass
+import warnings
 from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
 
 from . import allowlist, load_modes
-from .allowlist import SafeGlobal, as_safe_globals, normalize_safe_globals, safe_globals_snippet
+from .allowlist import SafeGlobal, as_safe_globals, normalize_safe_globals
+from .casespec import CaseSpec
 from .names import show_name
-from .snippet import refusal_notes, suggestible
 from .checkpoint import Checkpoint
 from .comparison import assert_round_trip_equal
+from .declarations import Declaration, check_declared, local_class_message, refuse_local
 from .engines import override_qengine, validate_qengines
-from .errors import AllowlistError, LeakedGlobalStateError, RoundTripConfigError, dimension
+from .errors import ConflictingEnvironmentError, LeakedGlobalStateError, RoundTripConfigError, dimension
+from .golden import stable_names
 from .isolation import GlobalState, deferred_interrupts, run_all
 from .load_modes import LoadMode
+from .outcomes import ExpectedRejection, not_instantiated, rejection_outside_subtest, required_args
+from .torch_warnings import quiet_torch_internals
 
 __all__ = ["SerializationRoundTripTestCase", "ExpectedRejection", "CaseSpec", "REPORT_ENV"]
 
@@ -37,55 +43,36 @@ REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
 _MISSING: Any = object()
 
 
-class ExpectedRejection(Exception):
-    """torch rejected the load exactly as predicted; the test ends here as a pass."""
-
-    def __init__(self, summary: str) -> None:
-        super().__init__(summary)
-        self.summary = summary
-
-
-@dataclass(frozen=True)
-class CaseSpec:
-    """One generated test: load mode, engines (save, load), device and where to load to."""
-
-    mode: LoadMode
-    device_type: str
-    save_qengine: Optional[str] = None
-    load_qengine: Optional[str] = None
-    to_cpu: bool = False
-
-    def method_name(self, base: str, device_part: str) -> str:
-        parts = [base]
-        if self.save_qengine:
-            same = self.save_qengine == self.load_qengine
-            parts.append(self.save_qengine if same else f"{self.save_qengine}_to_{self.load_qengine}")
-        parts += [self.mode.value, device_part]
-        if self.to_cpu:
-            parts.append("to_cpu")
-        return "_".join(parts)
-
-    @property
-    def map_location(self) -> Optional[str]:
-        if self.to_cpu:
-            return "cpu"
-        return None if self.device_type == "cpu" else self.device_type
-
-
 def _ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a test method so an expected rejection ends it as a pass."""
+    """Wrap a test method so an expected rejection ends it as a pass.
+
+    Also turns the runner calling a generic test directly (the class was never
+    instantiated) into a message that says how to instantiate it.
+    """
     if getattr(fn, "_tst_wrapped", False):
         return fn
 
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if self._tst_case is None and not args and not kwargs:
+            params = required_args(fn)
+            if params:
+                raise not_instantiated(type(self), fn.__name__, params)
         try:
             return fn(self, *args, **kwargs)
-        except ExpectedRejection:
+        except ExpectedRejection as rejection:
+            self._tst_in_flight = None
+            if rejection.abandoned_subtest is not None:
+                raise rejection_outside_subtest(rejection.abandoned_subtest, rejection) from None
             return None
 
     wrapper._tst_wrapped = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _is_module(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
 
 
 class SerializationRoundTripTestCase:
@@ -99,6 +86,9 @@ class SerializationRoundTripTestCase:
     allow_unneeded_safe_globals: ClassVar[bool] = False
     #: Leaked global state fails the test (True) or only warns (False); it is restored either way.
     fail_on_leaked_state: ClassVar[bool] = True
+    #: Message regexes of warnings this class's tests provoke on purpose (e.g. quantized tensor
+    #: creation); ignored during each test only, so other warnings still show.
+    ignore_warnings: ClassVar[Sequence[str]] = ()
     #: Instantiation dimensions: None means all modes / no engine dimension / available devices.
     load_modes: ClassVar[Optional[Sequence[Any]]] = None
     qengines: ClassVar[Optional[Sequence[str]]] = None
@@ -107,12 +97,19 @@ class SerializationRoundTripTestCase:
     _tst_safe_globals: ClassVar[tuple[SafeGlobal, ...]] = ()
     _tst_state_dict_safe_globals: ClassVar[tuple[SafeGlobal, ...]] = ()
     _tst_case: ClassVar[Optional[CaseSpec]] = None
+    _tst_in_flight: Optional[ExpectedRejection] = None  # raised by a load, not yet caught by the library
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Bad declarations fail here, at class creation, not in the middle of a run.
         cls._tst_safe_globals = normalize_safe_globals(cls.safe_globals)
         cls._tst_state_dict_safe_globals = normalize_safe_globals(cls.state_dict_safe_globals)
+        refuse_local(cls._tst_safe_globals, f"{cls.__name__}.safe_globals")
+        refuse_local(cls._tst_state_dict_safe_globals, f"{cls.__name__}.state_dict_safe_globals")
+        if isinstance(cls.ignore_warnings, (str, bytes)):
+            raise RoundTripConfigError(
+                f"{cls.__name__}.ignore_warnings must be a tuple of message regexes, e.g. (r'TypedStorage',)"
+            )
         if cls.load_modes is not None:
             modes = dimension("load_modes", cls.load_modes, "('default',)")
             cls.load_modes = dimension("load_modes", tuple(LoadMode.parse(m) for m in modes), "('default',)")
@@ -143,6 +140,19 @@ class SerializationRoundTripTestCase:
                 "this process would accept them: " + "; ".join(dangerous) + ". Remove that add_safe_globals call."
             )
 
+        if self.ignore_warnings:
+            quiet = warnings.catch_warnings()
+            quiet.__enter__()
+            self._tst_quiet = quiet
+            self.addCleanup(self._tst_unquiet)  # type: ignore[attr-defined]
+            for message in self.ignore_warnings:
+                warnings.filterwarnings("ignore", message=message)
+
+    def _tst_unquiet(self) -> None:
+        quiet = self.__dict__.pop("_tst_quiet", None)
+        if quiet is not None:
+            quiet.__exit__(None, None, None)
+
     def run(self, result: Any = None) -> Any:
         """unittest's run, plus a restore in ``finally``: cleanups never run after KeyboardInterrupt."""
         try:
@@ -151,7 +161,7 @@ class SerializationRoundTripTestCase:
             state = self.__dict__.get("_tst_state")
             if state is not None and not state.restored:
                 # Cleanups did not run (an interrupt): restore, report nothing, let it propagate.
-                run_all([state.restore])
+                run_all([state.restore, self._tst_unquiet])
             self.__dict__.pop("_tst_state", None)
             self.__dict__.pop("_tst_noted_leaks", None)
 
@@ -192,13 +202,27 @@ class SerializationRoundTripTestCase:
 
     @contextlib.contextmanager
     def subTest(self, msg: Any = _MISSING, **params: Any) -> Iterator[None]:  # noqa: N802 - unittest API
-        """``unittest`` subTest in which an expected rejection ends only that subtest, as a pass."""
+        """``unittest`` subTest in which an expected rejection ends only that subtest, as a pass.
+
+        When the block yields (a generator) and the generator is closed, the ``GeneratorExit``
+        passes through instead of being recorded as the subtest's error.
+        """
         args = () if msg is _MISSING else (msg,)
+        closing: Optional[GeneratorExit] = None
         with super().subTest(*args, **params):  # type: ignore[misc]
             try:
                 yield
             except ExpectedRejection:
-                pass
+                self._tst_in_flight = None
+            except GeneratorExit as exit_:
+                closing = exit_
+        if closing is not None:
+            in_flight = self._tst_in_flight
+            if in_flight is not None and in_flight.abandoned_subtest is None:
+                # closed because a rejection is unwinding the code that iterated this generator
+                label = ", ".join([repr(msg)] * bool(args) + [f"{k}={v!r}" for k, v in params.items()])
+                in_flight.abandoned_subtest = label
+            raise closing
 
     @property
     def load_mode(self) -> Optional[LoadMode]:
@@ -261,10 +285,16 @@ class SerializationRoundTripTestCase:
 
         Returns the loaded object.  If torch should reject the load here, the
         test ends as a pass after checking it was rejected for that reason.
+        The class's ``safe_globals`` apply unless *safe_globals* is given
+        (``safe_globals=()`` for a plain dict or state_dict in a module's class).
         """
-        return self.load_checkpoint(
-            Checkpoint.save(obj), mode=mode, safe_globals=safe_globals, map_location=map_location
-        )
+        if safe_globals is None:
+            where = Declaration(type(self).__name__, "safe_globals")
+            declared: Sequence[SafeGlobal] = self._tst_safe_globals
+        else:
+            where = Declaration(type(self).__name__, None, "round_trip")
+            declared = self._declared_argument(safe_globals)
+        return self._load(self._save(obj), mode, declared, where, map_location, obj)
 
     def round_trip_state_dict(
         self,
@@ -274,19 +304,31 @@ class SerializationRoundTripTestCase:
         factory: Optional[Callable[[], Any]] = None,
         safe_globals: Optional[Sequence[Any]] = None,
         strict: bool = True,
+        return_state: bool = False,
     ) -> Any:
-        """Round-trip ``module.state_dict()`` and load it into a fresh module from *factory*."""
+        """Round-trip ``module.state_dict()`` and load it into a fresh module from *factory*.
+
+        The class's ``state_dict_safe_globals`` apply unless *safe_globals* is given.
+        Returns the fresh module, or ``(fresh module, loaded state_dict)`` with
+        *return_state* (to compare every key, as upstream tests do).
+        """
         module = self.build_module(factory) if module is None else module
-        declared = self._tst_state_dict_safe_globals if safe_globals is None else safe_globals
-        state = self.round_trip(module.state_dict(), mode=mode, safe_globals=declared)
+        if safe_globals is None:
+            where = Declaration(type(self).__name__, "state_dict_safe_globals", "round_trip_state_dict")
+            declared: Sequence[SafeGlobal] = self._tst_state_dict_safe_globals
+        else:
+            where = Declaration(type(self).__name__, None, "round_trip_state_dict")
+            declared = self._declared_argument(safe_globals)
+        state_dict = module.state_dict()
+        state = self._load(self._save(state_dict), mode, declared, where, _MISSING, state_dict)
         with self.loading_engine():
             fresh = self.build_module(factory)
             fresh.load_state_dict(state, strict=strict)
-        return fresh
+        return (fresh, state) if return_state else fresh
 
     def save_checkpoint(self, obj: Any) -> Checkpoint:
         """``torch.save`` *obj* into memory; the result may later be loaded in any mode."""
-        return Checkpoint.save(obj)
+        return self._save(obj)
 
     def load_checkpoint(
         self,
@@ -297,48 +339,74 @@ class SerializationRoundTripTestCase:
         map_location: Any = _MISSING,
     ) -> Any:
         """Load *checkpoint* in a mode under this test's load engine, asserting the predicted outcome."""
+        if safe_globals is None:
+            where = Declaration(type(self).__name__, "safe_globals")
+            declared: Sequence[SafeGlobal] = self._tst_safe_globals
+        else:
+            where = Declaration(type(self).__name__, None, "load_checkpoint")
+            declared = self._declared_argument(safe_globals)
+        return self._load(checkpoint, mode, declared, where, map_location, _MISSING)
+
+    # -- the shared save and load paths ------------------------------------------------------
+
+    @staticmethod
+    def _declared_argument(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
+        declared = as_safe_globals(safe_globals)
+        refuse_local(declared, "safe_globals=")
+        return declared
+
+    @staticmethod
+    def _save(obj: Any) -> Checkpoint:
+        try:
+            with quiet_torch_internals():
+                return Checkpoint.save(obj)
+        except (AttributeError, pickle.PicklingError, TypeError) as e:
+            if "<locals>" not in str(e):
+                raise
+            local = next((w.strip("'\"<>,:") for w in str(e).split() if "<locals>" in w), "a class")
+            raise RoundTripConfigError(
+                f"torch.save failed: {type(e).__name__}: {e}\n" + local_class_message(local)
+            ) from e
+
+    def _load(
+        self,
+        checkpoint: Checkpoint,
+        mode: Optional[LoadMode | str],
+        declared: Sequence[SafeGlobal],
+        where: Declaration,
+        map_location: Any,
+        saved: Any,
+    ) -> Any:
         resolved = LoadMode.parse(mode) if mode is not None else self.load_mode
         if resolved is None:
             raise RoundTripConfigError(
-                "this test has no load mode: pass mode=LoadMode.DEFAULT (or another mode), or "
-                "generate the tests with instantiate_round_trip_tests(...)"
+                "this test has no load mode: pass mode=LoadMode.DEFAULT (or another mode), generate "
+                "the tests with instantiate_round_trip_tests(...), or (if the method narrowed its "
+                "dimensions with round_trip_dims(load_modes=()) / no_round_trip_dims) give it back "
+                "its load modes"
             )
-        declared = self._tst_safe_globals if safe_globals is None else as_safe_globals(safe_globals)
         unavailable = load_modes.mode_skip_reason(resolved)
         if unavailable:  # before judging the declaration: the mode cannot run here at all
             raise unittest.SkipTest(unavailable)
+        switches = load_modes.WeightsOnlySwitches.from_environ()
+        if switches.conflict:  # the environment breaks every load: that, not the declaration, is the news
+            raise ConflictingEnvironmentError(switches.conflict_message())
         if resolved is LoadMode.SAFE_GLOBALS:
-            self._check_declared(checkpoint, declared)
+            saved_type = None
+            if saved is not _MISSING and not _is_module(saved):
+                saved_type = type(saved).__name__
+            check_declared(checkpoint, declared, where, allow_unneeded=self.allow_unneeded_safe_globals,
+                           saved_type=saved_type)
         if map_location is _MISSING:
             map_location = self._tst_case.map_location if self._tst_case else None
-        with self.loading_engine():
+        with self.loading_engine(), quiet_torch_internals():
             result = load_modes.load(checkpoint, resolved, declared, map_location)
         self._report(result)
         if not result.loaded:
-            raise ExpectedRejection(result.summary)
+            rejection = ExpectedRejection(result.summary)
+            self._tst_in_flight = rejection
+            raise rejection
         return result.value
-
-    def _check_declared(self, checkpoint: Checkpoint, declared: Sequence[SafeGlobal]) -> None:
-        needed = set(allowlist.required_globals(checkpoint))
-        names = {sg.name for sg in declared}
-        missing = sorted(needed - names)
-        # A declared global the checkpoint uses but torch already allows (builtins.set since
-        # torch 2.6) is not over-trust: it keeps one declaration valid across torch versions.
-        used = set(checkpoint.info.globals)
-        unneeded = sorted(n for n in names - needed if n not in used)
-        if missing:
-            notes = refusal_notes(sorted(needed))
-            example = ("Declare the classes (only if you trust them), e.g.:\n\n" + safe_globals_snippet(sorted(needed))
-                       if suggestible(sorted(needed)) else "No global it needs is a class the trust policy can suggest.")
-            raise AllowlistError(
-                f"safe_globals misses {len(missing)} global(s) the checkpoint needs: {', '.join(map(show_name, missing))}\n"
-                + example + "".join(f"\n{note}" for note in notes)
-            )
-        if unneeded and not self.allow_unneeded_safe_globals:
-            raise AllowlistError(
-                f"safe_globals over-trusts: the checkpoint does not need {', '.join(map(show_name, unneeded))}. "
-                "Remove them, or set allow_unneeded_safe_globals = True on the class."
-            )
 
     def _report(self, result: load_modes.LoadResult) -> None:
         summary = result.summary
@@ -364,25 +432,47 @@ class SerializationRoundTripTestCase:
     # -- assertions -------------------------------------------------------------------------
 
     def assertRoundTripEqual(  # noqa: N802 - unittest naming
-        self, expected: Any, actual: Any, *, rtol: Optional[float] = None, atol: Optional[float] = None
+        self,
+        expected: Any,
+        actual: Any,
+        *,
+        rtol: Optional[float] = None,
+        atol: Optional[float] = None,
+        allow_subclasses: bool = False,
+        check_requires_grad: bool = True,
+        check_dtype: bool = True,
+        check_device: bool = True,
+        check_layout: bool = True,
     ) -> None:
-        """Exact deep comparison; the message names the path of the first difference."""
-        assert_round_trip_equal(expected, actual, rtol=rtol, atol=atol)
+        """Deep comparison, exact by default; the message names the path of the first difference.
+
+        The knobs (as in ``torch.testing.assert_close``) are those of :func:`assert_round_trip_equal`.
+        """
+        assert_round_trip_equal(
+            expected, actual, rtol=rtol, atol=atol, allow_subclasses=allow_subclasses,
+            check_requires_grad=check_requires_grad, check_dtype=check_dtype, check_device=check_device,
+            check_layout=check_layout,
+        )
 
     def required_globals(self, obj_or_buffer: Any) -> list[str]:
         """Globals the checkpoint of *obj_or_buffer* needs beyond torch's allowlist."""
-        return allowlist.required_globals(obj_or_buffer)
+        with quiet_torch_internals():
+            return allowlist.required_globals(obj_or_buffer)
 
     def assertRequiredGlobalsExpectedInline(  # noqa: N802
         self, obj_or_buffer: Any, expect: str, skip: int = 0
     ) -> None:
         """Pin the required globals, one per line, as an expecttest golden record.
 
+        An empty record is ``""``.  Classes of a file run as a script (``python test_foo.py``)
+        are pickled as ``__main__.Name``; they are recorded under the file's module name
+        (``test_foo.Name``), so the record is the same however the file is run.
         ``EXPECTTEST_ACCEPT=1`` rewrites the string literal at the call site.
         """
         from expecttest import assert_expected_inline
 
-        actual = "\n".join(allowlist.required_globals(obj_or_buffer)) + "\n"
+        names = stable_names(self.required_globals(obj_or_buffer), expect)
+        actual = "".join(f"{name}\n" for name in names)
         assert_expected_inline(
             actual, expect, skip=skip + 1, assert_eq=self.assertMultiLineEqual, debug_id=self.id()  # type: ignore[attr-defined]
         )

@@ -11,6 +11,7 @@ point(s) and axis all match: a round trip must not change a single bit.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Optional
 
 __all__ = ["assert_round_trip_equal", "RoundTripMismatch"]
@@ -28,36 +29,73 @@ class RoundTripMismatch(AssertionError):
 _EXACT_SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 
+@dataclass(frozen=True)
+class _Checks:
+    """Which properties count, as in ``torch.testing.assert_close`` (all strict by default)."""
+
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
+    allow_subclasses: bool = False
+    check_requires_grad: bool = True
+    check_dtype: bool = True
+    check_device: bool = True
+    check_layout: bool = True
+
+
 def assert_round_trip_equal(
     expected: Any,
     actual: Any,
     *,
     rtol: Optional[float] = None,
     atol: Optional[float] = None,
+    allow_subclasses: bool = False,
+    check_requires_grad: bool = True,
+    check_dtype: bool = True,
+    check_device: bool = True,
+    check_layout: bool = True,
 ) -> None:
     """Raise :class:`RoundTripMismatch` at the first difference between *expected* and *actual*.
 
-    Tensors are exact by default (dtype, device, layout, shape, values with NaN
-    equal to NaN); pass *rtol*/*atol* together for float tolerance.
+    Exact by default: every object keeps its exact type (a ``Parameter`` is not a ``Tensor``),
+    and tensors their dtype, device, layout, shape, ``requires_grad`` and values (NaN equal to
+    NaN).  The knobs relax one property each, named as in ``torch.testing.assert_close``:
+
+    * *rtol*/*atol* (together): float tolerance for tensor values;
+    * *allow_subclasses*: types related by inheritance match (``Parameter`` vs ``Tensor``,
+      ``OrderedDict`` vs ``dict``); unrelated types still differ;
+    * *check_requires_grad*: ``False`` ignores ``requires_grad``;
+    * *check_dtype*: ``False`` compares values after promoting both to a common dtype;
+    * *check_device*: ``False`` compares values on the CPU;
+    * *check_layout*: ``False`` compares sparse tensors by their dense values.
+
+    Shapes, quantization parameters and container keys/lengths are always compared.
     """
     if (rtol is None) != (atol is None):
         raise ValueError("pass rtol and atol together (or neither, for exact comparison)")
-    _compare(expected, actual, "", rtol, atol)
+    checks = _Checks(rtol, atol, bool(allow_subclasses), bool(check_requires_grad), bool(check_dtype),
+                     bool(check_device), bool(check_layout))
+    _compare(expected, actual, "", checks)
 
 
-def _compare(e: Any, a: Any, path: str, rtol: Optional[float], atol: Optional[float]) -> None:
+def _same_type(e: Any, a: Any, checks: _Checks) -> bool:
+    if type(e) is type(a):
+        return True
+    return checks.allow_subclasses and (isinstance(a, type(e)) or isinstance(e, type(a)))
+
+
+def _compare(e: Any, a: Any, path: str, checks: _Checks) -> None:
     import torch
 
     if isinstance(e, torch.Tensor) or isinstance(a, torch.Tensor):
-        _compare_tensors(e, a, path, rtol, atol)
+        _compare_tensors(e, a, path, checks)
         return
-    if type(e) is not type(a):
+    if not _same_type(e, a, checks):
         raise RoundTripMismatch(path, f"type {type(a).__name__} != expected {type(e).__name__} ({a!r} vs {e!r})")
     if isinstance(e, torch.nn.Module):
-        _compare(e.state_dict(), a.state_dict(), f"{path}.state_dict()", rtol, atol)
+        _compare(e.state_dict(), a.state_dict(), f"{path}.state_dict()", checks)
         return
     if isinstance(e, torch.ScriptObject):
-        _compare(e.__getstate__(), a.__getstate__(), f"{path}.__getstate__()", rtol, atol)
+        _compare(e.__getstate__(), a.__getstate__(), f"{path}.__getstate__()", checks)
         return
     if isinstance(e, dict):
         missing = [k for k in e if k not in a]
@@ -65,13 +103,13 @@ def _compare(e: Any, a: Any, path: str, rtol: Optional[float], atol: Optional[fl
         if missing or extra:
             raise RoundTripMismatch(path, f"keys differ: missing {missing}, unexpected {extra}")
         for k in e:
-            _compare(e[k], a[k], f"{path}[{k!r}]", rtol, atol)
+            _compare(e[k], a[k], f"{path}[{k!r}]", checks)
         return
     if isinstance(e, (list, tuple)):
         if len(e) != len(a):
             raise RoundTripMismatch(path, f"length {len(a)} != expected {len(e)}")
         for i, (x, y) in enumerate(zip(e, a)):
-            _compare(x, y, f"{path}[{i}]", rtol, atol)
+            _compare(x, y, f"{path}[{i}]", checks)
         return
     if isinstance(e, float) and math.isnan(e) and math.isnan(a):
         return
@@ -83,25 +121,46 @@ def _compare(e: Any, a: Any, path: str, rtol: Optional[float], atol: Optional[fl
         raise RoundTripMismatch(path, f"{a!r} != expected {e!r} (compared with ==)")
 
 
-def _compare_tensors(e: Any, a: Any, path: str, rtol: Optional[float], atol: Optional[float]) -> None:
+def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
     import torch
 
     if not (isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor)):
         raise RoundTripMismatch(path, f"type {type(a).__name__} != expected {type(e).__name__}")
-    if type(e) is not type(a):
-        raise RoundTripMismatch(path, f"tensor class {type(a).__name__} != expected {type(e).__name__}")
-    for attr in ("dtype", "device", "layout", "shape", "requires_grad"):
+    if not _same_type(e, a, checks):
+        raise RoundTripMismatch(
+            path, f"tensor class {type(a).__name__} != expected {type(e).__name__} (allow_subclasses=True "
+            "accepts related classes such as Parameter vs Tensor)"
+        )
+    compared = [
+        ("dtype", checks.check_dtype, "check_dtype=False"),
+        ("device", checks.check_device, "check_device=False"),
+        ("layout", checks.check_layout, "check_layout=False"),
+        ("shape", True, ""),
+        ("requires_grad", checks.check_requires_grad, "check_requires_grad=False"),
+    ]
+    for attr, strict, knob in compared:
         x, y = getattr(e, attr), getattr(a, attr)
-        if x != y:
-            raise RoundTripMismatch(path, f"{attr} {y} != expected {x}")
-    if e.is_quantized:
+        if strict and x != y:
+            hint = f" ({knob} ignores it)" if knob else ""
+            raise RoundTripMismatch(path, f"{attr} {y} != expected {x}{hint}")
+    if e.is_quantized or a.is_quantized:
+        if e.is_quantized != a.is_quantized:
+            raise RoundTripMismatch(path, f"quantized {a.is_quantized} != expected {e.is_quantized}")
         _compare_quantized(e, a, path)
         return
+    if e.device != a.device:  # only reached with check_device=False
+        e, a = e.cpu(), a.cpu()
     if e.layout != torch.strided:
-        e, a = e.to_dense(), a.to_dense()
+        e = e.to_dense()
+    if a.layout != torch.strided:
+        a = a.to_dense()
+    if e.dtype != a.dtype:  # only reached with check_dtype=False
+        common = torch.promote_types(e.dtype, a.dtype)
+        e, a = e.to(common), a.to(common)
     try:
         torch.testing.assert_close(
-            a, e, rtol=0 if rtol is None else rtol, atol=0 if atol is None else atol,
+            a.detach(), e.detach(), rtol=0 if checks.rtol is None else checks.rtol,
+            atol=0 if checks.atol is None else checks.atol,
             equal_nan=True, check_device=True, check_dtype=True, check_layout=True,
         )
     except AssertionError as err:
@@ -111,6 +170,7 @@ def _compare_tensors(e: Any, a: Any, path: str, rtol: Optional[float], atol: Opt
 def _compare_quantized(e: Any, a: Any, path: str) -> None:
     import torch
 
+    exact = _Checks()
     if e.qscheme() != a.qscheme():
         raise RoundTripMismatch(path, f"qscheme {a.qscheme()} != expected {e.qscheme()}")
     if e.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
@@ -121,6 +181,6 @@ def _compare_quantized(e: Any, a: Any, path: str) -> None:
     else:
         if e.q_per_channel_axis() != a.q_per_channel_axis():
             raise RoundTripMismatch(path, f"q_per_channel_axis {a.q_per_channel_axis()} != expected {e.q_per_channel_axis()}")
-        _compare_tensors(e.q_per_channel_scales(), a.q_per_channel_scales(), f"{path}.q_per_channel_scales()", None, None)
-        _compare_tensors(e.q_per_channel_zero_points(), a.q_per_channel_zero_points(), f"{path}.q_per_channel_zero_points()", None, None)
-    _compare_tensors(e.int_repr(), a.int_repr(), f"{path}.int_repr()", None, None)
+        _compare_tensors(e.q_per_channel_scales(), a.q_per_channel_scales(), f"{path}.q_per_channel_scales()", exact)
+        _compare_tensors(e.q_per_channel_zero_points(), a.q_per_channel_zero_points(), f"{path}.q_per_channel_zero_points()", exact)
+    _compare_tensors(e.int_repr().cpu(), a.int_repr().cpu(), f"{path}.int_repr()", exact)

@@ -31,10 +31,11 @@ Which generated tests cover which upstream test (``<mode>`` is one of
                                                                      test_qlinear_packed_params_fbgemm_qnnpack_cross_compatibility
                                                                      (qnnpack -> fbgemm half)
     test_qlinear_packed_params_state_dict_{fbgemm,qnnpack}_<mode>_cpu  new: the state_dict() form (see below)
+    test_required_globals_cpu                                        new: golden list of the globals the checkpoint needs
+    test_full_module_state_dict_load_is_broken_in_torch_cpu          new: pins a torch bug (see below)
 
-    TestQlinearPackedParamsCheckpointFacts (no load, so no mode dimension)
-    test_required_globals                                            new: golden list of the globals the checkpoint needs
-    test_full_module_state_dict_load_is_broken_in_torch              new: pins a torch bug (see below)
+The last two never load, so ``@no_round_trip_dims`` drops their load-mode and engine
+dimensions: one test each instead of six identical ones.
 
 Which globals: on torch >= 2.6 the full-module checkpoint needs exactly
 ``Linear``, ``LinearPackedParams`` and ``torch.ScriptObject`` beyond torch's
@@ -86,6 +87,7 @@ from torch_serial_testing import (
     SerializationRoundTripTestCase,
     cross_engine,
     instantiate_round_trip_tests,
+    no_round_trip_dims,
     override_qengine,
     qualified_name,
     supported_qengines,
@@ -124,6 +126,11 @@ PACKED_WEIGHT_OFFSET = 128
 # builtins.set (nn.Module._non_persistent_buffers_set) joined it in torch 2.6.  The ones the
 # running torch's allowlist lacks are needed beyond the golden record below (empty on >= 2.6).
 VERSION_DEPENDENT_GLOBALS = frozenset({"builtins.set"}) - torch_allowlist()
+
+# torch 2.13 deprecates creating quantized tensors (pytorch issue 184982); these tests do it on
+# purpose, so that warning is ignored during them (torch's own warnings from saving and loading
+# are quieted by the library), keeping `python -m unittest -v` output to outcomes.
+QUANTIZED_CREATION_DEPRECATION = r".*quantized tensor creation functions.*"
 
 # Positions in the first element of LinearPackedParamsBase.__getstate__().
 ROW_BLOCK_INDICES_POS = 7
@@ -218,6 +225,7 @@ def with_int32_block_indices(state):
 class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
     qengines = ENGINES
     devices = ("cpu",)
+    ignore_warnings = (QUANTIZED_CREATION_DEPRECATION,)
     # Exactly these three on torch >= 2.6.  Where torch's allowlist lacks builtins.set (< 2.6),
     # set is declared too: the checkpoint needs it there (see VERSION_DEPENDENT_GLOBALS).
     safe_globals = () if SPARSE_MISSING else (
@@ -316,16 +324,6 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
                 lin2._packed_params = params2
                 self.check_same_output(lin, lin2, weight.shape[1])
 
-
-# Kept for the facts below: under a device filter no generated class (TestQlinearPackedParamsCPU) exists.
-ROUND_TRIP_SAFE_GLOBALS = TestQlinearPackedParams.safe_globals
-instantiate_round_trip_tests(TestQlinearPackedParams, globals())
-
-
-@unittest.skipIf(SPARSE_MISSING, SPARSE_MISSING)
-class TestQlinearPackedParamsCheckpointFacts(SerializationRoundTripTestCase, TestCase):
-    """Facts about the checkpoint that involve no load, so they need no load-mode dimension."""
-
     def modules_per_engine(self):
         """One ``Linear`` per supported engine, with that engine's zero points (per_tensor_small)."""
         modules = {}
@@ -339,6 +337,9 @@ class TestQlinearPackedParamsCheckpointFacts(SerializationRoundTripTestCase, Tes
             self.skipTest(f"none of the quantized engines {ENGINES} is supported by this torch build")
         return modules
 
+    # -- facts about the checkpoint: no load, so no load-mode or engine dimension ----------
+
+    @no_round_trip_dims
     def test_required_globals(self):
         modules = self.modules_per_engine()
         found = {engine: self.required_globals(lin) for engine, lin in modules.items()}
@@ -363,8 +364,9 @@ torch.ao.nn.sparse.quantized.dynamic.linear.Linear
 torch.ao.nn.sparse.quantized.linear.LinearPackedParams
 """, assert_eq=self.assertMultiLineEqual, debug_id=self.id())
         # The round-trip tests declare exactly what the checkpoint needs here, no more, no less.
-        self.assertEqual(sorted(qualified_name(g) for g in ROUND_TRIP_SAFE_GLOBALS), first)
+        self.assertEqual(sorted(qualified_name(g) for g in self.safe_globals), first)
 
+    @no_round_trip_dims
     def test_full_module_state_dict_load_is_broken_in_torch(self):
         # torch bug, no serialization involved: Linear._load_from_state_dict does
         # int(state_dict[prefix + "op_type"]) on the string 'sparse_dynamic'.
@@ -385,6 +387,8 @@ torch.ao.nn.sparse.quantized.linear.LinearPackedParams
                 ):
                     fresh.load_state_dict(lin.state_dict())
 
+
+instantiate_round_trip_tests(TestQlinearPackedParams, globals())
 
 if __name__ == "__main__":
     run_tests()
