@@ -102,10 +102,10 @@ class SerializationRoundTripTestCase:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # Bad declarations fail here, at class creation, not in the middle of a run.
+        refuse_local(cls.safe_globals, f"{cls.__name__}.safe_globals")
+        refuse_local(cls.state_dict_safe_globals, f"{cls.__name__}.state_dict_safe_globals")
         cls._tst_safe_globals = normalize_safe_globals(cls.safe_globals)
         cls._tst_state_dict_safe_globals = normalize_safe_globals(cls.state_dict_safe_globals)
-        refuse_local(cls._tst_safe_globals, f"{cls.__name__}.safe_globals")
-        refuse_local(cls._tst_state_dict_safe_globals, f"{cls.__name__}.state_dict_safe_globals")
         if isinstance(cls.ignore_warnings, (str, bytes)):
             raise RoundTripConfigError(
                 f"{cls.__name__}.ignore_warnings must be a tuple of message regexes, e.g. (r'TypedStorage',)"
@@ -351,8 +351,8 @@ class SerializationRoundTripTestCase:
 
     @staticmethod
     def _declared_argument(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
+        refuse_local(safe_globals, "safe_globals=")
         declared = as_safe_globals(safe_globals)
-        refuse_local(declared, "safe_globals=")
         return declared
 
     @staticmethod

@@ -124,11 +124,25 @@ def local_class_message(name: str) -> str:
     )
 
 
-def refuse_local(declared: Iterable[SafeGlobal], attribute: str) -> None:
-    """A function-local class can never appear in a checkpoint: declaring one is a mistake."""
-    for sg in declared:
-        names = {sg.name}
-        module, qualname = getattr(sg.obj, "__module__", None), getattr(sg.obj, "__qualname__", None)
+def refuse_local(declared: Iterable[object], attribute: str) -> None:
+    """A function-local class can never appear in a checkpoint: declaring one is a mistake.
+
+    Judged on the raw declaration (objects, names, ``(obj, name)`` pairs, :class:`SafeGlobal`)
+    before the trust policy, so the message says what to do rather than why the name is malformed.
+    """
+    if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
+        return  # normalize_safe_globals names that mistake
+    for item in declared:
+        if isinstance(item, SafeGlobal):
+            obj, name = item.obj, item.name
+        elif isinstance(item, tuple) and len(item) == 2:
+            obj, name = item
+        elif isinstance(item, str):
+            obj, name = None, item
+        else:
+            obj, name = item, None
+        names = {name} if isinstance(name, str) else set()
+        module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
         if isinstance(module, str) and isinstance(qualname, str):
             names.add(f"{module}.{qualname}")
         local = sorted(n for n in names if "<locals>" in n)

@@ -232,6 +232,13 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
                 doc_func=lambda f, num, p: f.__doc__,
                 namespace=methods,
             )(_runner(fn))
+        for method in methods.values():
+            # parameterized drops __wrapped__ and points pytest at its wrapped function (place_as):
+            # point both at the author's def (unittest classes take no pytest fixtures, so a
+            # __wrapped__ signature is harmless); the mixin must not wrap the method again.
+            method.__wrapped__ = method.place_as
+            method.place_as = inspect.unwrap(method.place_as)
+            method._tst_wrapped = True
         cls = type(class_name, (base,), {**methods, "__module__": module_name, "__qualname__": class_name})
         scope[class_name] = cls
         generated.append(cls)
