@@ -67,7 +67,9 @@ class CaseSpec:
     def map_location(self) -> Optional[str]:
         if self.to_cpu:
             return "cpu"
-        return None if self.device_type == "cpu" else self.device_type
+        from .devices import torch_device_type
+
+        return None if self.device_type == "cpu" else torch_device_type(self.device_type)
 
 
 def _ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -171,6 +173,11 @@ class SerializationRoundTripTestCase:
     @property
     def device_type(self) -> str:
         return self._tst_case.device_type if self._tst_case else "cpu"
+
+    @property
+    def load_device(self) -> str:
+        """Where this test's loads put tensors: its device (``npu``), or ``cpu`` in a ``..._to_cpu`` twin."""
+        return (self._tst_case.map_location if self._tst_case else None) or "cpu"
 
     def loading_engine(self) -> contextlib.AbstractContextManager[None]:
         """Context for post-load checks that must run under the load engine."""

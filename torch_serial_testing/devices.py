@@ -30,6 +30,7 @@ __all__ = [
     "device_skip_reason",
     "resolve_devices",
     "class_suffix",
+    "torch_device_type",
 ]
 
 BUILTIN_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
@@ -148,6 +149,13 @@ def resolve_devices(declared: object, environ: Optional[Mapping[str, str]] = Non
                     "before instantiating."
                 )
     return _filter(devices, _env_devices(env, ONLY_FOR), _env_devices(env, EXCEPT_FOR))
+
+
+def torch_device_type(device_type: str) -> str:
+    """The device type torch understands: ``privateuse1`` -> the registered backend name (``npu``)."""
+    if device_type == "privateuse1":
+        return privateuse1_backend() or device_type
+    return device_type
 
 
 def class_suffix(device_type: str) -> str:
