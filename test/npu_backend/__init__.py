@@ -51,7 +51,15 @@ def build_dir() -> Path:
 
 
 def skip_reason() -> Optional[str]:
-    """Why the backend cannot be built here (no C++ compiler or no ninja), or None."""
+    """Why the backend cannot be used here (a real backend owns privateuse1, no compiler, no ninja), or None."""
+    import torch
+
+    owner = torch._C._get_privateuse1_backend_name()
+    if owner != "privateuseone" and not getattr(getattr(torch, owner, None), "_tst_backend", False):
+        return (
+            f"privateuse1 already belongs to a real backend ({owner!r}, e.g. torch_npu autoloaded at "
+            "import torch): the test backend would clash with it"
+        )
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"no C++ compiler ({compiler!r} not found on PATH): the npu test backend cannot be built"
@@ -110,6 +118,7 @@ def _device_module(extension: types.ModuleType) -> types.ModuleType:
     module.is_initialized = lambda: True  # type: ignore[attr-defined]
     module._is_in_bad_fork = lambda: False  # type: ignore[attr-defined]
     module.device = _DeviceContext  # type: ignore[attr-defined]
+    module._tst_backend = True  # type: ignore[attr-defined]
     return module
 
 
@@ -117,15 +126,15 @@ def register() -> str:
     """Build, load and register the backend as ``npu`` in this process (idempotent)."""
     import torch
 
-    extension = build()
     current = torch._C._get_privateuse1_backend_name()
-    if current == BACKEND_NAME and getattr(torch, BACKEND_NAME, None) is not None:
+    if getattr(getattr(torch, current, None), "_tst_backend", False):
         return BACKEND_NAME
-    if current not in ("privateuseone", BACKEND_NAME):
+    if current != "privateuseone":
         raise RuntimeError(
-            f"privateuse1 is already registered as {current!r} in this process; the npu test "
-            "backend needs a process of its own"
+            f"privateuse1 is already registered as {current!r} in this process (a real backend); "
+            "the npu test backend needs a process of its own"
         )
+    extension = build()
     extension.register_hooks()
     torch.utils.rename_privateuse1_backend(BACKEND_NAME)
     torch._register_device_module(BACKEND_NAME, _device_module(extension))
