@@ -370,7 +370,7 @@ def _verify(
     """Judge one load: loaded or rejected as predicted, and rejected for a predicted cause.
 
     Under a replaced ``torch.load`` the warning is not judged: how the replacement
-    reports is recorded in the outcome (:func:`_replacement_notes`) instead.
+    reports is recorded in the outcome (:func:`.replaced_loader.replacement_notes`) instead.
     """
     loaded = error is None
     notes = replacement_notes(exp.warns, error, warned, printed, registered) if exp.replaced_by else ()

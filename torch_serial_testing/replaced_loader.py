@@ -46,8 +46,8 @@ def _describe_load(fn: Any) -> Optional[str]:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-class _Tee(io.TextIOBase):
-    """Passes everything through to the real stream and keeps a copy."""
+class _Tee:
+    """Passes everything through to the real stream (and its other attributes) and keeps a copy."""
 
     def __init__(self, stream: Any, copy: io.StringIO) -> None:
         self._stream = stream
@@ -59,6 +59,9 @@ class _Tee(io.TextIOBase):
 
     def flush(self) -> None:
         self._stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 @contextmanager

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickletools
 import unittest
 import zipfile
@@ -33,11 +32,7 @@ from torch_serial_testing import (  # noqa: E402 - the backend must exist before
 )
 from torch_serial_testing.devices import resolve_devices  # noqa: E402
 
-#: Globals every nn.Module checkpoint needs where torch's allowlist lacks set (torch < 2.6).
-_SET = (set,) if "builtins.set" not in {
-    f"{g.__module__}.{g.__qualname__}" for g in torch._weights_only_unpickler._get_allowed_globals().values()
-    if hasattr(g, "__qualname__")
-} else ()
+from roundtrip_fixtures import MODULE_SAFE_GLOBALS  # noqa: E402 - builtins.set where torch < 2.6 needs it
 
 DEVICE_INDEX_ERROR = (
     "Attempting to deserialize object on NPU device 1 but torch.npu.device_count() is 1"
@@ -76,7 +71,7 @@ class DeviceTestCase(SerializationRoundTripTestCase, unittest.TestCase):
 
 class TestNpuRoundTrip(DeviceTestCase):
     devices = ("cpu", "npu")
-    safe_globals = (Net, torch.nn.Linear) + _SET
+    safe_globals = (Net, torch.nn.Linear) + MODULE_SAFE_GLOBALS
 
     def make_module(self) -> Net:
         torch.manual_seed(0)

@@ -69,6 +69,12 @@ def _rebuild_npu_tensor(storage, storage_offset, size, stride, requires_grad, ba
     return tensor
 
 
+def _torch_reads_force_no() -> bool:
+    import inspect
+
+    return FORCE_NO_WO in inspect.getsource(torch.serialization.load)
+
+
 def _is_zip(f: Any) -> bool:
     if isinstance(f, (str, os.PathLike)):
         with open(f, "rb") as fh:
@@ -93,7 +99,8 @@ def load(f: Any, map_location: Any = None, pickle_module: Any = None, *, weights
          mmap: Optional[bool] = None, **pickle_load_args: Any) -> Any:
     """torch_npu's ``torch.load``: torch's rules, its own reporting."""
     force_wo = os.getenv(FORCE_WO, "0").lower() in _TRUE
-    force_no = os.getenv(FORCE_NO_WO, "0").lower() in _TRUE
+    # torch_npu follows its torch: the switch exists only where torch.load reads it (torch >= 2.6)
+    force_no = os.getenv(FORCE_NO_WO, "0").lower() in _TRUE and _torch_reads_force_no()
     if force_wo and force_no:
         raise RuntimeError(
             f"Only one of `{FORCE_WO}` or `{FORCE_NO_WO}` should be set, but both were set."
@@ -105,7 +112,8 @@ def load(f: Any, map_location: Any = None, pickle_module: Any = None, *, weights
         print(FORCE_NO_NOTICE)
         weights_only = False
     if weights_only is None:
-        weights_only = torch.serialization._default_to_weights_only(pickle_module)
+        default = getattr(torch.serialization, "_default_to_weights_only", None)  # torch >= 2.6
+        weights_only = default(pickle_module) if default is not None else False
     kwargs: dict[str, Any] = dict(pickle_load_args, weights_only=weights_only, mmap=mmap)
     if pickle_module is not None:
         kwargs["pickle_module"] = pickle_module

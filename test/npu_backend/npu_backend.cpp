@@ -78,16 +78,19 @@ struct OneDeviceGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override { return kDeviceCount; }
 };
 
+// No `override` here on purpose: this interface gained methods and const qualifiers across torch
+// releases (isBuilt/isAvailable arrived in 2.6), and the backend must compile against each of them;
+// on a torch whose interface lacks a method, the function is simply unused.
 struct Hooks final : at::PrivateUse1HooksInterface {
-  bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return true; }
-  bool hasPrimaryContext(c10::DeviceIndex index) const override { return index == 0; }
-  at::Device getDeviceFromPtr(void*) const override { return c10::Device(kDeviceType, 0); }
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+  bool isBuilt() const { return true; }
+  bool isAvailable() const { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex index) const { return index == 0; }
+  at::Device getDeviceFromPtr(void*) const { return c10::Device(kDeviceType, 0); }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const {
     static at::Generator generator = at::make_generator<at::CPUGeneratorImpl>();
     return generator;
   }
-  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const override {
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t nbytes) const {
     at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), nbytes);
   }
 };
