@@ -196,6 +196,27 @@ class TestDeviceFiltersMatchPytorchWithoutBackend(unittest.TestCase):
                     self.assertEqual(ours, theirs)
 
 
+class TestPrivateuse1IsJudgedByTheRegisteredBackend(unittest.TestCase):
+    """device_skip_reason("privateuse1") asks the registered backend (the class used to always skip)."""
+
+    def test_reason_follows_the_backend(self):
+        from torch_serial_testing import devices
+
+        self.assertEqual(devices.device_skip_reason("privateuse1"), NOT_REGISTERED if
+                         devices.privateuse1_backend() is None else devices.device_skip_reason(devices.privateuse1_backend()))
+        available = mock.Mock(is_available=lambda: True)
+        absent = mock.Mock(is_available=lambda: False)
+        with mock.patch.object(devices, "privateuse1_backend", return_value="npu"):
+            with mock.patch.object(torch, "npu", available, create=True):
+                self.assertIsNone(devices.device_skip_reason("privateuse1"))
+                self.assertEqual(devices.torch_device_type("privateuse1"), "npu")
+            with mock.patch.object(torch, "npu", absent, create=True):
+                self.assertEqual(devices.device_skip_reason("privateuse1"), "NPU is not available")
+        with mock.patch.object(devices, "privateuse1_backend", return_value=None):
+            self.assertEqual(devices.device_skip_reason("privateuse1"), NOT_REGISTERED)
+            self.assertEqual(devices.torch_device_type("privateuse1"), "privateuse1")
+
+
 class TestBackendFixture(unittest.TestCase):
     def test_this_process_never_registers_the_backend(self):
         owner = torch._C._get_privateuse1_backend_name()
