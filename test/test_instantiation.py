@@ -158,8 +158,10 @@ class TestDimensions(unittest.TestCase):
         self.assertEqual(resolve_devices(("cpu", "cuda"), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cuda"}), ("cuda",))
         self.assertEqual(resolve_devices(("cpu", "cuda"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda, xpu"}), ("cpu",))
         self.assertEqual(resolve_devices(None, {}), ("cpu",) + (("cuda",) if torch.cuda.is_available() else ()))
-        with self.assertRaisesRegex(RoundTripConfigError, "set only one of"):
-            resolve_devices(("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda"})
+        # Both filters together, as pytorch allows (#13.4); only a device named in both is refused.
+        self.assertEqual(resolve_devices(("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda"}), ("cpu",))
+        with self.assertRaisesRegex(RoundTripConfigError, r"\['cpu'\] appear in both PYTORCH_TESTING_DEVICE_ONLY_FOR"):
+            resolve_devices(("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cpu"})
 
     def test_privateuse1_backend_naming_and_aliases(self):
         # Renaming privateuse1 is irreversible, so it runs in a subprocess.

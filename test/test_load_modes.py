@@ -220,7 +220,12 @@ class TestRealTorchAgrees(unittest.TestCase):
         if DEFAULT_WEIGHTS_ONLY or not SAFE_GLOBALS_SKIP:
             mode = "default" if DEFAULT_WEIGHTS_ONLY else "safe_globals"
             with clean_env(), mock.patch.object(torch, "load", lenient_load):
-                with self.assertRaisesRegex(unittest.SkipTest, "torch.load is replaced by .*lenient_load"):
+                # Judged by its outcome, never skipped: loading what torch's rules reject is a failure.
+                with self.assertRaisesRegex(
+                    UnexpectedLoadOutcome,
+                    rf"^{mode}: torch.load is replaced by \S*lenient_load, and it did not do what torch's own "
+                    r"rules require: expected rejection .*unexpected success",
+                ):
                     tst.round_trip(TinyNet(), mode)
         else:
             # No such mode runs here (torch < 2.5): the safe_globals mode skips for its own reason,
@@ -231,16 +236,16 @@ class TestRealTorchAgrees(unittest.TestCase):
             self.assertEqual(str(cm.exception), SAFE_GLOBALS_SKIP)
 
         # The other direction, on every torch: a replacement that makes the predicted full load
-        # weights-only rejects what torch's own rules say loads -- reported as a skip, not hidden.
+        # weights-only rejects what torch's own rules say loads -- a failure, not a skip.
         def strict_load(f, *args, **kwargs):
             kwargs["weights_only"] = True
             return real(f, *args, **kwargs)
 
         with clean_env(), mock.patch.object(torch, "load", strict_load):
             with self.assertRaisesRegex(
-                unittest.SkipTest,
-                r"torch.load is replaced by .*strict_load; torch's own rules predicted weights_only_false "
-                r"would be loaded but: expected to load .*torch rejected it",
+                UnexpectedLoadOutcome,
+                r"^weights_only_false: torch.load is replaced by \S*strict_load, and it did not do what "
+                r"torch's own rules require: expected to load .*torch rejected it",
             ):
                 tst.round_trip(TinyNet(), "weights_only_false")
         self.assertIsNone(load_modes.torch_load_replacement())

@@ -243,6 +243,11 @@ class SerializationRoundTripTestCase:
     def device_type(self) -> str:
         return self._tst_case.device_type if self._tst_case else "cpu"
 
+    @property
+    def load_device(self) -> str:
+        """Where this test's loads put tensors: its device (``npu``), or ``cpu`` in a ``..._to_cpu`` twin."""
+        return (self._tst_case.map_location if self._tst_case else None) or "cpu"
+
     def loading_engine(self) -> contextlib.AbstractContextManager[None]:
         """Context for post-load checks that must run under the load engine."""
         engine = self.load_qengine

@@ -36,4 +36,6 @@ class CaseSpec:
     def map_location(self) -> Optional[str]:
         if self.to_cpu:
             return "cpu"
-        return None if self.device_type == "cpu" else self.device_type
+        from .devices import torch_device_type
+
+        return None if self.device_type == "cpu" else torch_device_type(self.device_type)

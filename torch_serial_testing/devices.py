@@ -2,8 +2,12 @@
 
 Default devices are the available ones: cpu always, then cuda, xpu, mps and the
 privateuse1 backend (npu, ...) when available.  ``PYTORCH_TESTING_DEVICE_ONLY_FOR``
-and ``PYTORCH_TESTING_DEVICE_EXCEPT_FOR`` filter them as pytorch does, with the
-privateuse1 backend matched by its registered name or by ``privateuse1``.
+and ``PYTORCH_TESTING_DEVICE_EXCEPT_FOR`` filter them exactly as pytorch's
+``instantiate_device_type_tests`` does (``filter_desired_device_types``), so one
+environment selects the same device classes in a file mixing both: comma-separated
+with no trimming, both may be set (a device named in both is an error), and while
+the privateuse1 backend is available its name and ``privateuse1`` are aliases.
+A ``privateuse1`` declaration is judged by the registered backend (``npu``, ...).
 
 Generated classes are named ``<Generic><DEVICE>`` with the device type
 upper-cased.  A privateuse1 backend is named by what the class declares: an
@@ -26,6 +30,7 @@ __all__ = [
     "device_skip_reason",
     "resolve_devices",
     "class_suffix",
+    "torch_device_type",
 ]
 
 BUILTIN_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
@@ -53,7 +58,10 @@ def device_skip_reason(device_type: str) -> Optional[str]:
         mps = getattr(torch.backends, "mps", None)
         return None if mps is not None and mps.is_available() else "MPS is not available"
     if device_type == "privateuse1":
-        return "no privateuse1 backend is registered (import its extension, e.g. torch_npu)"
+        backend = privateuse1_backend()
+        if backend is None:
+            return "no privateuse1 backend is registered (import its extension, e.g. torch_npu)"
+        return device_skip_reason(backend)
     module = getattr(torch, device_type, None)
     is_available = getattr(module, "is_available", None)
     if is_available is None:
@@ -88,11 +96,42 @@ def _is_device_type(name: str) -> bool:
         return False
 
 
-def _aliases(device_type: str) -> set[str]:
-    pu1 = privateuse1_backend()
-    if device_type in ("privateuse1", pu1) and pu1:
-        return {"privateuse1", pu1}
-    return {device_type}
+def _privateuse1_alias() -> Optional[str]:
+    """The backend name pytorch treats as ``privateuse1`` in the filters: only while it is available."""
+    backend = privateuse1_backend()
+    return backend if backend is not None and device_skip_reason(backend) is None else None
+
+
+def _env_devices(env: Mapping[str, str], key: str) -> list[str]:
+    """pytorch's reading of a filter variable: split on commas, nothing trimmed, empty means unset."""
+    raw = env.get(key, "")
+    return raw.split(",") if raw else []
+
+
+def _filter(devices: tuple[str, ...], only: list[str], excl: list[str]) -> tuple[str, ...]:
+    """pytorch's ``filter_desired_device_types`` applied to declared device types.
+
+    While the privateuse1 backend is available, its name is replaced by ``privateuse1``
+    (a substring replace, as pytorch does) on both sides before comparing.
+    """
+    overlap = set(only) & set(excl)
+    if overlap:
+        raise RoundTripConfigError(
+            f"device(s) {sorted(overlap)} appear in both {ONLY_FOR} and {EXCEPT_FOR} (pytorch's "
+            f"instantiate_device_type_tests refuses this too); remove them from one of the two"
+        )
+    alias = _privateuse1_alias()
+
+    def canon(name: str) -> str:
+        return name.replace(alias, "privateuse1") if alias else name
+
+    only_c = {canon(x) for x in only}
+    excl_c = {canon(x) for x in excl}
+    if excl_c:
+        devices = tuple(d for d in devices if canon(d) not in excl_c)
+    if only_c:
+        devices = tuple(d for d in devices if canon(d) in only_c)
+    return devices
 
 
 def resolve_devices(declared: object, environ: Optional[Mapping[str, str]] = None) -> tuple[str, ...]:
@@ -109,15 +148,14 @@ def resolve_devices(declared: object, environ: Optional[Mapping[str, str]] = Non
                     "or privateuse1. For an out-of-tree backend (npu, ...), import its extension "
                     "before instantiating."
                 )
-    only = [x.strip() for x in env.get(ONLY_FOR, "").split(",") if x.strip()]
-    excl = [x.strip() for x in env.get(EXCEPT_FOR, "").split(",") if x.strip()]
-    if only and excl:
-        raise RoundTripConfigError(f"set only one of {ONLY_FOR} and {EXCEPT_FOR}, not both")
-    if only:
-        devices = tuple(d for d in devices if _aliases(d) & set(only))
-    if excl:
-        devices = tuple(d for d in devices if not _aliases(d) & set(excl))
-    return devices
+    return _filter(devices, _env_devices(env, ONLY_FOR), _env_devices(env, EXCEPT_FOR))
+
+
+def torch_device_type(device_type: str) -> str:
+    """The device type torch understands: ``privateuse1`` -> the registered backend name (``npu``)."""
+    if device_type == "privateuse1":
+        return privateuse1_backend() or device_type
+    return device_type
 
 
 def class_suffix(device_type: str) -> str:

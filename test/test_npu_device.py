@@ -1,0 +1,243 @@
+"""Device tests on a real second device: the npu test backend (``test/npu_backend``).
+
+Registering the backend renames privateuse1 for the rest of a process, so every test that
+needs it runs a child process (``python -m npu_backend.run --backend ...``) and checks that
+child's outcome per generated test id; this process never registers it.  The backend is
+built once (``.ci/run`` builds it before the tests; otherwise the first child does, under
+torch's build lock) and skipped, saying why, only where no compiler exists.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+import npu_backend
+from torch_serial_testing.devices import resolve_devices
+from torch_serial_testing.errors import RoundTripConfigError
+
+from roundtrip_fixtures import MODE_SKIPS
+from test_flagship_environments import FLAGSHIP_DIR, FLAGSHIP_MODULE, NO_LOAD_TESTS, round_trip_tests
+from test_readme import code_blocks, readme
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_DIR = ROOT / "test"
+SKIP = npu_backend.skip_reason()
+ONLY_FOR = "PYTORCH_TESTING_DEVICE_ONLY_FOR"
+EXCEPT_FOR = "PYTORCH_TESTING_DEVICE_EXCEPT_FOR"
+REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
+MODES = ("weights_only_false", "safe_globals", "default")
+ENGINES = ("fbgemm", "qnnpack")
+NOT_REGISTERED = "no privateuse1 backend is registered (import its extension, e.g. torch_npu)"
+
+
+def child(args, cwd=TEST_DIR, backend=True, **env_extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TORCH_FORCE_", "PYTORCH_TESTING_DEVICE_")) and k not in (REPORT_ENV, "EXPECTTEST_ACCEPT")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(TEST_DIR), os.environ.get("PYTHONPATH")) if p)
+    env.update(env_extra)
+    prefix = [sys.executable, "-m", "npu_backend.run", "--backend"] if backend else [sys.executable]
+    return subprocess.run(prefix + list(args), cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=900)  # a hang guard only
+
+
+def outcomes(out):
+    """test id -> the verbose runner's word for it (ok, skipped '...', FAIL, ERROR).
+
+    Each test's segment runs from its header line to the next header, so warnings or outcome
+    summaries printed in between do not hide the result.
+    """
+    headers = list(re.finditer(r"^test\w+ \(([\w.]+)\)", out, re.M))
+    found = {}
+    for i, m in enumerate(headers):
+        end = headers[i + 1].start() if i + 1 < len(headers) else len(out)
+        words = re.findall(r"(?:\.\.\. |^)(ok|skipped '.*'|FAIL|ERROR)$", out[m.end():end], re.M)
+        found[m.group(1)] = words[-1] if words else "?"
+    return found
+
+
+def ids(cls, methods, modes, parts):
+    return {f"npu_backend.device_cases.{cls}.test_{m}_{mode}_{p}" for m in methods for mode in modes for p in parts}
+
+
+def expected_device_case_ids():
+    rt = ("module", "state_dict", "shared_storage_stays_shared", "map_location", "device_index_error_is_torchs_own")
+    eng = [f"{name}_{e}" for name in ("engine_is_set_on_every_device", "quantized_tensors_cannot_live_on_the_device")
+           for e in ENGINES]
+    modes = [m for m in MODES if m not in MODE_SKIPS]
+    return (
+        ids("TestNpuRoundTripCPU", rt, modes, ["cpu"])
+        | ids("TestNpuRoundTripNPU", rt, modes, ["npu", "npu_to_cpu"])
+        | ids("TestPrivateuse1DeclarationNPU", ["round_trip"], modes, ["npu", "npu_to_cpu"])
+        | ids("TestNpuEnginesCPU", eng, ["default"], ["cpu"])
+        | ids("TestNpuEnginesNPU", eng, ["default"], ["npu", "npu_to_cpu"])
+        | {"npu_backend.device_cases.TestDeviceFiltersMatchPytorch.test_grid"}
+    )
+
+
+@unittest.skipIf(SKIP, SKIP)
+class TestOnTheNpuBackend(unittest.TestCase):
+    maxDiff = None
+
+    def test_device_cases_all_run_and_pass(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "report.jsonl"
+            proc = child(["-m", "unittest", "-v", "npu_backend.device_cases"], **{REPORT_ENV: str(report)})
+            records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, out[-5000:])
+        expected = {i for i in expected_device_case_ids() if not any(f"_{m}_" in i for m in MODE_SKIPS)}
+        self.assertEqual(set(outcomes(out)), expected, out[-3000:])
+        self.assertEqual({k: v for k, v in outcomes(out).items() if v != "ok"}, {})  # nothing skipped
+        self.assertRegex(out, rf"\nRan {len(expected)} tests in .*\n\nOK\n")
+        # the full-module default round trip on npu: rejected as expected, naming the module's globals
+        npu_default = [r for r in records if r["test"].endswith("TestNpuRoundTripNPU.test_module_default_npu")]
+        self.assertEqual(len(npu_default), 1)
+        self.assertFalse(npu_default[0]["loaded"])
+        self.assertIn("npu_backend.device_cases.Net, torch.nn.modules.linear.Linear", npu_default[0]["summary"])
+        loaded_modes = {r["mode"] for r in records if r["loaded"] and "_npu" in r["test"]}
+        self.assertEqual(loaded_modes, {m for m in MODES if m not in MODE_SKIPS})
+
+    def test_device_filters_select_like_pytorch(self):
+        all_classes = ["TestNpuEnginesCPU", "TestNpuEnginesNPU", "TestNpuRoundTripCPU", "TestNpuRoundTripNPU",
+                       "TestPrivateuse1DeclarationNPU"]
+        npu_only = [c for c in all_classes if c.endswith("NPU")]
+        cpu_only = [c for c in all_classes if c.endswith("CPU")]
+        cases = [
+            ({}, all_classes),
+            ({ONLY_FOR: "npu"}, npu_only),
+            ({ONLY_FOR: "privateuse1"}, npu_only),
+            ({EXCEPT_FOR: "npu"}, cpu_only),
+            ({EXCEPT_FOR: "privateuse1"}, cpu_only),
+            ({ONLY_FOR: "cpu", EXCEPT_FOR: "cuda"}, cpu_only),
+            ({ONLY_FOR: "npu", EXCEPT_FOR: "cpu"}, npu_only),
+        ]
+        for env, expected in cases:
+            with self.subTest(env=env):
+                proc = child(["-m", "npu_backend.device_cases"], **env)
+                self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+                self.assertEqual(json.loads(proc.stdout.strip().splitlines()[-1]), expected)
+        proc = child(["-m", "npu_backend.device_cases"], **{ONLY_FOR: "npu", EXCEPT_FOR: "npu"})
+        self.assertNotEqual(proc.returncode, 0)
+        self.assertIn("RoundTripConfigError: device(s) ['npu'] appear in both", proc.stderr)
+
+    def test_flagship_npu_class_skips_visibly(self):
+        proc = child(["-m", "unittest", "-v", FLAGSHIP_MODULE], cwd=FLAGSHIP_DIR)
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, out[-5000:])
+        found = outcomes(out)
+        cpu_ids = set(round_trip_tests())
+        npu_ids = set()
+        for test_id in cpu_ids:
+            base = test_id.replace("TestQlinearPackedParamsCPU", "TestQlinearPackedParamsNPU")[: -len("_cpu")]
+            npu_ids |= {base + "_npu", base + "_npu_to_cpu"}
+        self.assertEqual(set(found), cpu_ids | npu_ids | set(NO_LOAD_TESTS))
+        # every npu test skips, visibly and for the one reason the flagship gives
+        reasons = {found[i] for i in npu_ids}
+        self.assertEqual(len(reasons), 1, reasons)
+        self.assertRegex(reasons.pop(), r"^skipped '.*CPU-only module.*'$")
+        # and the CPU tests are untouched: they run (a mode this torch lacks aside) and pass
+        self.assertEqual({found[i] for i in cpu_ids if not any(f"_{m}_" in i for m in MODE_SKIPS)}, {"ok"})
+        self.assertRegex(out, rf"\nOK \(skipped={len(npu_ids) + sum(1 for i in cpu_ids if any(f'_{m}_' in i for m in MODE_SKIPS))}\)\n")
+
+    def test_readme_device_example(self):
+        example = readme_device_example()
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "test_linear_devices.py").write_text(example, encoding="utf-8")
+            on_npu = child(["-m", "unittest", "-v", "test_linear_devices"], cwd=tmp)
+            without = child(["-m", "unittest", "-v", "test_linear_devices"], cwd=tmp, backend=False)
+        out = on_npu.stdout + on_npu.stderr
+        self.assertEqual(on_npu.returncode, 0, out[-3000:])
+        found = outcomes(out)
+        modes = [m for m in MODES if m not in MODE_SKIPS]
+        expected = {f"test_linear_devices.TestLinearDevicesCPU.test_linear_{m}_cpu" for m in modes} | {
+            f"test_linear_devices.TestLinearDevicesNPU.test_linear_{m}_{p}" for m in modes for p in ("npu", "npu_to_cpu")
+        }
+        self.assertEqual(found, {i: "ok" for i in expected})
+        out = without.stdout + without.stderr
+        self.assertEqual(without.returncode, 0, out[-3000:])
+        skipped = {i: v for i, v in outcomes(out).items() if "PRIVATEUSE1" in i}
+        self.assertEqual(len(skipped), 2 * len(modes))
+        self.assertEqual(set(skipped.values()), {f"skipped {NOT_REGISTERED!r}"})
+
+
+def readme_device_example():
+    (example,) = [b for b in code_blocks(readme(), "python") if "test_linear_devices.py" in b]
+    return example
+
+
+class TestDeviceFiltersMatchPytorchWithoutBackend(unittest.TestCase):
+    """pytorch's filter_desired_device_types on cpu/cuda bases vs ours, for a grid of values (#13.4)."""
+
+    def test_grid(self):
+        from torch.testing._internal import common_device_type as cdt
+
+        bases = [cdt.CPUTestBase, cdt.CUDATestBase]
+        values = ["", "cpu", "cuda", "cpu,cuda", "xpu", "cuda, xpu", " cpu", "CPU", "cpu,", "privateuse1"]
+        for only in values:
+            for excl in values:
+                with self.subTest(only=only, excl=excl):
+                    try:
+                        theirs = [b.device_type for b in cdt.filter_desired_device_types(
+                            bases, excl.split(",") if excl else [], only.split(",") if only else [])]
+                    except AssertionError:
+                        theirs = None
+                    try:
+                        ours = list(resolve_devices(("cpu", "cuda"), {ONLY_FOR: only, EXCEPT_FOR: excl}))
+                    except RoundTripConfigError:
+                        ours = None
+                    self.assertEqual(ours, theirs)
+
+
+class TestPrivateuse1IsJudgedByTheRegisteredBackend(unittest.TestCase):
+    """device_skip_reason("privateuse1") asks the registered backend (the class used to always skip)."""
+
+    def test_reason_follows_the_backend(self):
+        from torch_serial_testing import devices
+
+        self.assertEqual(devices.device_skip_reason("privateuse1"), NOT_REGISTERED if
+                         devices.privateuse1_backend() is None else devices.device_skip_reason(devices.privateuse1_backend()))
+        available = mock.Mock(is_available=lambda: True)
+        absent = mock.Mock(is_available=lambda: False)
+        with mock.patch.object(devices, "privateuse1_backend", return_value="npu"):
+            with mock.patch.object(torch, "npu", available, create=True):
+                self.assertIsNone(devices.device_skip_reason("privateuse1"))
+                self.assertEqual(devices.torch_device_type("privateuse1"), "npu")
+            with mock.patch.object(torch, "npu", absent, create=True):
+                self.assertEqual(devices.device_skip_reason("privateuse1"), "NPU is not available")
+        with mock.patch.object(devices, "privateuse1_backend", return_value=None):
+            self.assertEqual(devices.device_skip_reason("privateuse1"), NOT_REGISTERED)
+            self.assertEqual(devices.torch_device_type("privateuse1"), "privateuse1")
+
+
+class TestBackendFixture(unittest.TestCase):
+    def test_this_process_never_registers_the_backend(self):
+        owner = torch._C._get_privateuse1_backend_name()
+        self.assertFalse(getattr(getattr(torch, owner, None), "_tst_backend", False))
+        if owner != "privateuseone":  # a real backend (torch_npu) owns privateuse1: the fake stays out
+            self.assertRegex(npu_backend.skip_reason(), r"^privateuse1 already belongs to a real backend")
+
+    def test_no_compiler_is_a_clear_skip_reason(self):
+        with mock.patch("shutil.which", return_value=None):
+            reason = npu_backend.skip_reason()
+        self.assertRegex(reason, r"^no C\+\+ compiler \('\S+' not found on PATH\): the npu test backend cannot be built$")
+
+    def test_build_dir_is_git_ignored_and_versioned(self):
+        build = npu_backend.build_dir()
+        self.assertEqual(build.parent, ROOT / "build" / "npu_backend")
+        self.assertIn(torch.__version__.replace("+", "_"), build.name)
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(build / "x.so")], cwd=ROOT)
+        if ignored.returncode == 128:
+            self.skipTest("not a git checkout")
+        self.assertEqual(ignored.returncode, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
