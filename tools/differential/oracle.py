@@ -181,21 +181,38 @@ def run(
             return state, run_worker(tmpdir, f"env{index:02d}", "run", state, loadable, timeout)
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            for state, records in pool.map(one, list(enumerate(envs))):
-                label = env_label(state)
-                items = work_items(loadable, probe=False)
-                for r in records:
-                    s = by_id[r["id"]]
-                    where = f"{s.kind} [{s.format}] env {label}"
-                    if "crash" in r:
-                        for variant in PASSES[items[r["i"]][0]]:
-                            report.add(f"torch crashed: {r['crash'][:60]}", f"{where} {variant}")
-                        continue
-                    for v in r["r"]:
-                        example = f"{where} {v['v']}"
-                        if not v["ok"]:
-                            example += f": predicted {_short(v['pred'])}; torch {_short(v['act'])}"
-                        report.add(None if v["ok"] else v["cause"], example)
+            per_env = list(pool.map(one, list(enumerate(envs))))
+        # Torch's own failures show up in worker processes too (e.g. a legacy-format Generator
+        # whose __setstate__ fails depending on process state): a checkpoint whose explicit
+        # weights_only=False load raised in any process of the run is excluded, by the same rule.
+        torch_side: dict[int, str] = {}
+        for _state, records in per_env:
+            for r in records:
+                for v in r.get("r", ()):
+                    act, pred = v.get("act", {}), v.get("pred", {})
+                    if v["v"] == "weights_only_false" and act.get("outcome") == "error" and pred.get("weights_only") is False:
+                        torch_side.setdefault(r["id"], f"{act.get('type')}: {_first_line(act.get('message', ''))}")
+        for cid, error in sorted(torch_side.items()):
+            s = by_id[cid]
+            report.excluded.append(Excluded(s.kind, s.format, "load", f"in a worker process: {error}"))
+        report.checkpoints -= len(torch_side)
+        items = work_items(loadable, probe=False)
+        for state, records in per_env:
+            label = env_label(state)
+            for r in records:
+                if r["id"] in torch_side:
+                    continue
+                s = by_id[r["id"]]
+                where = f"{s.kind} [{s.format}] env {label}"
+                if "crash" in r:
+                    for variant in PASSES[items[r["i"]][0]]:
+                        report.add(f"torch crashed: {r['crash'][:60]}", f"{where} {variant}")
+                    continue
+                for v in r["r"]:
+                    example = f"{where} {v['v']}"
+                    if not v["ok"]:
+                        example += f": predicted {_short(v['pred'])}; torch {_short(v['act'])}"
+                    report.add(None if v["ok"] else v["cause"], example)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return report
@@ -233,6 +250,11 @@ def _short(d: dict[str, Any]) -> str:
         ]
         text += f" {lines[-1][:160]!r}" if lines else ""
     return text
+
+
+def _first_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return (lines[0] if lines else "")[:160]
 
 
 def _library_location() -> str:

@@ -166,7 +166,7 @@ def classify(message: str, kind: str) -> str:
     if m:
         return f"global not predicted ({m.group(1)})"
     last = [line for line in message.strip().splitlines() if line.strip()]
-    return "other: " + (last[0][:70] if last else "")
+    return "other: " + re.sub(r" at 0x[0-9a-fA-F]+", "", last[0] if last else "")[:70]
 
 
 def _similar(a: str, b: str) -> bool:
