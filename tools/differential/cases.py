@@ -59,6 +59,8 @@ class Saved:
     kind: str
     format: str
     path: str
+    #: The quantized engine the loads run under (None: the process default).
+    qengine: Optional[str] = None
 
 
 @dataclass
@@ -128,7 +130,7 @@ def generate_one(outdir: str, index: int, kind: str, fmt: str, cache: dict[str, 
     path = os.path.join(outdir, f"{index:05d}.pt")
     with open(path, "wb") as fh:
         fh.write(data)
-    return {"saved": asdict(Saved(index, kind, fmt, path))}
+    return {"saved": asdict(Saved(index, kind, fmt, path, corpus.LOAD_QENGINE.get(kind)))}
 
 
 def _first_line(e: BaseException) -> str:

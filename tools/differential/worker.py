@@ -16,6 +16,7 @@ which item a crashed process was on, record the crash, and restart after it.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import io
 import json
@@ -24,7 +25,7 @@ import pickle
 import re
 import sys
 import warnings
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 _GLOBAL_RE = re.compile(r"GLOBAL (\S+) was not an allowed global")
 _WARNING_RE = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
@@ -246,8 +247,6 @@ def main(argv: list[str]) -> int:
     with open(out_path.replace(".jsonl", ".ids")) as fh:
         ids = json.load(fh)
     items = work_items(ids, role == "probe")
-    if role != "probe":
-        from torch_serial_testing.checkpoint import Checkpoint
     with open(out_path, "a", buffering=1) as out:
         for index in range(start, len(items)):
             pass_no, cid = items[index]
@@ -256,30 +255,54 @@ def main(argv: list[str]) -> int:
             out.flush()
             with open(entry["path"], "rb") as fh:
                 data = fh.read()
-            if role == "probe":
-                out.write(json.dumps({"i": index, "id": cid, "probe": probe(data)}) + "\n")
-                continue
-            checkpoint = Checkpoint.from_bytes(data)
-            results = []
-            for variant in PASSES[pass_no]:
-                declared, problem = declared_for(variant, checkpoint)
-                act = actual(variant, data, declared)
-                if problem is not None:
-                    # required_globals could not give a declaration: the variant agrees only if
-                    # torch indeed cannot load this weights-only (it rejects even the bare set).
-                    pred = {"outcome": "required-refused", "reason": problem}
-                    ok = act["outcome"] in ("rejects", "error", "conflict")
-                    cause = None if ok else "required_globals refused, torch loads weights-only: " + problem[:60]
-                else:
-                    pred = predicted(variant, checkpoint, declared)
-                    cause = compare(pred, act, entry["kind"], entry["format"], checkpoint)
-                    pred.pop("_exp", None)
-                rec: dict[str, Any] = {"v": variant, "ok": cause is None}
-                if cause is not None:
-                    rec.update(cause=cause, pred=pred, act=act)
-                results.append(rec)
-            out.write(json.dumps({"i": index, "id": cid, "r": results}) + "\n")
+            with _qengine(entry.get("qengine")):
+                if role == "probe":
+                    out.write(json.dumps({"i": index, "id": cid, "probe": probe(data)}) + "\n")
+                    continue
+                out.write(json.dumps({"i": index, "id": cid, "r": _compare_all(pass_no, entry, data)}) + "\n")
     return 0
+
+
+@contextlib.contextmanager
+def _qengine(name: Optional[str]) -> Iterator[None]:
+    """Load under the quantized engine the checkpoint's packed parameters need (restored after)."""
+    if name is None:
+        yield
+        return
+    import torch
+
+    before = torch.backends.quantized.engine
+    torch.backends.quantized.engine = name
+    try:
+        yield
+    finally:
+        torch.backends.quantized.engine = before
+
+
+def _compare_all(pass_no: int, entry: dict[str, Any], data: bytes) -> list[dict[str, Any]]:
+    """Every variant of one pass for one checkpoint: the real load next to predict()."""
+    from torch_serial_testing.checkpoint import Checkpoint
+
+    checkpoint = Checkpoint.from_bytes(data)
+    results = []
+    for variant in PASSES[pass_no]:
+        declared, problem = declared_for(variant, checkpoint)
+        act = actual(variant, data, declared)
+        if problem is not None:
+            # required_globals could not give a declaration: the variant agrees only if
+            # torch indeed cannot load this weights-only (it rejects even the bare set).
+            pred = {"outcome": "required-refused", "reason": problem}
+            ok = act["outcome"] in ("rejects", "error", "conflict")
+            cause = None if ok else "required_globals refused, torch loads weights-only: " + problem[:60]
+        else:
+            pred = predicted(variant, checkpoint, declared)
+            cause = compare(pred, act, entry["kind"], entry["format"], checkpoint)
+            pred.pop("_exp", None)
+        rec: dict[str, Any] = {"v": variant, "ok": cause is None}
+        if cause is not None:
+            rec.update(cause=cause, pred=pred, act=act)
+        results.append(rec)
+    return results
 
 
 if __name__ == "__main__":
