@@ -239,6 +239,21 @@ class TestOracleComparison(unittest.TestCase):
         self.assertIn("conflict", worker.compare(self._pred(), conflict, "k", "zip-p2", None))
 
 
+class TestOracleCommand(unittest.TestCase):
+    def test_unknown_kind_is_named(self) -> None:
+        from tools.differential.__main__ import main
+
+        with self.assertRaisesRegex(SystemExit, "unknown kinds: no_such_kind"):
+            main(["--kinds", "tensor_float32,no_such_kind"])
+
+    def test_every_kind_builds_or_says_why(self) -> None:
+        self.assertGreaterEqual(len(corpus.kinds()), 153)
+        for kind, engine in corpus.LOAD_QENGINE.items():
+            self.assertIn(kind, corpus.kinds())
+            self.assertIn(engine, ("qnnpack", "fbgemm", "x86", "onednn"))
+        self.assertTrue(corpus.SCRIPT_KINDS <= set(corpus.kinds()))
+
+
 #: The unpickler-model causes of issue #12 (R1-R6), owned by the scanner's model of torch's
 #: weights-only unpickler.  Until that model is in this tree (CheckpointInfo.weights_only_blocker),
 #: their disagreements are reported as a skip naming them; once it is, they fail like any other.
