@@ -11,6 +11,7 @@ behind one lock.
 from __future__ import annotations
 
 import importlib
+import os
 import threading
 from dataclasses import dataclass
 from contextlib import contextmanager
@@ -220,18 +221,54 @@ def registered_globals() -> frozenset[str]:
     return frozenset(_own_name(g) or f"<unnamed {type(g).__name__}>" for g in torch.serialization.get_safe_globals())
 
 
-def required_globals(obj_or_buffer: Any) -> list[str]:
+_NOT_GIVEN: Any = object()
+
+
+def required_globals(
+    obj_or_buffer: Any = _NOT_GIVEN,
+    *,
+    obj: Any = _NOT_GIVEN,
+    checkpoint: Any = _NOT_GIVEN,
+    path: Any = _NOT_GIVEN,
+) -> list[str]:
     """Sorted globals a checkpoint needs beyond torch's own allowlist, found without unpickling.
 
-    Accepts a checkpoint (bytes, buffer, path, :class:`Checkpoint`) or any object,
-    which is ``torch.save``-d into memory first.
+    Say what you pass with a keyword and nothing is guessed: ``obj=`` is always
+    ``torch.save``-d into memory first (even a ``str`` or ``bytes`` object),
+    ``checkpoint=`` is scanned (bytes, a buffer or file object, a :class:`Checkpoint`),
+    ``path=`` is a file to scan.  Positionally, a :class:`Checkpoint` or file object is
+    scanned and any other object is saved -- except ``bytes``/``bytearray``/``memoryview``
+    (scanned as checkpoint bytes) and ``str`` (a path), kept for backward compatibility;
+    when those are not a checkpoint the error says to pass ``obj=``.
     """
-    if isinstance(obj_or_buffer, (Checkpoint, bytes, bytearray, memoryview, str)) or hasattr(
-        obj_or_buffer, "read"
-    ):
-        info = scan_checkpoint(obj_or_buffer)
+    given = {k: v for k, v in (("obj", obj), ("checkpoint", checkpoint), ("path", path)) if v is not _NOT_GIVEN}
+    if obj_or_buffer is not _NOT_GIVEN:
+        given["positional"] = obj_or_buffer
+    if len(given) != 1:
+        raise TypeError(
+            "required_globals() takes exactly one of: an object (obj=...), checkpoint bytes or a buffer "
+            f"(checkpoint=...) or a file (path=...); got {', '.join(sorted(given)) or 'nothing'}"
+        )
+    (kind, value), = given.items()
+    if kind == "obj":
+        info = Checkpoint.save(value).info
+    elif kind == "path":
+        if not isinstance(value, (str, os.PathLike)):
+            raise TypeError(f"required_globals(path=...) takes a str or os.PathLike, got {type(value).__name__}")
+        info = scan_checkpoint(value)
+    elif kind == "checkpoint":
+        if isinstance(value, (str, os.PathLike)):
+            raise TypeError(
+                "required_globals(checkpoint=...) takes bytes, a buffer or a Checkpoint; "
+                "pass a file name as path=..."
+            )
+        info = scan_checkpoint(value)
+    elif isinstance(value, Checkpoint) or hasattr(value, "read"):
+        info = scan_checkpoint(value)
+    elif isinstance(value, (bytes, bytearray, memoryview, str, os.PathLike)):
+        info = _scan_ambiguous(value)
     else:
-        info = Checkpoint.save(obj_or_buffer).info
+        info = Checkpoint.save(value).info
     if info.format == "torchscript":
         from .errors import CheckpointFormatError
 
@@ -240,6 +277,26 @@ def required_globals(obj_or_buffer: Any) -> list[str]:
         )
     allowed = torch_allowlist()
     return sorted(g for g in info.globals if g not in allowed)
+
+
+def _scan_ambiguous(value: Any) -> Any:
+    """Scan a positional str (path) or bytes (checkpoint); say how to mean the object instead."""
+    from .errors import CheckpointFormatError
+
+    as_object = (
+        f"to get the globals of the {type(value).__name__} object itself, call required_globals(obj=...)"
+    )
+    if isinstance(value, (str, os.PathLike)):
+        if not os.path.isfile(value):
+            raise FileNotFoundError(f"required_globals({value!r}): a positional str is a checkpoint file, and there "
+                                    f"is no such file; {as_object}")
+        return scan_checkpoint(value)
+    try:
+        return scan_checkpoint(value)
+    except CheckpointFormatError as e:
+        raise CheckpointFormatError(
+            f"{e} (a positional {type(value).__name__} is read as checkpoint bytes; {as_object})"
+        ) from None
 
 
 def snapshot_registry() -> list[Any]:

@@ -36,9 +36,10 @@ def _json_float(x: float) -> Any:
 def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]) -> tuple[bool, str]:
     from .load_modes import torch_reads_force_no_weights_only
 
-    from .load_modes import is_truthy
+    from .load_modes import SwitchReading, is_truthy, torch_switch_readings
 
-    active = is_truthy(raw)
+    active = is_truthy(raw, name)
+    spellings = torch_switch_readings().get(name, SwitchReading(name)).describe()
     if raw is None:
         return False, "unset: no effect"
     if name == FORCE_NO_WO and not torch_reads_force_no_weights_only():
@@ -47,10 +48,10 @@ def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]
     if not active:
         if raw.strip().lower() not in _FALSY:
             problems.append(
-                f"{name}={raw!r} is ignored: torch only reads 1, y, yes, true (any case) as set"
+                f"{name}={raw!r} is ignored: this torch only reads {spellings} as set"
             )
             return False, (
-                f"ignored: {raw!r} is not one of torch's truthy spellings (1, y, yes, true; any case)"
+                f"ignored: {raw!r} is not one of this torch's truthy spellings: {spellings}"
             )
         return False, f"off ({raw!r} is not truthy): no effect"
     if both:

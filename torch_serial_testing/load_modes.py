@@ -32,7 +32,15 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from .allowlist import SafeGlobal, as_safe_globals, preserved_registry, registered_globals, registry_lock, torch_allowlist
+from .allowlist import (
+    SafeGlobal,
+    as_safe_globals,
+    preserved_registry,
+    qualified_name,
+    registered_globals,
+    registry_lock,
+    torch_allowlist,
+)
 from .checkpoint import Checkpoint
 from .pickle_scan import Check, class_repr, special_global_messages
 from .errors import CheckpointFormatError, ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
@@ -46,15 +54,20 @@ __all__ = [
     "Expectation",
     "LoadResult",
     "TRUE_VALUES",
+    "SwitchReading",
+    "is_truthy",
+    "switch_readings_from_source",
+    "torch_switch_readings",
     "torch_default_weights_only",
     "torch_reads_force_no_weights_only",
     "torch_load_replacement",
+    "declared_names",
     "predict",
     "load",
     "round_trip",
 ]
 
-#: torch's truthy spellings for the TORCH_FORCE_* switches (compared lower-cased).
+#: torch's truthy spellings for the TORCH_FORCE_* switches (the fallback when its source is unreadable).
 TRUE_VALUES = ("1", "y", "yes", "true")
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -89,9 +102,142 @@ class LoadMode(enum.Enum):
         return self.value
 
 
-def is_truthy(value: Optional[str]) -> bool:
-    """torch's reading of a TORCH_FORCE_* value: one of TRUE_VALUES in any case."""
-    return value is not None and value.lower() in TRUE_VALUES
+@dataclass(frozen=True)
+class SwitchReading:
+    """How one torch build reads one TORCH_FORCE_* variable.
+
+    torch 2.13 compares ``value.lower()`` with its truthy list; torch 2.8 compared the raw
+    value (``TRUE`` was not set there).  The rule is read from the running torch's source so
+    a prediction never assumes another torch's spelling rules.
+    """
+
+    name: str
+    true_values: tuple[str, ...] = TRUE_VALUES
+    #: str methods torch applies to the value before comparing, in order (e.g. ``("lower",)``).
+    transforms: tuple[str, ...] = ("lower",)
+
+    def is_set(self, value: Optional[str]) -> bool:
+        if value is None:
+            return False
+        for method in self.transforms:
+            value = getattr(value, method)()
+        return value in self.true_values
+
+    def describe(self) -> str:
+        """``1, y, yes, true (any case)`` -- the spellings torch counts as set, for messages."""
+        spelled = ", ".join(self.true_values)
+        if "lower" in self.transforms or "casefold" in self.transforms:
+            how = "any case"
+        elif "upper" in self.transforms:
+            how = "any case"
+        else:
+            how = "exactly as written, case-sensitive"
+        if "strip" in self.transforms:
+            how += ", surrounding spaces ignored"
+        return f"{spelled} ({how})"
+
+
+_STR_TRANSFORMS = ("lower", "upper", "casefold", "strip")
+
+
+def switch_readings_from_source(source: str) -> dict[str, SwitchReading]:
+    """The TORCH_FORCE_* readings in *source* (torch.serialization.load's code), by variable.
+
+    Recognises ``os.getenv(NAME, d)[.lower()...] in <list or name of a list>`` (and
+    ``os.environ.get``); a variable torch does not read is absent from the result.  Pure
+    parsing, so torch-2.8-like source can be fed in without installing that torch.
+    """
+    import ast
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(source))
+    lists: dict[str, tuple[str, ...]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            values = _str_sequence(node.value)
+            if values is not None:
+                lists.setdefault(node.targets[0].id, values)
+    found: dict[str, SwitchReading] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In)):
+            continue
+        transforms: list[str] = []
+        expr = node.left
+        while (
+            isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr in _STR_TRANSFORMS and not expr.args
+        ):
+            transforms.append(expr.func.attr)
+            expr = expr.func.value
+        name = _getenv_name(expr)
+        if name is None or not name.startswith("TORCH_FORCE_"):
+            continue
+        comparator = node.comparators[0]
+        values = _str_sequence(comparator)
+        if values is None and isinstance(comparator, ast.Name):
+            values = lists.get(comparator.id)
+        if values is None:
+            continue
+        found.setdefault(name, SwitchReading(name, values, tuple(reversed(transforms))))
+    return found
+
+
+def _str_sequence(node: Any) -> Optional[tuple[str, ...]]:
+    import ast
+
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)) and node.elts and all(
+        isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts
+    ):
+        return tuple(e.value for e in node.elts)
+    return None
+
+
+def _getenv_name(node: Any) -> Optional[str]:
+    """NAME from ``os.getenv("NAME", ...)`` / ``os.environ.get("NAME", ...)``, else None."""
+    import ast
+
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args):
+        return None
+    func = node.func
+    is_getenv = func.attr == "getenv"
+    is_environ_get = func.attr == "get" and isinstance(func.value, ast.Attribute) and func.value.attr == "environ"
+    first = node.args[0]
+    if (is_getenv or is_environ_get) and isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return first.value
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def torch_switch_readings() -> dict[str, SwitchReading]:
+    """How the running torch's ``torch.load`` reads each TORCH_FORCE_* variable.
+
+    Read from torch's own source.  Without the source (a frozen build) the version decides:
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD exists from torch 2.6, and both are read lower-cased as in
+    current torch.
+    """
+    import inspect
+
+    import torch
+
+    try:
+        readings = switch_readings_from_source(inspect.getsource(torch.serialization.load))
+    except (OSError, TypeError, SyntaxError):
+        readings = {}
+    if FORCE_WO not in readings:
+        major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
+        readings = {FORCE_WO: SwitchReading(FORCE_WO)}
+        if (major, minor) >= (2, 6):
+            readings[FORCE_NO_WO] = SwitchReading(FORCE_NO_WO)
+    return readings
+
+
+def is_truthy(value: Optional[str], name: str = FORCE_WO) -> bool:
+    """Whether the running torch counts *value* of the switch *name* as set.
+
+    A switch this torch does not read at all is never set.
+    """
+    reading = torch_switch_readings().get(name)
+    return reading is not None and reading.is_set(value)
 
 
 @dataclass(frozen=True)
@@ -108,8 +254,7 @@ class WeightsOnlySwitches:
         raw = {FORCE_WO: env.get(FORCE_WO), FORCE_NO_WO: env.get(FORCE_NO_WO)}
         # A torch before 2.6 does not read TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (so it neither
         # warns nor refuses both switches): there it is never set, whatever its spelling.
-        force_no = is_truthy(raw[FORCE_NO_WO]) and torch_reads_force_no_weights_only()
-        return cls(is_truthy(raw[FORCE_WO]), force_no, raw)
+        return cls(is_truthy(raw[FORCE_WO], FORCE_WO), is_truthy(raw[FORCE_NO_WO], FORCE_NO_WO), raw)
 
     @property
     def conflict(self) -> bool:
@@ -122,21 +267,12 @@ class WeightsOnlySwitches:
         )
 
 
-@functools.lru_cache(maxsize=1)
 def torch_reads_force_no_weights_only() -> bool:
     """Whether this torch's ``torch.load`` reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (torch >= 2.6).
 
     Read from torch's own source; the version decides only when the source is unavailable.
     """
-    import inspect
-
-    import torch
-
-    try:
-        return FORCE_NO_WO in inspect.getsource(torch.serialization)
-    except (OSError, TypeError):
-        major, minor = (int(x) for x in re.findall(r"\d+", torch.__version__)[:2])
-        return (major, minor) >= (2, 6)
+    return FORCE_NO_WO in torch_switch_readings()
 
 
 def torch_default_weights_only() -> tuple[bool, str]:
@@ -241,10 +377,60 @@ def _decide(mode: LoadMode, switches: WeightsOnlySwitches) -> tuple[bool, bool, 
     return default, False, f"weights_only={default} {why}"
 
 
+def declared_names(safe_globals: Any) -> tuple[str, ...]:
+    """The names torch matches *safe_globals* by, in any form the mixin accepts.
+
+    Objects (by ``module.qualname``, as torch's ``_get_user_allowed_globals`` does -- never an
+    object's own ``.name`` attribute), ``'module.Name'`` strings (not imported) and
+    ``(obj, 'module.Name')`` tuples.  Nothing is refused here: deciding what may be trusted is
+    :func:`load`'s job, a prediction only predicts.
+    """
+    if isinstance(safe_globals, (str, bytes)) or not hasattr(safe_globals, "__iter__"):
+        raise RoundTripConfigError(
+            f"safe_globals must be a tuple or list of globals, got {type(safe_globals).__name__}; "
+            "write safe_globals=[MyModule] (objects, 'module.Name' strings or (obj, 'module.Name') tuples)"
+        )
+    names: list[str] = []
+    for item in safe_globals:
+        if isinstance(item, SafeGlobal):
+            names.append(item.name)
+        elif isinstance(item, str):
+            names.append(item)
+        elif isinstance(item, tuple):
+            if len(item) != 2 or not isinstance(item[1], str):
+                raise RoundTripConfigError(f"safe global tuple {item!r} must be (object, 'module.Name')")
+            names.append(item[1])
+        else:
+            names.append(qualified_name(item))
+    return tuple(names)
+
+
+def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    if isinstance(checkpoint, LoadMode) or (isinstance(checkpoint, str) and not os.path.exists(checkpoint)):
+        try:
+            LoadMode.parse(checkpoint)
+        except RoundTripConfigError:
+            pass
+        else:
+            raise RoundTripConfigError(
+                f"{caller}() got the load mode {str(checkpoint)!r} where the checkpoint goes: the order is "
+                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)")
+            )
+    if caller == "predict":
+        # Predicting never unpickles, so any checkpoint form scan_checkpoint reads will do.
+        return Checkpoint.from_buffer(checkpoint)
+    raise TypeError(
+        f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
+        "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
+    )
+
+
 def predict(
     mode: LoadMode | str,
-    checkpoint: Checkpoint,
-    safe_globals: Sequence[SafeGlobal] = (),
+    checkpoint: Any,
+    safe_globals: Sequence[Any] = (),
     environ: Optional[Mapping[str, str]] = None,
 ) -> Expectation:
     """What torch should do loading *checkpoint* in *mode*, here and now.
@@ -252,8 +438,18 @@ def predict(
     With ``weights_only=True`` the checkpoint's scanned checks (:attr:`CheckpointInfo.checks`)
     are replayed in torch's order against what is allowed: the first one that fails is the
     rejection torch raises; a :attr:`CheckpointInfo.weights_only_blocker` means no allowlist helps.
+
+    *checkpoint* is a :class:`Checkpoint` or anything :func:`scan_checkpoint` reads (bytes, a
+    buffer, a path); *safe_globals* takes objects, ``'module.Name'`` strings and
+    ``(obj, 'module.Name')`` tuples.  It only predicts: nothing is refused or loaded.
     """
+    if isinstance(mode, Checkpoint):
+        raise RoundTripConfigError(
+            "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
+        )
     mode = LoadMode.parse(mode)
+    checkpoint = _as_checkpoint(checkpoint, "predict")
+    declared_names(safe_globals)  # every form the mixin accepts, validated; _allowed() reads them
     weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_environ(environ))
     info = checkpoint.info
     if not weights_only:
@@ -365,7 +561,7 @@ def _allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
 def load(
     checkpoint: Checkpoint,
     mode: LoadMode | str,
-    safe_globals: Sequence[SafeGlobal] = (),
+    safe_globals: Sequence[Any] = (),
     map_location: Any = None,
 ) -> LoadResult:
     """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says.
@@ -383,12 +579,12 @@ def load(
     """
     import torch
 
-    mode = LoadMode.parse(mode)
-    if not isinstance(checkpoint, Checkpoint):
-        raise TypeError(
-            f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
-            "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
+    if isinstance(checkpoint, (LoadMode, str)) and isinstance(mode, Checkpoint):
+        raise RoundTripConfigError(
+            "load() got the load mode first: the order is load(checkpoint, mode, ...)"
         )
+    mode = LoadMode.parse(mode)
+    checkpoint = _as_checkpoint(checkpoint, "load")
     reason = mode_skip_reason(mode)
     if reason:
         raise unittest.SkipTest(reason)
@@ -513,7 +709,7 @@ def _verify(
 def round_trip(
     obj: Any,
     mode: LoadMode | str,
-    safe_globals: Sequence[SafeGlobal] = (),
+    safe_globals: Sequence[Any] = (),
     map_location: Any = None,
 ) -> LoadResult:
     """``torch.save`` *obj* to memory and :func:`load` it back in *mode* (outside any test class)."""
