@@ -102,6 +102,14 @@ def _privateuse1_alias() -> Optional[str]:
     return backend if backend is not None and device_skip_reason(backend) is None else None
 
 
+def _aliases(device_type: str) -> set[str]:
+    """The names *device_type* answers to: the registered backend name and ``privateuse1`` are one."""
+    backend = privateuse1_backend()
+    if backend is not None and device_type in ("privateuse1", backend):
+        return {"privateuse1", backend}
+    return {device_type}
+
+
 def _env_devices(env: Mapping[str, str], key: str) -> list[str]:
     """pytorch's reading of a filter variable: split on commas, nothing trimmed, empty means unset."""
     raw = env.get(key, "")
