@@ -192,6 +192,9 @@ class Expectation:
     blocker: Optional[str] = None
     #: The text torch's rejection must contain: the first check the weights-only unpickler fails.
     rejection: Optional[str] = None
+    #: The exception torch raises when it rejects: UnpicklingError from the weights-only unpickler,
+    #: RuntimeError for a TorchScript or legacy tar archive refused before any unpickling.
+    error_type: str = "UnpicklingError"
 
     def summary(self, loaded: Optional[bool] = None) -> str:
         """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``."""
@@ -273,6 +276,7 @@ def predict(
         info.unsupported_opcodes,
         info.weights_only_blocker,
         rejection,
+        "RuntimeError" if info.format in ("torchscript", "tar") else "UnpicklingError",
     )
 
 

@@ -458,7 +458,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
             code = data[pos]
             n += 1
             if not n & 1023:
-                _check_budget(n, budget, len(stack), len(memo), limits)
+                _check_budget(n, budget, len(stack) + len(marks), len(memo), limits)
             at = pos
             if code in fast:
                 # The opcodes torch.save writes most, decoded inline (all weights-only supported).
