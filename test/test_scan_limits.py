@@ -60,7 +60,7 @@ class TestOneMegabyteFiles(unittest.TestCase):
         return info
 
     def test_memoize_flood(self) -> None:
-        info = self.assertBoundedScan(adversarial(b"\x94"), max_peak=256 * MB)  # MEMOIZE x 1M
+        info = self.assertBoundedScan(adversarial(b"\x94"), max_peak=128 * MB)  # MEMOIZE x 1M
         self.assertIsNotNone(info)
         self.assertGreater(info.memo_entries, 1_000_000 - 10)
         self.assertIn("MEMOIZE", info.unsupported_opcodes)

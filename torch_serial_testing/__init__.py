@@ -25,6 +25,7 @@ from .errors import (
 from .instantiation import cross_engine, instantiate_round_trip_tests
 from .isolation import GlobalState
 from .load_modes import Expectation, LoadMode, LoadResult, load, predict, round_trip
+from .scan_limits import ScanLimits, scan_limits
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,7 @@ __all__ = [
     "LoadResult",
     "RoundTripConfigError",
     "RoundTripMismatch",
+    "ScanLimits",
     "SerializationRoundTripTestCase",
     "UnexpectedLoadOutcome",
     "UnsafeLoadRefused",
@@ -59,5 +61,6 @@ __all__ = [
     "round_trip",
     "safe_globals_snippet",
     "scan_checkpoint",
+    "scan_limits",
     "supported_qengines",
 ]
