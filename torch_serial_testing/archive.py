@@ -21,7 +21,6 @@ decompressed or copied.
 
 from __future__ import annotations
 
-import io
 import struct
 import sys
 import tarfile
