@@ -28,6 +28,7 @@ from .errors import (
 from .instantiation import cross_engine, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims
 from .isolation import GlobalState
 from .load_modes import Expectation, LoadMode, LoadResult, load, predict, round_trip
+from .scan_limits import ScanLimits, scan_limits
 
 __version__ = "0.1.0"
 
@@ -46,6 +47,7 @@ __all__ = [
     "LoadResult",
     "RoundTripConfigError",
     "RoundTripMismatch",
+    "ScanLimits",
     "SerializationRoundTripTestCase",
     "UnexpectedLoadOutcome",
     "UnsafeCallable",
@@ -68,5 +70,6 @@ __all__ = [
     "round_trip_dims",
     "safe_globals_snippet",
     "scan_checkpoint",
+    "scan_limits",
     "supported_qengines",
 ]

@@ -276,7 +276,18 @@ def required_globals(
             "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply"
         )
     allowed = torch_allowlist()
-    return sorted(g for g in info.globals if g not in allowed)
+    # Types BUILD is applied to count too (numpy.dtypes.Float64DType never appears as a GLOBAL).
+    needed = set(info.globals) | set(getattr(info, "type_checks", ()))
+    return sorted(g for g in needed if g not in allowed and g not in _torch_allowed_type_names())
+
+
+def _torch_allowed_type_names() -> frozenset[str]:
+    """``module.qualname`` of the types on torch's own allowlist (BUILD accepts their instances)."""
+    from torch import _weights_only_unpickler as wou
+
+    return frozenset(
+        f"{v.__module__}.{v.__qualname__}" for v in wou._get_allowed_globals().values() if isinstance(v, type)
+    )
 
 
 def _scan_ambiguous(value: Any) -> Any:

@@ -21,9 +21,10 @@ decompressed or copied.
 
 from __future__ import annotations
 
-import io
 import struct
+import sys
 import tarfile
+import threading
 from typing import IO, Any
 
 from .errors import CheckpointFormatError
@@ -72,9 +73,8 @@ def _scan_zip(f: IO[bytes], state: ScanState) -> str:
             "re-save the checkpoint"
         ) from None
     try:
-        records = reader.get_all_records()
         is_torchscript = getattr(torch.serialization, "_is_torchscript_zip", None)
-        if is_torchscript(reader) if is_torchscript else "constants.pkl" in records:
+        if is_torchscript(reader) if is_torchscript else "constants.pkl" in reader.get_all_records():
             state.check("refused", "", TORCHSCRIPT_BLOCKER)
             state.weights_only_live = False
             return "torchscript"
@@ -89,8 +89,32 @@ def _scan_zip(f: IO[bytes], state: ScanState) -> str:
     except RuntimeError as e:
         raise CheckpointFormatError(f"torch cannot read the zip archive: {_one_line(e)}") from None
     _cap(len(data), "data.pkl", state)
-    scan_pickle(data, 0, state, zip_format=True)
+    _scan_cached(data, state)
     return "zip"
+
+
+# Facts of recently scanned data.pkl records, keyed by their exact bytes: a test file saves the
+# same module once per mode and engine, and the pickle torch writes for it is byte-identical.
+_CACHE_ENTRIES = 64
+_CACHE_MAX_BYTES = 1 << 20
+_cache: dict[tuple[bytes, Any, bool], ScanState] = {}
+_cache_lock = threading.Lock()
+
+
+def _scan_cached(data: bytes, state: ScanState) -> None:
+    if len(data) > _CACHE_MAX_BYTES or state.checks or not state.weights_only_live:
+        scan_pickle(data, 0, state, zip_format=True)
+        return
+    key = (data, state.limits, "numpy" in sys.modules)
+    hit = _cache.get(key)
+    if hit is None:
+        hit = ScanState(state.limits)
+        scan_pickle(data, 0, hit, zip_format=True)
+        with _cache_lock:
+            if len(_cache) >= _CACHE_ENTRIES:
+                _cache.pop(next(iter(_cache)), None)
+            _cache[key] = hit
+    state.merge(hit)
 
 
 def _cap(size: int, what: str, state: ScanState) -> None:

@@ -319,6 +319,9 @@ class Expectation:
     blocker: Optional[str] = None
     #: The text torch's rejection must contain: the first check the weights-only unpickler fails.
     rejection: Optional[str] = None
+    #: The exception torch raises when it rejects: UnpicklingError from the weights-only unpickler,
+    #: RuntimeError for a TorchScript or legacy tar archive refused before any unpickling.
+    error_type: str = "UnpicklingError"
 
     def summary(self, loaded: Optional[bool] = None, notes: Sequence[str] = (), warned: Optional[bool] = None) -> str:
         """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``.
@@ -471,6 +474,7 @@ def predict(
         info.unsupported_opcodes,
         info.weights_only_blocker,
         rejection,
+        "RuntimeError" if info.format in ("torchscript", "tar") else "UnpicklingError",
     )
 
 
@@ -524,13 +528,41 @@ def _torch_type_names() -> frozenset[str]:
     return cached[1]
 
 
+_allowed_cache: dict[Any, tuple[frozenset[str], frozenset[str]]] = {}
+
+
 def _allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
     """(global names torch accepts, names of the types BUILD accepts) with *declared* added.
 
     Types are matched by object in torch (``type(inst) in allowed.values()``); the model
     matches them by the objects' real ``module.qualname`` and by any name they are allowed
-    under (a key's value is always among the values).
+    under (a key's value is always among the values).  Cached while torch's allowlist, the
+    process-wide registry and the declaration are the same.
     """
+    import torch
+    from torch import _weights_only_unpickler as wou
+
+    try:
+        key: Any = (
+            id(wou._get_allowed_globals()),
+            torch_allowlist,
+            registered_globals,
+            frozenset(torch.serialization.get_safe_globals()),
+            tuple(declared),
+        )
+        hit = _allowed_cache.get(key)
+    except TypeError:  # something unhashable registered or declared: compute every time
+        key, hit = None, None
+    if hit is None:
+        hit = _compute_allowed(declared)
+        if key is not None:
+            if len(_allowed_cache) > 64:
+                _allowed_cache.clear()
+            _allowed_cache[key] = hit
+    return hit
+
+
+def _compute_allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
     import torch
 
     names = set(torch_allowlist()) | set(registered_globals())

@@ -1,0 +1,295 @@
+"""The static model of torch's weights-only unpickler predicts exactly what torch does.
+
+For each saved object kind x format x pickle protocol, ``predict()`` is compared with a
+real ``torch.load(weights_only=True)`` twice: with nothing allowlisted, and with exactly
+the globals and BUILD types the scan says are needed.  Loads/rejects must agree, and a
+rejection must carry the text the model predicts (torch's reason for the first failing
+check).  Weights-only loads never execute anything, so this runs in-process.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import importlib
+import io
+import subprocess
+import sys
+import textwrap
+import unittest
+import warnings
+from typing import Any, Optional
+from unittest import mock
+
+import torch
+
+from torch_serial_testing import Checkpoint, predict, required_globals, scan_checkpoint
+from torch_serial_testing.allowlist import torch_allowlist
+from torch_serial_testing.pickle_scan import numpy_dtype_class, special_global_messages, weights_only_opcodes
+
+try:
+    import numpy as np
+except ImportError:  # pragma: no cover - numpy is a test dependency
+    np = None  # type: ignore[assignment]
+
+
+class DictSub(dict):
+    pass
+
+
+class ListSub(list):
+    pass
+
+
+class ODSub(collections.OrderedDict):
+    pass
+
+
+Point = collections.namedtuple("Point", "x y")
+
+
+@dataclasses.dataclass
+class Config:
+    lr: float = 0.1
+
+
+class Color(enum.Enum):
+    RED = 1
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+
+
+def kinds() -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "tensor": torch.ones(2),
+        "parameter": torch.nn.Parameter(torch.ones(2)),
+        "qtensor": torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8),
+        "sparse": torch.ones(2, 2).to_sparse(),
+        "defaultdict": collections.defaultdict(int, a=1),
+        "deque": collections.deque([1, 2]),
+        "dict_subclass": DictSub(a=1),
+        "list_subclass": ListSub([1]),
+        "ordereddict_subclass": ODSub(a=1),
+        "ordereddict": collections.OrderedDict(a=torch.ones(1)),
+        "counter": collections.Counter("ab"),
+        "namedtuple": Point(1, 2),
+        "dataclass": Config(),
+        "enum": Color.RED,
+        "set": {1, 2},
+        "frozenset": frozenset([1]),
+        "bytes": b"ab",
+        "complex": 1j,
+        "module": Net(),
+        "size_dtype_device": (torch.Size([2]), torch.float16, torch.device("cpu"), torch.sparse_coo),
+        "big_int": 2**100,
+        "slice": slice(1, 2),
+    }
+    if np is not None:
+        out.update(
+            np_float_array=np.arange(3.0),
+            np_int_array=np.arange(3),
+            np_bool_array=np.array([True]),
+            np_scalar=np.float32(1.5),
+            np_dtype=np.dtype("int16"),
+            np_complex_array=np.zeros(2, dtype=np.complex64),
+        )
+    return out
+
+
+def resolve(name: str) -> Optional[Any]:
+    """Test-side import of a name the scan reported (the library itself never imports them)."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return None
+        return obj
+    return None
+
+
+def torch_weights_only(data: bytes, allow: list[Any]) -> tuple[bool, str]:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.serialization.safe_globals(allow):
+                torch.load(io.BytesIO(data), weights_only=True)
+        return True, ""
+    except Exception as e:  # noqa: BLE001 - torch's answer
+        return False, f"{type(e).__name__}: {e}"
+
+
+class TestModelAgreesWithTorch(unittest.TestCase):
+    def test_every_kind_format_and_protocol(self) -> None:
+        compared = 0
+        for name, obj in kinds().items():
+            for zip_format in (True, False):
+                for proto in range(6):
+                    buf = io.BytesIO()
+                    try:
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            torch.save(obj, buf, pickle_protocol=proto, _use_new_zipfile_serialization=zip_format)
+                            torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+                    except Exception:  # noqa: BLE001 - torch cannot round-trip this itself: excluded by rule
+                        continue
+                    data = buf.getvalue()
+                    ckpt = Checkpoint.from_bytes(data)
+                    info = ckpt.info
+                    self.assertEqual(info.format, "zip" if zip_format else "legacy")
+                    needed = required_globals(ckpt)
+                    objs = [o for o in map(resolve, needed) if o is not None]
+                    for allow in ([], objs):
+                        with self.subTest(kind=name, zip=zip_format, protocol=proto, allowlisted=len(allow)):
+                            exp = predict("safe_globals", ckpt, allow)
+                            loaded, message = torch_weights_only(data, allow)
+                            compared += 1
+                            self.assertEqual(exp.loads, loaded, f"{exp.summary()} / torch: {message[-300:]}")
+                            if not loaded:
+                                self.assertIn(exp.rejection, message)
+                            if info.weights_only_blocker:
+                                self.assertFalse(loaded)
+        self.assertGreater(compared, 200)
+
+    def test_blockers_name_torchs_reason(self) -> None:
+        expected = {
+            "defaultdict": "Can only SETITEM for dict, collections.OrderedDict, collections.Counter, "
+            "but got <class 'collections.defaultdict'>",
+            "deque": "Can only extend lists, but got <class 'collections.deque'>",
+            "dict_subclass": f"but got <class '{__name__}.DictSub'>",
+            "list_subclass": f"Can only append to lists, but got <class '{__name__}.ListSub'>",
+            "ordereddict_subclass": f"but got <class '{__name__}.ODSub'>",
+        }
+        all_kinds = kinds()
+        for name, fragment in expected.items():
+            with self.subTest(name):
+                blocker = Checkpoint.save(all_kinds[name]).info.weights_only_blocker
+                self.assertIsNotNone(blocker)
+                self.assertIn(fragment, blocker)
+        for name in ("ordereddict", "counter", "module", "tensor", "set"):
+            with self.subTest(name):
+                self.assertIsNone(Checkpoint.save(all_kinds[name]).info.weights_only_blocker)
+
+    def test_legacy_module_persistent_id_is_a_blocker(self) -> None:
+        buf = io.BytesIO()
+        torch.save(Net(), buf, _use_new_zipfile_serialization=False)
+        info = scan_checkpoint(buf.getvalue())
+        self.assertIn("Only persistent_load of storage is allowed", info.weights_only_blocker)
+        exp = predict("safe_globals", Checkpoint.from_bytes(buf.getvalue()), [Net, torch.nn.Linear, set])
+        self.assertFalse(exp.loads)
+        self.assertIn("Only persistent_load of storage is allowed", exp.rejection)
+        exp_default = predict("safe_globals", Checkpoint.from_bytes(buf.getvalue()))
+        self.assertIn("Unsupported global", exp_default.rejection)  # a missing global comes first
+
+    @unittest.skipIf(np is None, "numpy is not installed")
+    def test_numpy_build_types_are_required(self) -> None:
+        needed = required_globals(Checkpoint.save(np.arange(3.0)))
+        self.assertIn("numpy.dtypes.Float64DType", needed)
+        self.assertIn("numpy.ndarray", needed)
+        self.assertEqual(Checkpoint.save(np.dtype("int16")).info.type_checks, ("numpy.dtypes.Int16DType",))
+
+    @unittest.skipIf(np is None or not hasattr(np, "dtypes"), "numpy >= 1.25 is not installed")
+    def test_static_numpy_dtype_table_matches_numpy(self) -> None:
+        specs = ["b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16",
+                 "O8", "U5", "S3", "V4", "M8", "m8", "f16", "c32"]
+        with mock.patch.dict(sys.modules, {"numpy": None}):  # the static path, without numpy
+            static = {s: numpy_dtype_class(s) for s in specs}
+        for spec in specs:
+            with self.subTest(spec):
+                t = type(np.dtype(spec))
+                self.assertEqual(static[spec], f"{t.__module__}.{t.__qualname__}")
+        for odd in ("f8; import os", "x", "", None, 8):
+            self.assertIsNone(numpy_dtype_class(odd))
+
+
+class TestFullLoadGlobals(unittest.TestCase):
+    def scan(self, body: bytes, proto: int = 2) -> Any:
+        return scan_checkpoint(_torch_zip(b"\x80" + bytes([proto]) + body + b"."))
+
+    def test_names_resolve_as_a_full_unpickle_would(self) -> None:
+        def glob(m: str, n: str) -> bytes:
+            return b"c" + m.encode() + b"\n" + n.encode() + b"\n"
+
+        info = self.scan(glob("cPickle", "loads"))
+        self.assertIn("pickle.loads", info.full_load_globals)  # _compat_pickle, protocol < 3
+        self.assertIn("cPickle.loads", info.globals)  # torch's weights-only copy has no cPickle entry
+        info = self.scan(glob("cPickle", "loads"), proto=4)
+        self.assertIn("cPickle.loads", info.full_load_globals)  # no rename at protocol >= 3
+        info = self.scan(glob("urllib", "urlretrieve"))
+        self.assertIn("urllib.request.urlretrieve", info.full_load_globals)
+        info = self.scan(glob("torch.tensor", "_rebuild_from_type"))
+        self.assertIn("torch._tensor._rebuild_from_type", info.full_load_globals)
+        info = self.scan(glob("os", "FloatStorage"))  # torch.load returns its StorageType: no import
+        self.assertEqual(info.full_load_globals, ("torch.FloatStorage",))
+        info = self.scan(b"\x8c\x02os\x8c\x06system\x93")  # STACK_GLOBAL from strings
+        self.assertIn("os.system", info.full_load_globals)
+
+    def test_blocked_modules_are_blockers(self) -> None:
+        info = self.scan(b"c__builtin__\nintern\n")  # torch maps it to sys.intern: module sys is blocked
+        self.assertIn("whose module sys is blocked", info.weights_only_blocker)
+
+
+def _torch_zip(data_pkl: bytes) -> bytes:
+    import os
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import hostile_checkpoints
+
+    return hostile_checkpoints.torch_zip(data_pkl)
+
+
+class TestDerivedFromTorch(unittest.TestCase):
+    def test_opcodes_and_special_messages_come_from_torchs_source(self) -> None:
+        self.assertTrue({"GLOBAL", "REDUCE", "BUILD", "BINPERSID", "STOP"} <= weights_only_opcodes())
+        self.assertNotIn("STACK_GLOBAL", weights_only_opcodes())
+        special = special_global_messages()
+        if special:  # torch >= 2.6 has them
+            self.assertIn("nested jagged tensors", special["torch.nested._internal.nested_tensor.NestedTensor"])
+
+    def test_message_naming_no_global_in_a_fresh_process(self) -> None:
+        # A jagged nested tensor loaded before torch._dynamo registered its globals (R6).
+        code = textwrap.dedent(
+            """
+            import io, json, torch
+            from torch_serial_testing import Checkpoint, predict
+            data = io.BytesIO(bytes.fromhex(DATA))
+            ckpt = Checkpoint.from_bytes(data.getvalue())
+            exp = predict("safe_globals", ckpt)
+            try:
+                torch.load(data, weights_only=True); loaded, msg = True, ""
+            except Exception as e:
+                loaded, msg = False, str(e)
+            print(json.dumps([exp.loads, loaded, bool(exp.rejection) and exp.rejection in msg, msg[-200:]]))
+            """
+        )
+        try:
+            njt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+        except Exception as e:  # noqa: BLE001
+            self.skipTest(f"this torch cannot build a jagged nested tensor: {e}")
+        buf = io.BytesIO()
+        torch.save(njt, buf)
+        proc = subprocess.run(
+            [sys.executable, "-c", code.replace("DATA", repr(buf.getvalue().hex()))],
+            capture_output=True, text=True, timeout=300,
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        import json
+
+        predicted, loaded, named, msg = json.loads(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(predicted, loaded, msg)
+        if not loaded:
+            self.assertTrue(named, msg)
+
+
+if __name__ == "__main__":
+    unittest.main()

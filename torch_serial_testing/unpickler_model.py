@@ -1,0 +1,397 @@
+"""A model of torch's weights-only unpickler, as facts derived from torch's own code.
+
+``torch/_weights_only_unpickler.py`` (``Unpickler.load``) decides what a
+``weights_only=True`` load accepts.  This module holds what the static walker
+(:mod:`.pickle_scan`) needs to replay it without running it: the opcodes it
+implements and the messages it raises (read from torch's source where possible),
+the modules it blocks, its Python-2 name fix-ups, the abstract values the walker
+pushes, the type each allowlisted callable builds (``numpy.dtype('f8')`` builds a
+``numpy.dtypes.Float64DType``), the container and persistent-id rules, and the
+names a *full* unpickle resolves instead (``_compat_pickle``, torch's
+``load_module_mapping``).
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import functools
+import inspect
+import pickletools
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .scan_limits import ScanLimits
+
+__all__ = [
+    "Check",
+    "ScanState",
+    "weights_only_opcodes",
+    "WEIGHTS_ONLY_OPCODES",
+    "numpy_dtype_class",
+    "special_global_messages",
+    "class_repr",
+]
+
+# The opcodes torch 2.13's weights-only unpickler handles (torch/_weights_only_unpickler.py,
+# Unpickler.load); any other one makes it raise "Unsupported operand <code>".  Read from torch's
+# own source when it is available (see weights_only_opcodes), this is the fallback.
+WEIGHTS_ONLY_OPCODES = frozenset(
+    "GLOBAL NEWOBJ REDUCE BUILD APPEND APPENDS SETITEM SETITEMS MARK TUPLE TUPLE1 TUPLE2 TUPLE3 "
+    "NONE NEWFALSE NEWTRUE EMPTY_TUPLE EMPTY_LIST EMPTY_DICT EMPTY_SET BININT BININT1 BININT2 "
+    "BINFLOAT BINUNICODE SHORT_BINSTRING BINPERSID BINGET LONG_BINGET BINPUT LONG_BINPUT LONG1 "
+    "PROTO STOP".split()
+)
+
+UNRESOLVED = "<unresolved STACK_GLOBAL>"
+
+
+@functools.lru_cache(maxsize=1)
+def weights_only_opcodes() -> frozenset[str]:
+    """The opcodes this torch's weights-only unpickler accepts, read from its source."""
+    try:
+        from torch import _weights_only_unpickler as wou
+
+        source = inspect.getsource(wou.Unpickler.load)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return WEIGHTS_ONLY_OPCODES
+    found = frozenset(re.findall(r"\b([A-Z][A-Z0-9_]*)\[0\]", source)) & frozenset(
+        op.name for op in pickletools.opcodes
+    )
+    return found if "GLOBAL" in found and "STOP" in found else WEIGHTS_ONLY_OPCODES
+
+
+# torch 2.13's globals refused with a message that names no global (an NJT or DTensor checkpoint
+# loaded before torch.nested / torch.distributed.tensor registered them).  Read from torch's source.
+_SPECIAL_FALLBACK: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "torch.nested._internal.nested_tensor.NestedTensor",
+            "torch.nested._internal.nested_tensor._rebuild_njt",
+            "torch._dynamo.decorators._DimRange",
+        ],
+        "``torch.nested`` and ``torch._dynamo`` must be imported to load nested jagged tensors (NJTs)",
+    ),
+    **dict.fromkeys(
+        [
+            "torch.distributed.device_mesh.DeviceMesh",
+            "torch.distributed.tensor._dtensor_spec.DTensorSpec",
+            "torch.distributed.tensor._dtensor_spec.TensorMeta",
+            "torch.distributed.tensor.DTensor",
+            "torch.distributed.tensor.placement_types.Partial",
+            "torch.distributed.tensor.placement_types.Replicate",
+            "torch.distributed.tensor.placement_types.Shard",
+        ],
+        "``torch.distributed.tensor`` must be imported to load DTensors",
+    ),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def special_global_messages() -> dict[str, str]:
+    """Globals this torch refuses, when not allowlisted, with a message naming no global."""
+    try:
+        from torch import _weights_only_unpickler as wou
+
+        source = inspect.getsource(wou.Unpickler.load)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return dict(_SPECIAL_FALLBACK)
+    found: dict[str, str] = {}
+    pattern = re.compile(
+        r"elif full_path in \(\s*\[(?P<names>[^\]]*)\]\s*\):\s*raise UnpicklingError\(\s*(?P<msg>(?:\"[^\"]*\"\s*)+)\)"
+    )
+    for m in pattern.finditer(source):
+        message = "".join(re.findall(r"\"([^\"]*)\"", m.group("msg")))
+        for name in re.findall(r"\"([^\"]+)\"", m.group("names")):
+            found[name] = message
+    return found
+
+
+@functools.lru_cache(maxsize=1)
+def _blocked_modules() -> frozenset[str]:
+    try:
+        from torch import _weights_only_unpickler as wou
+
+        return frozenset(wou._blocklisted_modules)
+    except (ImportError, AttributeError):
+        return frozenset(["sys", "os", "posix", "nt"])
+
+
+@functools.lru_cache(maxsize=1)
+def _torch_name_fixups() -> tuple[dict[str, str], dict[tuple[str, str], tuple[str, str]]]:
+    """torch's copy of pickle's Python-2 name fix-ups, applied by the weights-only unpickler."""
+    from torch._utils import IMPORT_MAPPING, NAME_MAPPING
+
+    return IMPORT_MAPPING, NAME_MAPPING
+
+
+@functools.lru_cache(maxsize=1)
+def _storage_names() -> frozenset[str]:
+    """Names torch.load resolves to its own StorageType without importing anything."""
+    try:
+        import torch
+
+        return frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
+    except (ImportError, AttributeError):
+        return frozenset()
+
+
+# torch.serialization._load's module renames for a full unpickle of a zip checkpoint.
+_LOAD_MODULE_MAPPING = {"torch.tensor": "torch._tensor"}
+
+
+# -- numpy dtypes: the type BUILD sees after REDUCE of numpy.dtype('<str>', ...) ---------------
+
+_NUMPY_NUMERIC = {
+    "b": {1: "BoolDType"},
+    "i": {1: "Int8DType", 2: "Int16DType", 4: "Int32DType", 8: "Int64DType"},
+    "u": {1: "UInt8DType", 2: "UInt16DType", 4: "UInt32DType", 8: "UInt64DType"},
+    "f": {2: "Float16DType", 4: "Float32DType", 8: "Float64DType", 12: "LongDoubleDType", 16: "LongDoubleDType"},
+    "c": {8: "Complex64DType", 16: "Complex128DType", 24: "CLongDoubleDType", 32: "CLongDoubleDType"},
+    "M": {8: "DateTime64DType"},
+    "m": {8: "TimeDelta64DType"},
+}
+_NUMPY_FLEXIBLE = {"O": "ObjectDType", "U": "StrDType", "S": "BytesDType", "V": "VoidDType"}
+_NUMPY_DTYPE_STR = re.compile(r"([biufcMmOUSV])(\d{0,6})")
+
+
+def numpy_dtype_class(spec: Any) -> Optional[str]:
+    """``numpy.dtypes.<X>DType`` for the type ``numpy.dtype(spec)`` builds, or None if unknown.
+
+    Derived from the string alone, without importing numpy (numpy >= 1.25 naming); when numpy
+    is already imported its own answer is used for strings of the validated shape.
+    """
+    if not isinstance(spec, str):
+        return None
+    m = _NUMPY_DTYPE_STR.fullmatch(spec)
+    if m is None:
+        return None
+    import sys
+
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "dtypes"):
+        try:
+            t = type(numpy.dtype(spec))
+            return f"{t.__module__}.{t.__qualname__}"
+        except (TypeError, ValueError):
+            return None
+    kind, size = m.group(1), m.group(2)
+    if kind in _NUMPY_FLEXIBLE:
+        return f"numpy.dtypes.{_NUMPY_FLEXIBLE[kind]}"
+    name = _NUMPY_NUMERIC[kind].get(int(size)) if size else None
+    return f"numpy.dtypes.{name}" if name else None
+
+
+# -- abstract values ----------------------------------------------------------------------------
+
+
+class _Global:
+    """A global pushed by GLOBAL: its weights-only name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Obj:
+    """An object whose type the model knows by name (None: cannot tell statically)."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, type_name: Optional[str]) -> None:
+        self.type = type_name
+
+
+_LIST = _Obj("builtins.list")
+_DICT = _Obj("builtins.dict")
+_SET = _Obj("builtins.set")
+_FROZENSET = _Obj("builtins.frozenset")
+_BOOL = _Obj("builtins.bool")
+_NONE = _Obj("builtins.NoneType")
+_FLOAT = _Obj("builtins.float")
+_INT = _Obj("builtins.int")  # an int the model did not decode
+_BYTES = _Obj("builtins.bytes")
+_BYTEARRAY = _Obj("builtins.bytearray")
+_STR = _Obj("builtins.str")  # a str too long to keep
+_PICKLEBUFFER = _Obj("pickle.PickleBuffer")
+_UNKNOWN = _Obj(None)
+_STORAGE = _Obj("torch.storage.TypedStorage")
+
+_TENSOR = "torch.Tensor"
+_PARAMETER = "torch.nn.parameter.Parameter"
+_SETITEM_TYPES = frozenset(["builtins.dict", "collections.OrderedDict", "collections.Counter"])
+_BUILD_FREE = frozenset([_TENSOR, _PARAMETER, "collections.OrderedDict"])
+
+# What REDUCE of these (allowlisted) callables returns, for the type checks after it.
+_REDUCE_RESULT = {
+    **dict.fromkeys(
+        [
+            "torch._utils._rebuild_tensor",
+            "torch._utils._rebuild_tensor_v2",
+            "torch._utils._rebuild_tensor_v3",
+            "torch._utils._rebuild_qtensor",
+            "torch._utils._rebuild_sparse_tensor",
+            "torch._utils._rebuild_meta_tensor_no_storage",
+            "torch._utils._rebuild_nested_tensor",
+            "torch._utils._rebuild_device_tensor_from_numpy",
+            "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+        ],
+        _TENSOR,
+    ),
+    "torch._utils._rebuild_parameter": _PARAMETER,
+    "torch._utils._rebuild_parameter_with_state": _PARAMETER,
+    "_codecs.encode": "builtins.bytes",
+    "torch.serialization._get_layout": "torch.layout",
+}
+# REDUCE of these returns an instance of the class given as the first (or second) argument.
+_REDUCE_ARG_TYPE = {
+    "copyreg._reconstructor": 0,
+    "copyreg.__newobj__": 0,
+    "torch._utils._rebuild_wrapper_subclass": 0,
+    "numpy.core.multiarray._reconstruct": 0,
+    "numpy._core.multiarray._reconstruct": 0,
+    "torch._tensor._rebuild_from_type_v2": 1,
+}
+_NUMPY_DTYPE = "numpy.dtype"
+
+
+def _type_of(v: Any) -> Optional[str]:
+    if isinstance(v, _Obj):
+        return v.type
+    if isinstance(v, str):
+        return "builtins.str"
+    if isinstance(v, bool):
+        return "builtins.bool"
+    if isinstance(v, int):
+        return "builtins.int"
+    if isinstance(v, tuple):
+        return "builtins.tuple"
+    if isinstance(v, _Global):
+        return None  # a class or a function: cannot tell without importing it
+    return None
+
+
+def class_repr(type_name: Optional[str]) -> str:
+    """How torch's messages print ``type(x)``: ``<class 'collections.deque'>``, ``<class 'list'>``."""
+    if type_name is None:
+        return "<class '?'>"
+    if type_name.startswith("builtins."):
+        type_name = type_name[len("builtins."):]
+    return f"<class '{type_name}'>"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing torch's weights-only unpickler verifies, in the order it meets them.
+
+    ``kind`` is ``"global"`` (the name must be allowlisted), ``"type"`` (BUILD on an
+    instance of this type: the type must be allowlisted) or ``"refused"`` (never
+    loads, whatever is allowlisted; ``message`` is torch's reason).
+    """
+
+    kind: str
+    name: str = ""
+    message: str = ""
+
+
+@dataclass
+class ScanState:
+    """Facts gathered over every pickle of one checkpoint (and the work spent so far)."""
+
+    limits: ScanLimits
+    checks: list[Check] = field(default_factory=list)
+    seen: set[Any] = field(default_factory=set)
+    globals: set[str] = field(default_factory=set)
+    full_load_globals: dict[str, str] = field(default_factory=dict)
+    refused_opcodes: set[str] = field(default_factory=set)
+    opcodes: int = 0
+    bytes_scanned: int = 0
+    max_memo: int = 0
+    #: False once the weights-only unpickler would have stopped (an unsupported opcode, a damaged
+    #: stream): later pickles and opcodes no longer add weights-only checks.
+    weights_only_live: bool = True
+
+    def check(self, kind: str, name: str = "", message: str = "") -> None:
+        key = (kind, name, message)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.checks.append(Check(kind, name, message))
+
+    def merge(self, other: "ScanState") -> None:
+        """Add the facts of a scan done on its own (a cached one) after this one's."""
+        if not self.checks and not self.globals:  # nothing before: take copies wholesale
+            self.checks = list(other.checks)
+            self.seen = set(other.seen)
+            self.globals = set(other.globals)
+            self.full_load_globals = dict(other.full_load_globals)
+            self.refused_opcodes = set(other.refused_opcodes)
+            self.opcodes += other.opcodes
+            self.bytes_scanned += other.bytes_scanned
+            self.max_memo = max(self.max_memo, other.max_memo)
+            self.weights_only_live = self.weights_only_live and other.weights_only_live
+            return
+        for c in other.checks:
+            self.check(c.kind, c.name, c.message)
+        self.globals |= other.globals
+        for name, via in other.full_load_globals.items():
+            self.full_load_globals.setdefault(name, via)
+        self.refused_opcodes |= other.refused_opcodes
+        self.opcodes += other.opcodes
+        self.bytes_scanned += other.bytes_scanned
+        self.max_memo = max(self.max_memo, other.max_memo)
+        self.weights_only_live = self.weights_only_live and other.weights_only_live
+
+    @property
+    def blocker(self) -> Optional[str]:
+        return next((c.message for c in self.checks if c.kind == "refused"), None)
+
+
+def _describe(v: Any) -> str:
+    t = _type_of(v)
+    return f"an object of {class_repr(t)}" if t else "an object the scan cannot name"
+
+
+def _reduce_result(func: str, args: Any) -> Optional[str]:
+    """The type REDUCE of the allowlisted *func* builds, or None when it cannot be told statically."""
+    if func in _REDUCE_RESULT:
+        return _REDUCE_RESULT[func]
+    if func == _NUMPY_DTYPE:
+        return numpy_dtype_class(args[0]) if isinstance(args, tuple) and args else None
+    index = _REDUCE_ARG_TYPE.get(func)
+    if index is not None:
+        if isinstance(args, tuple) and len(args) > index and isinstance(args[index], _Global):
+            return args[index].name
+        return None
+    return func  # calling a class builds an instance of it
+
+
+def _persid_refusal(pid: Any) -> Optional[str]:
+    """torch's refusal of a persistent id (only storages may be persistent-loaded), or None."""
+    if isinstance(pid, tuple):
+        if pid and not (isinstance(pid[0], str) and pid[0] == "storage"):
+            if isinstance(pid[0], str) or isinstance(pid[0], _Obj):
+                t = _type_of(pid[0])
+                return f"Only persistent_load of storage is allowed, but got {class_repr(t)}"
+            return "Only persistent_load of storage is allowed"
+        return None
+    if isinstance(pid, int) and not isinstance(pid, bool):
+        return None
+    t = _type_of(pid)
+    if t in ("builtins.tuple", "builtins.int"):
+        return None
+    return f"persistent_load id must be tuple or int, but got {class_repr(t)}"
+
+
+def _full_load_name(module: str, name: str, proto: int, zip_format: bool) -> str:
+    """The global a full unpickle in torch.load resolves for GLOBAL *module* *name*."""
+    if "Storage" in name and name in _storage_names():
+        return f"torch.{name}"  # torch.load's find_class returns its own StorageType, importing nothing
+    if zip_format:
+        module = _LOAD_MODULE_MAPPING.get(module, module)
+    if proto < 3:
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+    return f"{module}.{name}"
