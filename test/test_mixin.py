@@ -313,3 +313,30 @@ class TestClassCreationErrors(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestWeightsOnlyBlocker(unittest.TestCase):
+    """A checkpoint no allowlist can make load weights-only: the safe_globals mode fails at once with
+    torch's reason; the other modes keep their predicted outcomes (issue 12)."""
+
+    def test_safe_globals_mode_fails_with_torchs_reason(self):
+        import collections
+
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            def test_blocked(self):
+                self.round_trip({"d": collections.defaultdict(list, x=[1])}, mode="safe_globals", safe_globals=())
+
+            def test_full_load_still_loads(self):
+                loaded = self.round_trip({"d": collections.defaultdict(list, x=[1])}, mode="weights_only_false")
+                self.assertEqual(loaded["d"]["x"], [1])
+
+        result, out = run_inner(Inner)
+        if SAFE_GLOBALS_SKIP:
+            self.assertEqual(len(result.skipped), 1, out)
+            return
+        self.assertEqual(len(result.failures), 1, out)
+        message = result.failures[0][1]
+        self.assertIn("cannot load weights-only, whatever is allowlisted", message)
+        self.assertIn("Can only SETITEM for dict", message)  # torch's own reason
+        self.assertIn("round_trip_dims(load_modes=", message)
+        self.assertEqual(result.errors, [])

@@ -52,7 +52,7 @@ HOSTILE_NAMES = {
     "keyword_part": ("torch", "nn.class"),
     "empty_part": ("torch..nn", "Linear"),
     "space_import": ("torch", "nn import Linear as set; import os"),
-    "very_long": ("torch", "a" * 5000),
+    "very_long": ("torch", "a" * 1000),  # past names-as-data's 512, within the scan's name cap
 }
 
 
@@ -197,6 +197,14 @@ class TestReportsEscapeEverything(unittest.TestCase):
                                  ["status: DANGEROUS (exit 2)"])
                 self.assertFalse(any(l.lstrip().startswith("status: LOADS") for l in text.splitlines()))
                 json.loads(json.dumps(r))  # the JSON form is plain data too
+
+    def test_a_name_past_the_scan_cap_is_unreadable(self) -> None:
+        # Longer than ScanLimits.max_name_length: the scan stops there (exit 2), nothing is suggested.
+        r, text = self.report(_hostile_checkpoint("torch", "a" * 5000))
+        self.assertEqual((r["status"], r["exit_code"], r["snippet"]), ("unreadable", cli.EXIT_DANGEROUS, None))
+        self.assertRegex(r["error"], "name")
+        for line in text.splitlines():
+            self.assertTrue(line.isprintable(), repr(line))
 
     def test_given_safe_globals_are_shown_escaped(self) -> None:
         data = _hostile_checkpoint(*HOSTILE_NAMES["terminal_escape"])

@@ -218,12 +218,13 @@ class TestClassesOnly(unittest.TestCase):
         if SAFE_GLOBALS_SKIP:
             self.skipTest(SAFE_GLOBALS_SKIP)
         state = {"stats": np.arange(3.0)}
-        extra = [g for g in required_globals(state) if g not in (RECONSTRUCT_NAME,
-                                                                  "numpy.ndarray", "numpy.dtype")]
+        dtype_names = {f"{c.__module__}.{c.__qualname__}" for c in DTYPE_CLASSES}
+        extra = [g for g in required_globals(state) if g not in (RECONSTRUCT_NAME, "numpy.ndarray", "numpy.dtype")
+                 and g not in dtype_names]
 
         class NumpyState(SerializationRoundTripTestCase, unittest.TestCase):
             # torch's BUILD check also wants the dtype's class, which the pickle does not name as a
-            # global (hence allow_unneeded_safe_globals); it is a class, so no opt-in for it.
+            # global (required_globals lists it from the scan's BUILD types); a class: no opt-in.
             safe_globals = (
                 UnsafeCallable(RECONSTRUCT, reason="numpy arrays in the state"),
                 np.ndarray, np.dtype, *DTYPE_CLASSES, *extra,

@@ -85,6 +85,16 @@ def check_declared(
     class-level ``safe_globals`` apply to every round trip).  Not over-trust: a declared global the checkpoint uses although torch allows it, and one
     torch's allowlist has (now or since a later version, :data:`LATER_ALLOWLISTED`).
     """
+    blocker = checkpoint.info.weights_only_blocker
+    if blocker:
+        named = allowlist.required_globals(checkpoint)
+        also = f" (it also names {', '.join(map(show_name, named))} beyond torch's allowlist)" if named else ""
+        raise AllowlistError(
+            f"{where.label}: this checkpoint cannot load weights-only, whatever is allowlisted: {blocker}{also}\n"
+            "The safe_globals mode cannot pass for it. Save something weights-only can load (a "
+            "state_dict, plain containers), or drop this test's safe_globals mode with "
+            "@round_trip_dims(load_modes=('weights_only_false', 'default'))."
+        )
     needed = set(allowlist.required_globals(checkpoint))
     names = {sg.name for sg in declared}
     missing = sorted(needed - names)

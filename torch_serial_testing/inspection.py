@@ -141,10 +141,10 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
         status, report["error"] = "environment_error", conflict
     elif dangerous or malformed:
         status = "dangerous"
+    elif info.format in ("torchscript", "tar"):  # never weights-only: a loader only for trusted files
+        status = "needs_trusted_loader"
     elif unknown or blocker:
         status = "unloadable"
-    elif info.format in ("torchscript", "tar"):
-        status = "needs_trusted_loader"
     elif opt_in:
         status = "needs_opt_in"
     elif modes["safe_globals"]["outcome"] == "loads":
