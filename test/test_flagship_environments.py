@@ -97,7 +97,7 @@ def running_tests():
 
 
 NO_LOAD_TESTS = tuple(
-    f"{FLAGSHIP_MODULE}.{GENERATED_CLASS}.{name}_cpu"  # @no_round_trip_dims: no mode or engine in the name
+    f"{FLAGSHIP_MODULE}.TestQlinearPackedParamsCheckpointFacts.{name}"  # a plain class: no mode, engine or device
     for name in ("test_required_globals", "test_full_module_state_dict_load_is_broken_in_torch")
 )
 

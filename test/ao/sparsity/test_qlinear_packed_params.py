@@ -31,11 +31,12 @@ Which generated tests cover which upstream test (``<mode>`` is one of
                                                                      test_qlinear_packed_params_fbgemm_qnnpack_cross_compatibility
                                                                      (qnnpack -> fbgemm half)
     test_qlinear_packed_params_state_dict_{fbgemm,qnnpack}_<mode>_cpu  new: the state_dict() form (see below)
-    test_required_globals_cpu                                        new: golden list of the globals the checkpoint needs
-    test_full_module_state_dict_load_is_broken_in_torch_cpu          new: pins a torch bug (see below)
+    TestQlinearPackedParamsCheckpointFacts.test_required_globals    new: golden list of the globals the checkpoint needs
+    TestQlinearPackedParamsCheckpointFacts.test_full_module_state_dict_load_is_broken_in_torch
+                                                                     new: pins a torch bug (see below)
 
-The last two never load, so ``@no_round_trip_dims`` drops their load-mode and engine
-dimensions: one test each instead of six identical ones.
+The last two never load, so they live in a plain class with no load-mode, engine or device
+dimension: one test each, run under every device filter (as the original file's tests were).
 
 Which globals: on torch >= 2.6 the full-module checkpoint needs exactly
 ``Linear``, ``LinearPackedParams`` and ``torch.ScriptObject`` beyond torch's
@@ -87,7 +88,6 @@ from torch_serial_testing import (
     SerializationRoundTripTestCase,
     cross_engine,
     instantiate_round_trip_tests,
-    no_round_trip_dims,
     override_qengine,
     qualified_name,
     supported_qengines,
@@ -352,9 +352,21 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
             self.skipTest(f"none of the quantized engines {ENGINES} is supported by this torch build")
         return modules
 
-    # -- facts about the checkpoint: no load, so no load-mode or engine dimension ----------
 
-    @no_round_trip_dims
+# Kept for the facts below: under a device filter no generated class (TestQlinearPackedParamsCPU) exists.
+ROUND_TRIP_SAFE_GLOBALS = TestQlinearPackedParams.safe_globals
+MODULES_PER_ENGINE = TestQlinearPackedParams.modules_per_engine
+instantiate_round_trip_tests(TestQlinearPackedParams, globals())
+
+
+@unittest.skipIf(SPARSE_MISSING, SPARSE_MISSING)
+class TestQlinearPackedParamsCheckpointFacts(SerializationRoundTripTestCase, TestCase):
+    """Facts about the CPU module's checkpoint that involve no load: no mode, engine or device
+    dimension, so a plain class -- it runs under every device filter, as the original file did."""
+
+    ignore_warnings = (QUANTIZED_CREATION_DEPRECATION,)
+    modules_per_engine = MODULES_PER_ENGINE
+
     def test_required_globals(self):
         modules = self.modules_per_engine()
         found = {engine: self.required_globals(lin) for engine, lin in modules.items()}
@@ -379,9 +391,8 @@ torch.ao.nn.sparse.quantized.dynamic.linear.Linear
 torch.ao.nn.sparse.quantized.linear.LinearPackedParams
 """, assert_eq=self.assertMultiLineEqual, debug_id=self.id())
         # The round-trip tests declare exactly what the checkpoint needs here, no more, no less.
-        self.assertEqual(sorted(qualified_name(g) for g in self.safe_globals), first)
+        self.assertEqual(sorted(qualified_name(g) for g in ROUND_TRIP_SAFE_GLOBALS), first)
 
-    @no_round_trip_dims
     def test_full_module_state_dict_load_is_broken_in_torch(self):
         # torch bug, no serialization involved: Linear._load_from_state_dict does
         # int(state_dict[prefix + "op_type"]) on the string 'sparse_dynamic'.
@@ -403,7 +414,6 @@ torch.ao.nn.sparse.quantized.linear.LinearPackedParams
                     fresh.load_state_dict(lin.state_dict())
 
 
-instantiate_round_trip_tests(TestQlinearPackedParams, globals())
 
 if __name__ == "__main__":
     run_tests()
