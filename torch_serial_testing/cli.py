@@ -22,6 +22,9 @@ errors are instant):
     ``--safe-global`` names are plain strings matched against the required
     names; nothing is imported for them.
 
+``--version`` prints the library's version (``doctor`` reports torch's).  An
+unreadable ``inspect`` input is reported once, on stderr, with exit code 2.
+
 Exit codes (both subcommands)
 -----------------------------
 =====  ==================================================================================
@@ -30,7 +33,8 @@ Exit codes (both subcommands)
 1      inspect: needs action first -- allowlisting the listed globals, or (TorchScript,
        legacy ``.tar``) a loader that is only for trusted files.
        doctor: attention -- something changes what ``torch.load`` does: a
-       ``TORCH_FORCE_*`` switch active or set to a spelling torch ignores, ``torch.load``
+       ``TORCH_FORCE_*`` switch active or set to a spelling torch ignores, an
+       environment variable named almost like one of the four switches, ``torch.load``
        replaced by a backend, a bare ``torch.load`` not weights-only, or
        ``TORCH_DEVICE_BACKEND_AUTOLOAD`` set to anything but ``0``/``1`` or disabling
        installed backends.
@@ -105,7 +109,7 @@ exit codes:
   0  inspect: loads weights-only here (with the --safe-global names given)
      doctor:  environment OK (torch.load does what its call site says)
   1  inspect: needs allowlisting (or, TorchScript / legacy .tar, a loader only for trusted files)
-     doctor:  attention: a TORCH_FORCE_* switch is active or misspelled, torch.load is
+     doctor:  attention: a TORCH_FORCE_* switch is active or misspelled (value or name), torch.load is
               replaced, a bare torch.load is not weights-only, or backend autoload is off
               for installed backends / set to something other than 0 or 1
   2  inspect: DANGEROUS global, global this torch lacks, unreadable / truncated / not a
@@ -159,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXIT_HELP,
         formatter_class=fmt,
     )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"torch_serial_testing {__version__}",
+                        help="print the library's version and exit (see `doctor` for torch's)")
     sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect}", required=True)
     doc = sub.add_parser(
         "doctor",
@@ -238,11 +246,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        elif report["command"] == "inspect" and report["status"] == "unreadable":
+            # Nothing to report but the error: it goes to stderr, once (stdout stays empty).
+            sys.stderr.write(text(report) + "\n")
         else:
-            out = text(report)
-            sys.stdout.write(out + "\n")
-            if report["command"] == "inspect" and report["status"] == "unreadable":
-                sys.stderr.write(f"error: {report['error']}\n")
+            sys.stdout.write(text(report) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head`
         pass
