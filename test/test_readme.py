@@ -54,14 +54,18 @@ class TestReadme(unittest.TestCase):
             self.assertEqual(proc.stderr.count(summary), count, proc.stderr)
         self.assertIn("test_round_trip_fbgemm_default_cpu (test_tinynet.TestTinyNetCPU", proc.stderr)
 
-    def test_quick_start_is_two_commands_and_ci_runs_the_second(self):
-        (console,) = code_blocks(readme(), "console")[:1]
+    def test_quick_start_is_a_venv_then_two_commands_and_ci_runs_them(self):
+        venv, console = code_blocks(readme(), "console")[:2]
+        self.assertEqual(venv.strip(), "python3 -m venv .venv && . .venv/bin/activate")
         commands = [line for line in console.splitlines() if line.strip()]
         self.assertEqual(len(commands), 2)
         with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as fh:
             ci = fh.read()
+        self.assertIn("\npython3 -m venv .ci-venv\n", ci)  # a fresh venv, as the Quick start's
         self.assertIn("\n" + commands[1] + "\n", ci)
         self.assertIn('pip install --quiet "torch==2.13.0"', ci)
+        self.assertIn('pip install --quiet -e ".[test]"', ci)
+        self.assertIn('"torch==2.13.0" -e ".[test]"', commands[0])
 
     def test_renders_without_warnings(self):
         try:
