@@ -125,5 +125,38 @@ class TestFutureTorchWithoutQuantization(unittest.TestCase):
         self.assertIn("torch.ao.nn.sparse", reasons)
 
 
+class TestSourceDistribution(unittest.TestCase):
+    def test_manifest_ships_what_the_tests_and_readme_need(self):
+        # What `pytest test` in an unpacked sdist needs (support modules, test/ao/, README, docs),
+        # and what README documents (tools/, bench/, LICENSE), must be matched by MANIFEST.in.
+        # tools/sdist_check.py does the real thing: build, install, run the suite from the sdist.
+        try:
+            from setuptools.command.egg_info import FileList
+        except ImportError:
+            self.skipTest("setuptools is not installed: cannot evaluate MANIFEST.in")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        needed = {"LICENSE", "README.rst", "setup.cfg", "setup.py", "MANIFEST.in", ".ci/run"}
+        for folder, exts in (("test", (".py",)), ("tools", (".py",)), ("bench", (".py", ".rst")), ("docs", (".txt",))):
+            for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
+                dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+                needed |= {os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if f.endswith(exts)}
+        self.assertIn("test/ao/sparsity/test_qlinear_packed_params.py", needed)
+        self.assertIn("test/subprocess_env.py", needed)
+        cwd = os.getcwd()
+        os.chdir(root)  # FileList works on paths relative to the project root
+        try:
+            files = FileList()
+            files.findall(".")
+            with open("MANIFEST.in", encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip() and not line.lstrip().startswith("#"):
+                        files.process_template_line(line.strip())
+        finally:
+            os.chdir(cwd)
+        shipped = {os.path.normpath(f) for f in files.files}
+        self.assertEqual(sorted(needed - shipped), [])
+        self.assertFalse([f for f in shipped if "__pycache__" in f or f.endswith(".pyc")])
+
+
 if __name__ == "__main__":
     unittest.main()

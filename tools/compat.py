@@ -13,6 +13,7 @@ whole table at the end (``--rst FILE`` also writes it as an RST table for README
 
     python tools/compat.py 2.4.1 2.13.0                # from the checkout this script is in
     python tools/compat.py --source /work/main --all   # latest patch of every minor 2.4 .. 2.15
+    python tools/compat.py --from-logs LOGDIR --rst t.rst  # the table again, from earlier runs
 
 Exit status: 0 when every version passed (skips allowed), 1 otherwise.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import shutil
@@ -142,7 +144,7 @@ def rst_table(rows: list[Row]) -> str:
     """The matrix as an RST grid-free simple table (what README's Compatibility section carries)."""
     cols = [("torch", [r.torch for r in rows]), ("Python", [r.python for r in rows]),
             ("passed", [str(r.passed) for r in rows]), ("skipped", [str(r.skipped) for r in rows]),
-            ("failed", [str(r.failed) for r in rows]), ("notable skips", [r.notes or "-" for r in rows])]
+            ("failed", [str(r.failed) for r in rows]), ("notable skips / failures", [r.notes or "-" for r in rows])]
     widths = [max(len(title), *(len(v) for v in values)) for title, values in cols]
     rule = "  ".join("=" * w for w in widths)
     lines = [rule, "  ".join(t.ljust(w) for (t, _), w in zip(cols, widths)).rstrip(), rule]
@@ -164,7 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", default=None, help="pip/pytest logs and JUnit XML per version (default: a temp dir)")
     parser.add_argument("--rst", default=None, help="also write the table as RST to this file")
     parser.add_argument("--pytest-args", default="-n 2", help="extra pytest arguments (default: %(default)s)")
+    parser.add_argument("--from-logs", metavar="DIR", action="append", default=[],
+                        help="run nothing: print the table from the rows.jsonl of earlier runs' --log-dir (repeatable)")
     args = parser.parse_args(argv)
+    if args.from_logs:
+        rows = []
+        for folder in args.from_logs:
+            with open(os.path.join(folder, "rows.jsonl"), encoding="utf-8") as fh:
+                rows += [Row(**json.loads(line)) for line in fh if line.strip()]
+        print(rst_table(rows), end="")
+        if args.rst:
+            with open(args.rst, "w") as f:
+                f.write(rst_table(rows))
+        return 0 if all(r.ok for r in rows) else 1
     versions = list(ALL_VERSIONS) if args.all else args.versions
     if not versions:
         parser.error("name torch versions (e.g. 2.8.0 2.13.0) or pass --all")
@@ -183,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         row = run_version(version, source, args.python, workdir, log_dir, args.pytest_args.split())
         rows.append(row)
         print(format_row(row), flush=True)
+        with open(os.path.join(log_dir, "rows.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row._asdict()) + "\n")
     print("\n" + rst_table(rows), end="", flush=True)
     if args.rst:
         with open(args.rst, "w") as f:
