@@ -121,8 +121,9 @@ def id_in_verbose_output(test_id):
     return rf"{re.escape(name)} \({re.escape(owner)}(?:\.{re.escape(name)})?\)"
 
 
-def ids_in_verbose_output(out, prefix=r"^"):
-    """Every test id unittest -v printed (after *prefix*), in either Python's format."""
+def ids_in_verbose_output(out, prefix=r"(?:^|\.\.\. )"):
+    """Every test id unittest -v printed (after *prefix*), in either Python's format.  Before 3.11 a
+    test whose subtests failed ends its line with nothing, so the next id follows its " ... "."""
     ids = set()
     for name, owner in re.findall(prefix + r"(test\w+) \(([\w.]+)\)", out, re.M):
         ids.add(owner if owner.endswith("." + name) else f"{owner}.{name}")
