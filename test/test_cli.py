@@ -29,6 +29,7 @@ from torch_serial_testing.load_modes import torch_default_weights_only
 
 from hostile_checkpoints import DANGEROUS_GLOBALS, build_all, legacy_tar
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP
+from subprocess_env import child_env
 
 # What the seed checkpoint (a full sparse Linear) needs beyond torch's allowlist, sorted: its
 # classes and torch.ScriptObject on every torch, plus builtins.set (nn.Module's
@@ -119,7 +120,7 @@ class CLITestBase(unittest.TestCase):
     # -- running the real command ---------------------------------------------------------------
 
     def env(self, **switches: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ENV_SWITCHES}
+        env = child_env(drop=ENV_SWITCHES)
         env.update(switches)
         return env
 
@@ -302,11 +303,20 @@ class TestInspect(CLITestBase):
 
     def test_truncated_and_not_a_checkpoint(self):
         proc = self.run_cli("inspect", self.truncated)
-        self.text_of(proc, cli.EXIT_DANGEROUS)
+        self.assertEqual(self.text_of(proc, cli.EXIT_DANGEROUS), "")  # an error report: stderr only
         self.assertIn("truncated", proc.stderr.decode())
         r = self.json_of(self.run_cli("inspect", self.not_checkpoint, "--json"), cli.EXIT_DANGEROUS)
         self.assertEqual((r["status"], r["format"]), ("unreadable", None))
         self.assertIn("not a torch checkpoint", r["error"])
+
+    def test_missing_file_error_is_printed_once(self):
+        proc = self.run_cli("inspect", "nope.pt")
+        self.assertEqual(proc.returncode, cli.EXIT_DANGEROUS)
+        self.assertEqual(proc.stdout, b"")
+        err = proc.stderr.decode()
+        self.assertEqual(err.count("cannot read 'nope.pt'"), 1, err)
+        self.assertEqual(err.count("No such file or directory"), 1, err)
+        self.assertIn("status: UNREADABLE (exit 2)", err)
 
     def test_force_switches_change_the_predictions(self):
         proc = self.run_code(
@@ -368,6 +378,14 @@ class TestUsage(CLITestBase):
                 self.assertIn("error:", proc.stderr.decode())
                 self.assertEqual(proc.stdout, b"")
 
+    def test_version(self):
+        from torch_serial_testing import __version__
+
+        proc = self.run_cli("--version")
+        self.assertEqual((proc.returncode, proc.stdout.decode(), proc.stderr), (0, f"torch_serial_testing {__version__}\n", b""))
+        self.assertRegex(__version__, r"^\d+\.\d+\.\d+")
+        self.assertIn("--version", self.text_of(self.run_cli("--help"), 0))
+
     def test_help_documents_exit_codes_and_json_keys(self):
         top = self.text_of(self.run_cli("--help"), 0)
         self.assertIn("doctor", top)
@@ -399,7 +417,8 @@ class TestDoctor(CLITestBase):
     def _clean_code(self) -> int:
         import importlib.metadata as md
 
-        if list(md.entry_points(group="torch.backends")):
+        eps = md.entry_points()  # Python 3.9: a dict of group -> entry points, no select()
+        if list(eps.select(group="torch.backends") if hasattr(eps, "select") else eps.get("torch.backends", ())):
             self.skipTest("an out-of-tree backend is installed; a clean doctor is not expected here")
         # A bare torch.load that fully unpickles (torch < 2.6) is itself a reason for attention.
         return cli.EXIT_OK if TORCH_DEFAULT_WO else cli.EXIT_ATTENTION
@@ -494,6 +513,37 @@ class TestDoctor(CLITestBase):
         self.assertIn("RuntimeError", r["default_weights_only"]["reason"])
         self.assertTrue(r["environment"][cli.FORCE_WO]["value"] and r["environment"][cli.FORCE_NO_WO]["value"])
         self.assertIn("both set", r["problems"][0])
+
+    def test_misspelled_switch_names_need_attention(self):
+        r = self.json_of(self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY="1",
+                                      torch_force_no_weights_only_load="1"), cli.EXIT_ATTENTION)
+        self.assertEqual(r["status"], "attention")
+        self.assertEqual(r["environment"][cli.FORCE_WO]["raw"], None)  # the real switches are unset
+        self.assertEqual(r["default_weights_only"]["value"], TORCH_DEFAULT_WO)  # and have no effect
+        near = [p for p in r["problems"] if "is not a switch torch reads" in p]
+        self.assertEqual(near, [
+            "TORCH_FORCE_WEIGHTS_ONLY='1' is not a switch torch reads: did you mean TORCH_FORCE_WEIGHTS_ONLY_LOAD? "
+            "(torch reads only the exact name TORCH_FORCE_WEIGHTS_ONLY_LOAD; TORCH_FORCE_WEIGHTS_ONLY has no effect)",
+            "torch_force_no_weights_only_load='1' is not a switch torch reads: did you mean "
+            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD? (torch reads only the exact name TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD; "
+            "torch_force_no_weights_only_load has no effect)",
+        ])
+
+    def test_near_miss_names_and_no_false_alarms(self):
+        from torch_serial_testing.doctor import near_miss_switches
+
+        typos = {
+            "TORCH_FORCE_WEIGHTS_ONLY": cli.FORCE_WO, "TORCH_FORCE_WEIGHT_ONLY_LOAD": cli.FORCE_WO,
+            "PYTORCH_FORCE_WEIGHTS_ONLY_LOAD": cli.FORCE_WO, "TORCH_FORCE_NO_WEIGHTS_ONLY": cli.FORCE_NO_WO,
+            "TORCH_FORCE_NO_WEIGHT_ONLY_LOAD": cli.FORCE_NO_WO, "TORCH_DEVICE_BACKEND_AUTO_LOAD": cli.AUTOLOAD,
+            "TORCH_AUTOGRAD_SHUTDOWN_WAIT": cli.WAIT_LIMIT, "torch_force_weights_only_load": cli.FORCE_WO,
+        }
+        self.assertEqual(near_miss_switches(dict.fromkeys(typos, "1")), sorted(typos.items()))
+        # The real switches, and variables torch (or this library) reads for other things, are not typos.
+        real = [*cli.ENV_VARS, "TORCH_HOME", "TORCH_LOGS", "TORCH_SERIAL_TESTING_REPORT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+                "PYTORCH_SINK_WAITS_LIMIT", "TORCH_BISECT_BACKEND", "TORCH_COMPILE_BACKEND", "TORCH_USE_RTLD_GLOBAL",
+                "TORCH_DOCTEST_DATALOADER", "PYTORCH_TESTING_DEVICE_ONLY_FOR", "TORCH_SHOW_CPP_STACKTRACES"]
+        self.assertEqual(near_miss_switches(dict.fromkeys(real, "1")), [])
 
     def test_backend_autoload_disabled(self):
         code = self._clean_code()

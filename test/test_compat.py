@@ -13,6 +13,8 @@ import torch
 from roundtrip_fixtures import MODE_SKIPS, RUNNABLE_MODES, SAFE_GLOBALS_SKIP, TINY_SAFE_GLOBALS, TinyNet
 from torch_serial_testing import Checkpoint, LoadMode, engines, instantiate_round_trip_tests, load_modes
 from torch_serial_testing.allowlist import normalize_safe_globals
+from python_compat import expected_tests_run
+from subprocess_env import child_env
 from test_instantiation import make_generic, run
 
 TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)
@@ -84,7 +86,10 @@ class TestFutureTorchWithoutQuantization(unittest.TestCase):
             result, out = run([cls])
             self.assertTrue(load_modes.round_trip(TinyNet(), "weights_only_false").loaded)
         self.assertTrue(result.wasSuccessful(), out)
-        self.assertEqual(len(result.skipped), result.testsRun)
+        total = unittest.defaultTestLoader.loadTestsFromTestCase(cls).countTestCases()
+        self.assertGreater(total, 0)
+        self.assertEqual(len(result.skipped), total)  # every one of them skipped
+        self.assertEqual(result.testsRun, expected_tests_run(total, total))
         self.assertIn("not supported by this torch build", result.skipped[0][1])
         self.assertIn("supported: none", result.skipped[0][1])
 
@@ -105,19 +110,52 @@ class TestFutureTorchWithoutQuantization(unittest.TestCase):
             suite = unittest.defaultTestLoader.loadTestsFromModule(m)
             result = unittest.TextTestRunner(verbosity=0).run(suite)
             reasons = sorted({r for _, r in result.skipped})
-            print("RESULT", result.testsRun, len(result.skipped), len(result.errors) + len(result.failures), reasons)
+            print("RESULT", suite.countTestCases(), len(result.skipped), len(result.errors) + len(result.failures), reasons)
         """)
         proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(here, "ao", "sparsity"),
                               capture_output=True, text=True,
-                              env={k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")})
+                              env=child_env())
         self.assertEqual(proc.returncode, 0, proc.stderr)
         # Our line, not what imports print (torch < 2.6's common_utils reports a missing hypothesis).
         (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        run_count, skipped, bad, reasons = line[len("RESULT "):].split(" ", 3)
-        self.assertEqual(run_count, skipped)
-        self.assertGreater(int(run_count), 0)
+        total, skipped, bad, reasons = line[len("RESULT "):].split(" ", 3)  # every test skipped
+        self.assertEqual(total, skipped)
+        self.assertGreater(int(total), 0)
         self.assertEqual(bad, "0")
         self.assertIn("torch.ao.nn.sparse", reasons)
+
+
+class TestSourceDistribution(unittest.TestCase):
+    def test_manifest_ships_what_the_tests_and_readme_need(self):
+        # What `pytest test` in an unpacked sdist needs (support modules, test/ao/, README, docs),
+        # and what README documents (tools/, bench/, LICENSE), must be matched by MANIFEST.in.
+        # tools/sdist_check.py does the real thing: build, install, run the suite from the sdist.
+        try:
+            from setuptools.command.egg_info import FileList
+        except ImportError:
+            self.skipTest("setuptools is not installed: cannot evaluate MANIFEST.in")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        needed = {"LICENSE", "README.rst", "setup.cfg", "setup.py", "MANIFEST.in", ".ci/run"}
+        for folder, exts in (("test", (".py",)), ("tools", (".py",)), ("bench", (".py", ".rst")), ("docs", (".txt",))):
+            for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
+                dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+                needed |= {os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if f.endswith(exts)}
+        self.assertIn("test/ao/sparsity/test_qlinear_packed_params.py", needed)
+        self.assertIn("test/subprocess_env.py", needed)
+        cwd = os.getcwd()
+        os.chdir(root)  # FileList works on paths relative to the project root
+        try:
+            files = FileList()
+            files.findall(".")
+            with open("MANIFEST.in", encoding="utf-8") as fh:
+                for line in fh:
+                    if line.strip() and not line.lstrip().startswith("#"):
+                        files.process_template_line(line.strip())
+        finally:
+            os.chdir(cwd)
+        shipped = {os.path.normpath(f) for f in files.files}
+        self.assertEqual(sorted(needed - shipped), [])
+        self.assertFalse([f for f in shipped if "__pycache__" in f or f.endswith(".pyc")])
 
 
 if __name__ == "__main__":

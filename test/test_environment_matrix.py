@@ -34,6 +34,7 @@ from torch_serial_testing.allowlist import normalize_safe_globals, torch_allowli
 from torch_serial_testing.load_modes import TRUE_VALUES, WeightsOnlySwitches, torch_default_weights_only
 
 from roundtrip_fixtures import MODE_SKIPS
+import subprocess_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
@@ -330,7 +331,7 @@ class TestEnvironmentMatrix(unittest.TestCase):
 
 
 def _spawn(spec: dict, env: dict[str, str]) -> subprocess.Popen:
-    child_env = {k: v for k, v in os.environ.items() if k not in (WO, NO, REPORT)}
+    child_env = subprocess_env.child_env(drop=(WO, NO, REPORT))
     child_env.update(env)
     return subprocess.Popen(
         [sys.executable, os.path.join(HERE, "envcheck_roundtrip.py"), "--spec", json.dumps(spec)],

@@ -14,6 +14,7 @@ from unittest import mock
 import torch
 
 from roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, TINY_SAFE_GLOBALS, TinyNet
+from subprocess_env import child_env, import_path
 from torch_serial_testing import (
     RoundTripConfigError,
     SerializationRoundTripTestCase,
@@ -89,7 +90,7 @@ class TestNames(unittest.TestCase):
                 "print(sorted(c + '.' + n for c, v in vars(m).items() if isinstance(v, type) and issubclass(v, unittest.TestCase) "
                 "for n in unittest.defaultTestLoader.getTestCaseNames(v)))") % HERE
         outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                               env=dict(os.environ, PYTHONHASHSEED=str(seed))).stdout for seed in (1, 2)}
+                               env=child_env({"PYTHONHASHSEED": str(seed)}, drop=())).stdout for seed in (1, 2)}
         self.assertEqual(len(outs), 1)
 
 
@@ -175,7 +176,8 @@ class TestDimensions(unittest.TestCase):
             print(devices.resolve_devices(("cpu", "npu"), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "privateuse1"}))
             print(devices.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
         """)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                             env=child_env(drop=())).stdout.split("\n")
         self.assertEqual(out[0], "PRIVATEUSE1")
         self.assertEqual(out[1], "NPU ('cpu', 'npu')")
         self.assertEqual(out[2], "('npu',)")
@@ -219,11 +221,8 @@ class TestBadInput(unittest.TestCase):
 
 
 def _python(args, cwd=HERE, env=None):
-    full = dict(os.environ)
-    for k in list(full):
-        if k.startswith("TORCH_FORCE_"):
-            del full[k]
-    full.update(env or {})
+    full = child_env()
+    full.update(env or {})  # an explicit PYTHONPATH (the vendoring test's "") is kept as given
     return subprocess.run([sys.executable, *args], cwd=cwd, env=full, capture_output=True, text=True)
 
 
@@ -513,7 +512,7 @@ class TestComposition(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "test_composed.py"), "w") as fh:
                 fh.write(self.SOURCE.format(imports=imports, base=base, extra=extra))
-            proc = _python(["-m", "unittest", "test_composed", "-v"], cwd=d, env={"PYTHONPATH": HERE})
+            proc = _python(["-m", "unittest", "test_composed", "-v"], cwd=d, env={"PYTHONPATH": import_path(HERE)})
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("Ran 3 tests", proc.stderr)
         self.assertIn(DEFAULT_TINYNET, proc.stderr)

@@ -33,6 +33,7 @@ from torch_serial_testing import load_modes
 from torch_serial_testing.allowlist import normalize_safe_globals, qualified_name, snapshot_registry
 
 from roundtrip_fixtures import MODE_SKIPS, SAFE_GLOBALS_SKIP, assert_mode_skips_here
+from subprocess_env import child_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
@@ -397,7 +398,7 @@ class TestOrderIndependence(unittest.TestCase):
     def test_shuffled_and_parallel_runs_agree(self) -> None:
         ids = _gather_ids()
         self.assertGreaterEqual(len(ids), 10)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+        env = child_env()
         # One driver process runs two shuffled orders back to back (the second inherits whatever
         # the first left behind); pytest runs another shuffled order split over two workers.
         orders = []

@@ -34,6 +34,8 @@ from torch_serial_testing import (
 from torch_serial_testing.case import REPORT_ENV
 from torch_serial_testing.checkpoint import Checkpoint
 
+from subprocess_env import child_env
+
 
 def tst_scan(obj):
     return Checkpoint.save(obj).info.globals
@@ -259,8 +261,7 @@ class TestExpectAccept(unittest.TestCase):
             path = os.path.join(d, "test_pin.py")
             with open(path, "w") as fh:
                 fh.write(source)
-            env = dict(os.environ, EXPECTTEST_ACCEPT="1",
-                       PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+            env = child_env({"EXPECTTEST_ACCEPT": "1"}, path_first=(os.path.dirname(__file__),), drop=())
             proc = subprocess.run([sys.executable, "-m", "unittest", "test_pin"], cwd=d, env=env,
                                   capture_output=True, text=True)
             self.assertEqual(proc.returncode, 0, proc.stderr)

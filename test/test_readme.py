@@ -11,6 +11,7 @@ import unittest
 
 import torch_serial_testing
 from roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, MODULE_GLOBALS, default_outcome
+from subprocess_env import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +31,7 @@ def run_example(name, source, script=False):
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, f"{name}.py"), "w") as fh:
             fh.write(source)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE_", "EXPECTTEST_"))}
+        env = child_env(drop=("TORCH_FORCE_", "EXPECTTEST_"))
         args = [f"{name}.py", "-v"] if script else ["-m", "unittest", name, "-v"]
         return subprocess.run([sys.executable, *args], cwd=d, env=env, capture_output=True, text=True)
 
@@ -88,14 +89,18 @@ class TestReadme(unittest.TestCase):
         self.assertIn("round trip mismatch at .state_dict()['_packed_params._packed_params'][1]: tensor class "
                       "Tensor != expected Parameter", proc.stderr)
 
-    def test_quick_start_is_two_commands_and_ci_runs_the_second(self):
-        (console,) = code_blocks(readme(), "console")[:1]
+    def test_quick_start_is_a_venv_then_two_commands_and_ci_runs_them(self):
+        venv, console = code_blocks(readme(), "console")[:2]
+        self.assertEqual(venv.strip(), "python3 -m venv .venv && . .venv/bin/activate")
         commands = [line for line in console.splitlines() if line.strip()]
         self.assertEqual(len(commands), 2)
         with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as fh:
             ci = fh.read()
+        self.assertIn("\npython3 -m venv .ci-venv\n", ci)  # a fresh venv, as the Quick start's
         self.assertIn("\n" + commands[1] + "\n", ci)
         self.assertIn('pip install --quiet "torch==2.13.0"', ci)
+        self.assertIn('pip install --quiet -e ".[test]"', ci)
+        self.assertIn('"torch==2.13.0" -e ".[test]"', commands[0])
 
     def test_renders_without_warnings(self):
         try:
@@ -105,8 +110,9 @@ class TestReadme(unittest.TestCase):
         import io
 
         errors = io.StringIO()
-        docutils.core.publish_string(readme(), writer_name="null",
-                                     settings_overrides={"report_level": 2, "warning_stream": errors})
+        # Parsing reports every problem; no writer is needed (and publish_string's writer_name
+        # argument is deprecated since docutils 0.22).
+        docutils.core.publish_doctree(readme(), settings_overrides={"report_level": 2, "warning_stream": errors})
         self.assertEqual(errors.getvalue(), "")
 
     def test_benchmark_results_are_the_committed_ones(self):

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+import warnings
 import zipfile
 from unittest import mock
 
@@ -48,6 +49,7 @@ from torch_serial_testing.allowlist import SafeGlobal, normalize_safe_globals  #
 from torch_serial_testing.load_modes import torch_default_weights_only  # noqa: E402
 
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP, assert_mode_skips_here  # noqa: E402
+from subprocess_env import child_env  # noqa: E402
 
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 # A bare torch.load is weights-only since torch 2.6; before, the `default` mode is a full load,
@@ -102,6 +104,15 @@ def _small_module() -> torch.nn.Module:
 
 
 class SentinelMixin:
+    def setUp(self) -> None:
+        super().setUp()  # type: ignore[misc]
+        # The hostile set holds protocol-4 pickles on purpose; torch's weights-only unpickler warns
+        # about every one it reads ("Detected pickle protocol 4"): expected here, so not shown.
+        caught = warnings.catch_warnings()
+        caught.__enter__()
+        self.addCleanup(caught.__exit__, None, None, None)  # type: ignore[attr-defined]
+        warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+
     def tearDown(self) -> None:
         super().tearDown()  # type: ignore[misc]
         self.assertSentinelAbsent()
@@ -160,7 +171,7 @@ class TestHostileCheckpointsAreReal(SentinelMixin, unittest.TestCase):
         )
         proc = subprocess.run(
             [sys.executable, "-c", script, os.path.dirname(os.path.abspath(__file__)), sentinel, work],
-            capture_output=True, text=True, timeout=120,
+            capture_output=True, text=True, timeout=120, env=child_env(drop=()),
         )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         errors = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -530,7 +541,9 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
 
     def test_torchscript_archive(self) -> None:
         buf = io.BytesIO()
-        torch.jit.save(torch.jit.script(torch.nn.ReLU()), buf)
+        with warnings.catch_warnings():  # torch >= 2.10 deprecates TorchScript; an archive is the point here
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+            torch.jit.save(torch.jit.script(torch.nn.ReLU()), buf)
         data = buf.getvalue()
         self.assertEqual(scan_checkpoint(data).format, "torchscript")
         with self.assertRaisesRegex(CheckpointFormatError, "TorchScript archive: load it with torch.jit.load"):
@@ -603,7 +616,7 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         # weights_only=True of the safe_globals mode (the same call the library makes) where torch
         # has that mode's context (>= 2.5), else the bare default made weights-only by
         # TORCH_FORCE_WEIGHTS_ONLY_LOAD (the library then calls torch.load(weights_only=True) too).
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+        env = child_env()
         if TORCH_DEFAULT_WO:
             mode = "default"
         elif SAFE_GLOBALS_SKIP is None:

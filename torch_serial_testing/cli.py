@@ -30,6 +30,9 @@ errors are instant):
     ``torch_serial_testing/vendor.py``; never imports torch).  Exit codes: 0
     done or current, 1 ``--check`` found it not current, 2 not a checkout, 3 usage.
 
+``--version`` prints the library's version (``doctor`` reports torch's).  An
+unreadable ``inspect`` input is reported once, on stderr, with exit code 2.
+
 Exit codes (doctor and inspect)
 -----------------------------
 =====  ==================================================================================
@@ -39,7 +42,8 @@ Exit codes (doctor and inspect)
        ``UnsafeCallable`` opt-in for a needed global that is not a class, or
        (TorchScript, legacy ``.tar``) a loader that is only for trusted files.
        doctor: attention -- something changes what ``torch.load`` does: a
-       ``TORCH_FORCE_*`` switch active or set to a spelling torch ignores, ``torch.load``
+       ``TORCH_FORCE_*`` switch active or set to a spelling torch ignores, an
+       environment variable named almost like one of the four switches, ``torch.load``
        replaced by a backend, a bare ``torch.load`` not weights-only, or
        ``TORCH_DEVICE_BACKEND_AUTOLOAD`` set to anything but ``0``/``1`` or disabling
        installed backends.
@@ -121,6 +125,8 @@ exit codes:
   1  inspect: needs allowlisting, an explicit opt-in for a global that is not a class, or
               (TorchScript / legacy .tar) a loader only for trusted files
      doctor:  attention: a TORCH_FORCE_* switch is active or misspelled, torch.load is
+  1  inspect: needs allowlisting (or, TorchScript / legacy .tar, a loader only for trusted files)
+     doctor:  attention: a TORCH_FORCE_* switch is active or misspelled (value or name), torch.load is
               replaced, a bare torch.load is not weights-only, or backend autoload is off
               for installed backends / set to something other than 0 or 1
   2  inspect: DANGEROUS or malformed global, global this torch lacks, unreadable / truncated / not a
@@ -176,6 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=fmt,
     )
     sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect,vendor}", required=True)
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"torch_serial_testing {__version__}",
+                        help="print the library's version and exit (see `doctor` for torch's)")
+    sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect}", required=True)
     doc = sub.add_parser(
         "doctor",
         help="this interpreter's torch, torch.load default, environment switches, engines, devices",
@@ -261,6 +272,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        elif report["command"] == "inspect" and report["status"] == "unreadable":
+            # Nothing to report but the error: it goes to stderr, once (stdout stays empty).
+            sys.stderr.write(text(report) + "\n")
         else:
             out = text(report)
             sys.stdout.write(out + "\n")
@@ -268,6 +282,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 from .names import escape_text
 
                 sys.stderr.write(f"error: {escape_text(report['error'])}\n")
+            sys.stdout.write(text(report) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head`
         pass

@@ -8,6 +8,7 @@ JSON object documented in :mod:`torch_serial_testing.cli`.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -27,6 +28,29 @@ _ATOF = re.compile(r"\s*([+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:init
 def _atof(raw: str) -> float:
     m = _ATOF.match(raw)
     return float(m.group(1)) if m else 0.0
+
+
+# How alike a name must be to one of the four switches to be reported as a likely misspelling.
+# 0.8 flags a missing/extra word or letter (TORCH_FORCE_WEIGHTS_ONLY, PYTORCH_FORCE_...) and no
+# variable torch itself reads (the closest, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, scores 0.69).
+_NEAR_MISS = 0.8
+
+
+def near_miss_switches(env: Any) -> list[tuple[str, str]]:
+    """(set name, switch it resembles) for every variable named almost like one of the four.
+
+    Why: torch reads these switches by exact name, so ``TORCH_FORCE_WEIGHTS_ONLY=1`` silently does
+    nothing -- the user believes a switch is active that is not.  Case counts too (environment
+    names are case-sensitive where torch reads them).
+    """
+    found = []
+    for name in sorted(env):
+        if name in ENV_VARS:
+            continue
+        close = difflib.get_close_matches(name.upper(), ENV_VARS, n=1, cutoff=_NEAR_MISS)
+        if close:
+            found.append((name, close[0]))
+    return found
 
 
 def _json_float(x: float) -> Any:
@@ -99,7 +123,9 @@ def _backend_entry_points() -> list[str]:
     try:
         from importlib.metadata import entry_points
 
-        eps = entry_points(group="torch.backends")
+        found = entry_points()
+        # Python >= 3.10 selects by group; 3.9 returns a dict of group -> entry points.
+        eps = found.select(group="torch.backends") if hasattr(found, "select") else found.get("torch.backends", ())
     except Exception:  # noqa: BLE001 - a broken metadata install is not the user's question
         return []
     return sorted(f"{ep.name} = {ep.value}" for ep in eps)
@@ -167,6 +193,11 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
         environment[name] = {"raw": raw[name], "value": value, "effect": effect}
     seconds, effect = _wait_limit_effect(raw[WAIT_LIMIT])
     environment[WAIT_LIMIT] = {"raw": raw[WAIT_LIMIT], "value": seconds, "effect": effect}
+    for name, switch in near_miss_switches(env):
+        problems.append(
+            f"{name}={env[name]!r} is not a switch torch reads: did you mean {switch}? "
+            f"(torch reads only the exact name {switch}; {name} has no effect)"
+        )
     eps = _backend_entry_points()
     enabled, effect = _autoload_effect(raw[AUTOLOAD], eps, problems)
     environment[AUTOLOAD] = {"raw": raw[AUTOLOAD], "value": enabled, "effect": effect}

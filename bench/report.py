@@ -1,0 +1,102 @@
+"""How benchmark results are shown: ratios, targets, the RST table for README, machine notes.
+
+Kept apart from :mod:`timing` so that what is measured and how it is judged change separately.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from typing import Optional, Sequence
+
+import torch
+from torch.utils.benchmark import Compare
+
+from timing import Pair
+
+# Issue 16's targets: library median over plain-torch median, per measurement label.
+TARGETS = {
+    "import (whole process)": 1.03,
+    "round trip, small sparse quantized Linear": 1.10,
+    "round trip, 256 MiB float": 1.10,
+    "test file (whole process)": 1.05,
+}
+
+
+def ratio(pair: Pair) -> float:
+    return pair.library.median / pair.plain.median
+
+
+def verdict(pair: Pair) -> str:
+    target = TARGETS.get(pair.library.task_spec.label)
+    if target is None:
+        return "info"
+    return f"<= {target:.2f} ({'met' if ratio(pair) <= target else 'NOT met'})"
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.0f} us"
+
+
+def fmt_dist(m) -> str:  # noqa: ANN001 - a torch.utils.benchmark Measurement
+    return f"{fmt_time(m.median)} (IQR {fmt_time(m.iqr)})"
+
+
+def print_compare(pairs: Sequence[Pair]) -> None:
+    """torch.utils.benchmark's own side-by-side table (one block per label)."""
+    compare = Compare([m for p in pairs for m in (p.library, p.plain)])
+    compare.trim_significant_figures()
+    compare.print()
+
+
+def text_summary(pairs: Sequence[Pair]) -> str:
+    lines = []
+    for p in pairs:
+        cpu = f", CPU ratio {p.cpu_ratio:.3f}" if p.cpu_ratio is not None else ""
+        lines.append(f"{p.library.task_spec.label} / {p.library.task_spec.sub_label}: "
+                     f"ratio {ratio(p):.3f}{cpu}  target {verdict(p)}")
+    return "\n".join(lines)
+
+
+def loadavg() -> Optional[float]:
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def machine_line() -> str:
+    return (f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
+            f"torch {torch.__version__}")
+
+
+def rst(pairs: Sequence[Pair], *, command: str, load_start: Optional[float], load_end: Optional[float],
+        when: Optional[datetime.datetime] = None, notes: Sequence[str] = ()) -> str:
+    """The RESULTS file: an RST fragment README carries verbatim (test_readme checks it)."""
+    when = when or datetime.datetime.now(datetime.timezone.utc)
+    rows = [["Measurement", "Library median (IQR)", "Plain torch median (IQR)", "Ratio", "CPU ratio", "Target"]]
+    for p in pairs:
+        rows.append([f"{p.library.task_spec.label}: {p.library.task_spec.sub_label}", fmt_dist(p.library),
+                     fmt_dist(p.plain), f"{ratio(p):.3f}", f"{p.cpu_ratio:.3f}" if p.cpu_ratio is not None else "n/a",
+                     verdict(p)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    rule = "  ".join("=" * w for w in widths)
+    table = [rule, "  ".join(c.ljust(w) for c, w in zip(rows[0], widths)).rstrip(), rule]
+    table += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[1:]]
+    table.append(rule)
+    load = ", ".join(f"{name} {value:.2f}" for name, value in (("start", load_start), ("end", load_end))
+                     if value is not None) or "unknown"
+    head = [
+        f"Machine: {machine_line()}; {when:%Y-%m-%d %H:%M} UTC.",
+        f"Command: ``{command}``.  Load average (1 min): {load}, on {os.cpu_count()} CPUs.",
+        "Medians; library and plain torch are interleaved, so drift hits both alike, but a ratio is",
+        "trustworthy only when the load stayed below the CPU count.  The CPU ratio (user + system",
+        "time, whole processes only) is disturbed much less by other jobs.",
+        "",
+    ]
+    return "\n".join(head + table + [""] + list(notes)).rstrip() + "\n"
