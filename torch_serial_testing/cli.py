@@ -181,12 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXIT_HELP,
         formatter_class=fmt,
     )
-    sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect,vendor}", required=True)
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"torch_serial_testing {__version__}",
                         help="print the library's version and exit (see `doctor` for torch's)")
-    sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect,vendor}", required=True)
     doc = sub.add_parser(
         "doctor",
         help="this interpreter's torch, torch.load default, environment switches, engines, devices",
@@ -276,12 +275,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # Nothing to report but the error: it goes to stderr, once (stdout stays empty).
             sys.stderr.write(text(report) + "\n")
         else:
-            out = text(report)
-            sys.stdout.write(out + "\n")
-            if report["command"] == "inspect" and report["status"] == "unreadable":
-                from .names import escape_text
-
-                sys.stderr.write(f"error: {escape_text(report['error'])}\n")
             sys.stdout.write(text(report) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head`
