@@ -22,6 +22,7 @@ import torch
 from roundtrip_fixtures import TinyNet
 from torch_serial_testing import Checkpoint, CheckpointInfo, load, predict, required_globals
 from torch_serial_testing import load_modes
+from torch_serial_testing import switches as switch_module
 from torch_serial_testing.errors import CheckpointFormatError, RoundTripConfigError
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -93,7 +94,7 @@ class TestSwitchReadings(unittest.TestCase):
 
     def test_prediction_on_a_torch_28_like_reading(self) -> None:
         readings = load_modes.switch_readings_from_source(TORCH_28_LIKE)
-        with mock.patch.object(load_modes, "torch_switch_readings", return_value=readings):
+        with mock.patch.object(switch_module, "torch_switch_readings", return_value=readings):
             switches = load_modes.WeightsOnlySwitches.from_environ({WO: "TRUE", NO: "yes"})
             self.assertEqual((switches.force_weights_only, switches.force_no_weights_only), (False, True))
             exp = predict("weights_only_false", Checkpoint.save(TinyNet()), environ={WO: "TRUE"})
@@ -106,7 +107,7 @@ class TestSwitchReadings(unittest.TestCase):
 
         readings = load_modes.switch_readings_from_source(TORCH_28_LIKE)
         problems: list[str] = []
-        with mock.patch.object(load_modes, "torch_switch_readings", return_value=readings):
+        with mock.patch.object(switch_module, "torch_switch_readings", return_value=readings):
             active, text = doctor._force_effect(WO, "TRUE", False, problems)
         self.assertFalse(active)
         self.assertIn("case-sensitive", text)
@@ -116,7 +117,7 @@ class TestSwitchReadings(unittest.TestCase):
         readings = load_modes.switch_readings_from_source(TORCH_25_LIKE)
         self.assertEqual(set(readings), {WO})
         self.assertTrue(readings[WO].is_set("Yes"))
-        with mock.patch.object(load_modes, "torch_switch_readings", return_value=readings):
+        with mock.patch.object(switch_module, "torch_switch_readings", return_value=readings):
             self.assertFalse(load_modes.is_truthy("1", NO))
             self.assertFalse(load_modes.torch_reads_force_no_weights_only())
 

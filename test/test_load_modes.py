@@ -23,7 +23,7 @@ from roundtrip_fixtures import (
     assert_mode_skips_here,
     default_outcome,
 )
-from torch_serial_testing import Checkpoint, LoadMode, load_modes
+from torch_serial_testing import Checkpoint, LoadMode, load_modes, prediction
 from torch_serial_testing.allowlist import normalize_safe_globals, preserved_registry
 from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
 
@@ -189,14 +189,14 @@ class TestRealTorchAgrees(unittest.TestCase):
     def test_unexpected_success_fails(self):
         # A prediction of rejection that torch does not honour is reported, not hidden.
         ckpt = Checkpoint.save({"t": torch.ones(2)})
-        with clean_env(**WEIGHTS_ONLY_BARE_ENV), mock.patch.object(load_modes, "torch_allowlist", lambda: frozenset()):
+        with clean_env(**WEIGHTS_ONLY_BARE_ENV), mock.patch.object(prediction, "torch_allowlist", lambda: frozenset()):
             with self.assertRaisesRegex(UnexpectedLoadOutcome, "unexpected success"):
                 load_modes.load(ckpt, "default")
 
     def test_unexpected_rejection_fails(self):
         ckpt = Checkpoint.save(TinyNet())
         with clean_env(**WEIGHTS_ONLY_BARE_ENV), \
-             mock.patch.object(load_modes, "registered_globals", lambda: frozenset(TINY_GLOBALS)):
+             mock.patch.object(prediction, "registered_globals", lambda: frozenset(TINY_GLOBALS)):
             with self.assertRaisesRegex(UnexpectedLoadOutcome, r"expected to load .*torch rejected it"):
                 load_modes.load(ckpt, "default")
 

@@ -58,9 +58,9 @@ def _json_float(x: float) -> Any:
 
 
 def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]) -> tuple[bool, str]:
-    from .load_modes import torch_reads_force_no_weights_only
+    from .switches import torch_reads_force_no_weights_only
 
-    from .load_modes import SwitchReading, is_truthy, torch_switch_readings
+    from .switches import SwitchReading, is_truthy, torch_switch_readings
 
     active = is_truthy(raw, name)
     spellings = torch_switch_readings().get(name, SwitchReading(name)).describe()

@@ -1,0 +1,55 @@
+"""The three load modes: each one exact ``torch.load`` call, named as in test ids.
+
+* ``weights_only_false``: ``torch.load(buf, weights_only=False)``
+* ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
+* ``default``: ``torch.load(buf)``, no ``weights_only`` argument at all
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Optional
+
+from .errors import RoundTripConfigError
+
+__all__ = ["LoadMode", "mode_skip_reason"]
+
+
+class LoadMode(enum.Enum):
+    """How a round trip is loaded; the value is the stable name used in test ids."""
+
+    WEIGHTS_ONLY_FALSE = "weights_only_false"
+    SAFE_GLOBALS = "safe_globals"
+    DEFAULT = "default"
+
+    @property
+    def explicit_weights_only(self) -> Optional[bool]:
+        """The ``weights_only`` argument this mode passes (None: not passed at all)."""
+        return {"weights_only_false": False, "safe_globals": True, "default": None}[self.value]
+
+    @classmethod
+    def parse(cls, value: "LoadMode | str") -> "LoadMode":
+        if isinstance(value, LoadMode):
+            return value
+        for mode in cls:
+            if value == mode.value or (isinstance(value, str) and value.upper() == mode.name):
+                return mode
+        raise RoundTripConfigError(
+            f"unknown load mode {value!r}; use one of {', '.join(m.value for m in cls)} "
+            "(or LoadMode.WEIGHTS_ONLY_FALSE / SAFE_GLOBALS / DEFAULT)"
+        )
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def mode_skip_reason(mode: LoadMode) -> Optional[str]:
+    """Why *mode* cannot run on this torch (the ``safe_globals`` context is torch >= 2.5), or None."""
+    import torch
+
+    if mode is LoadMode.SAFE_GLOBALS and not hasattr(torch.serialization, "safe_globals"):
+        return (
+            f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+            f"torch {torch.__version__} lacks it"
+        )
+    return None

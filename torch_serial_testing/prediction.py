@@ -1,0 +1,298 @@
+"""What torch *should* do with one load, here and now: :func:`predict`.
+
+The effective ``weights_only`` comes from torch's own precedence (explicit argument,
+the ``TORCH_FORCE_*`` switches, the version default; see :mod:`.switches`).  With
+``weights_only=True`` the checks the scan recorded (:attr:`CheckpointInfo.checks`)
+are replayed in torch's order against what is allowed -- torch's allowlist, the
+process-wide registry, the declared globals -- and the first one that fails is the
+rejection torch will raise.  Nothing is loaded or refused here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from .allowlist import SafeGlobal, qualified_name, registered_globals, registry_lock, torch_allowlist
+from .checkpoint import Checkpoint
+from .errors import ConflictingEnvironmentError, RoundTripConfigError
+from .modes import LoadMode
+from .names import show_name
+from .pickle_scan import Check, class_repr, special_global_messages
+from .replaced_loader import torch_load_replacement
+from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, torch_default_weights_only
+
+__all__ = ["Expectation", "declared_names", "predict"]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What torch should do with one load, and why."""
+
+    mode: LoadMode
+    weights_only: bool
+    warns: bool
+    loads: bool
+    missing: tuple[str, ...]
+    reason: str
+    replaced_by: Optional[str] = None
+    unsupported_opcodes: tuple[str, ...] = ()
+    #: torch's reason when no allowlist can make this checkpoint load weights-only (see
+    #: CheckpointInfo.weights_only_blocker); None when allowlisting can help, or not weights-only.
+    blocker: Optional[str] = None
+    #: The text torch's rejection must contain: the first check the weights-only unpickler fails.
+    rejection: Optional[str] = None
+    #: The exception torch raises when it rejects: UnpicklingError from the weights-only unpickler,
+    #: RuntimeError for a TorchScript or legacy tar archive refused before any unpickling.
+    error_type: str = "UnpicklingError"
+
+    def summary(self, loaded: Optional[bool] = None, notes: Sequence[str] = (), warned: Optional[bool] = None) -> str:
+        """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``.
+
+        *notes* are the ways a replaced ``torch.load`` reported differently from torch's own
+        (see :func:`load`); *warned* is what was observed when it differs from the prediction.
+        """
+        loaded = self.loads if loaded is None else loaded
+        verb = "loaded" if loaded else "rejected"
+        why = self.reason
+        if not loaded and self.missing:
+            why += f"; {', '.join(map(show_name, self.missing))} not allowlisted"  # names are data: escaped
+        if not loaded and self.unsupported_opcodes:
+            why += f"; opcode {', '.join(self.unsupported_opcodes)} not supported by the weights-only unpickler"
+        if not loaded and self.blocker and not self.unsupported_opcodes:
+            why += f"; cannot load weights-only: {self.blocker}"
+        if self.warns if warned is None else warned:
+            why += "; torch warned"
+        if self.replaced_by:
+            why += f"; torch.load is replaced by {self.replaced_by}"
+            if notes:
+                why += ", which " + "; ".join(notes)
+        return f"{self.mode.value}: {verb} as expected ({why})"
+
+
+def _decide(mode: LoadMode, switches: WeightsOnlySwitches) -> tuple[bool, bool, str]:
+    """(effective weights_only, torch warns, reason) with torch.load's own precedence."""
+    explicit = mode.explicit_weights_only
+    if switches.conflict:
+        raise ConflictingEnvironmentError(switches.conflict_message())
+    if switches.force_weights_only:
+        over = " over explicit weights_only=False" if explicit is False else ""
+        return True, False, f"weights_only=True forced by {FORCE_WO}={switches.raw[FORCE_WO]}{over}"
+    if explicit is not None:
+        return explicit, False, f"weights_only={explicit} explicit"
+    if switches.force_no_weights_only:
+        return False, True, f"weights_only=False forced by {FORCE_NO_WO}={switches.raw[FORCE_NO_WO]}"
+    default, why = torch_default_weights_only()
+    return default, False, f"weights_only={default} {why}"
+
+
+def declared_names(safe_globals: Any) -> tuple[str, ...]:
+    """The names torch matches *safe_globals* by, in any form the mixin accepts.
+
+    Objects (by ``module.qualname``, as torch's ``_get_user_allowed_globals`` does -- never an
+    object's own ``.name`` attribute), ``'module.Name'`` strings (not imported) and
+    ``(obj, 'module.Name')`` tuples.  Nothing is refused here: deciding what may be trusted is
+    :func:`load`'s job, a prediction only predicts.
+    """
+    if isinstance(safe_globals, (str, bytes)) or not hasattr(safe_globals, "__iter__"):
+        raise RoundTripConfigError(
+            f"safe_globals must be a tuple or list of globals, got {type(safe_globals).__name__}; "
+            "write safe_globals=[MyModule] (objects, 'module.Name' strings or (obj, 'module.Name') tuples)"
+        )
+    names: list[str] = []
+    for item in safe_globals:
+        if isinstance(item, SafeGlobal):
+            names.append(item.name)
+        elif isinstance(item, str):
+            names.append(item)
+        elif isinstance(item, tuple):
+            if len(item) != 2 or not isinstance(item[1], str):
+                raise RoundTripConfigError(f"safe global tuple {item!r} must be (object, 'module.Name')")
+            names.append(item[1])
+        else:
+            names.append(qualified_name(item))
+    return tuple(names)
+
+
+def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    if isinstance(checkpoint, LoadMode) or (isinstance(checkpoint, str) and not os.path.exists(checkpoint)):
+        try:
+            LoadMode.parse(checkpoint)
+        except RoundTripConfigError:
+            pass
+        else:
+            raise RoundTripConfigError(
+                f"{caller}() got the load mode {str(checkpoint)!r} where the checkpoint goes: the order is "
+                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)")
+            )
+    if caller == "predict":
+        # Predicting never unpickles, so any checkpoint form scan_checkpoint reads will do.
+        return Checkpoint.from_buffer(checkpoint)
+    raise TypeError(
+        f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
+        "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
+    )
+
+
+def predict(
+    mode: LoadMode | str,
+    checkpoint: Any,
+    safe_globals: Sequence[Any] = (),
+    environ: Optional[Mapping[str, str]] = None,
+) -> Expectation:
+    """What torch should do loading *checkpoint* in *mode*, here and now.
+
+    With ``weights_only=True`` the checkpoint's scanned checks (:attr:`CheckpointInfo.checks`)
+    are replayed in torch's order against what is allowed: the first one that fails is the
+    rejection torch raises; a :attr:`CheckpointInfo.weights_only_blocker` means no allowlist helps.
+
+    *checkpoint* is a :class:`Checkpoint` or anything :func:`scan_checkpoint` reads (bytes, a
+    buffer, a path); *safe_globals* takes objects, ``'module.Name'`` strings and
+    ``(obj, 'module.Name')`` tuples.  It only predicts: nothing is refused or loaded.
+    """
+    if isinstance(mode, Checkpoint):
+        raise RoundTripConfigError(
+            "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
+        )
+    mode = LoadMode.parse(mode)
+    checkpoint = _as_checkpoint(checkpoint, "predict")
+    declared_names(safe_globals)  # every form the mixin accepts, validated; _allowed() reads them
+    weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_environ(environ))
+    info = checkpoint.info
+    if not weights_only:
+        return Expectation(mode, weights_only, warns, True, (), reason, torch_load_replacement())
+    # Under the registry lock: no library round trip is inside its safe_globals context now.
+    with registry_lock:
+        names, types = _allowed(safe_globals if mode is LoadMode.SAFE_GLOBALS else ())
+    missing, rejection = _replay(info.checks, names, types)
+    # Globals past the point where torch stops (an unsupported opcode...) are still reported.
+    missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in names}))
+    return Expectation(
+        mode,
+        weights_only,
+        warns,
+        rejection is None,
+        missing,
+        reason,
+        torch_load_replacement(),
+        info.unsupported_opcodes,
+        info.weights_only_blocker,
+        rejection,
+        "RuntimeError" if info.format in ("torchscript", "tar") else "UnpicklingError",
+    )
+
+
+_BUILD_REFUSAL = "Can only build Tensor, Parameter, OrderedDict or types allowlisted via `add_safe_globals`, but got "
+
+
+def _replay(checks: Sequence[Check], names: frozenset[str], types: frozenset[str]) -> tuple[tuple[str, ...], Optional[str]]:
+    """(every global/type not allowed, torch's message for the first failing check or None)."""
+    missing: list[str] = []
+    rejection: Optional[str] = None
+    for c in checks:
+        if c.kind == "global":
+            if c.name in names:
+                continue
+            missing.append(c.name)
+            if rejection is None:
+                spelled = c.name[len("builtins."):] if c.name.startswith("builtins.") else c.name
+                rejection = special_global_messages().get(c.name) or (
+                    f"Unsupported global: GLOBAL {spelled} was not an allowed global by default"
+                )
+        elif c.kind == "type":
+            if c.name in types or c.name in names:
+                continue
+            if c.name not in missing:
+                missing.append(c.name)
+            if rejection is None:
+                rejection = _BUILD_REFUSAL + class_repr(c.name)
+        elif rejection is None:
+            rejection = c.message
+    return tuple(dict.fromkeys(missing)), rejection
+
+
+def _real_name(obj: Any) -> Optional[str]:
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else None
+
+
+_torch_type_cache: dict[int, tuple[Any, frozenset[str]]] = {}
+
+
+def _torch_type_names() -> frozenset[str]:
+    """Real ``module.qualname`` of every value on torch's allowlist (cached per allowlist object)."""
+    from torch import _weights_only_unpickler as wou
+
+    table = wou._get_allowed_globals()
+    cached = _torch_type_cache.get(id(table))
+    if cached is None or cached[0] is not table:
+        cached = (table, frozenset(n for n in map(_real_name, table.values()) if n))
+        _torch_type_cache.clear()
+        _torch_type_cache[id(table)] = cached
+    return cached[1]
+
+
+_allowed_cache: dict[Any, tuple[frozenset[str], frozenset[str]]] = {}
+
+
+
+def _allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
+    """(global names torch accepts, names of the types BUILD accepts) with *declared* added.
+
+    Types are matched by object in torch (``type(inst) in allowed.values()``); the model
+    matches them by the objects' real ``module.qualname`` and by any name they are allowed
+    under (a key's value is always among the values).  Cached while torch's allowlist, the
+    process-wide registry and the declaration are the same.
+    """
+    import torch
+    from torch import _weights_only_unpickler as wou
+
+    try:
+        key: Any = (
+            id(wou._get_allowed_globals()),
+            torch_allowlist,
+            registered_globals,
+            frozenset(torch.serialization.get_safe_globals()),
+            tuple(declared),
+        )
+        hit = _allowed_cache.get(key)
+    except TypeError:  # something unhashable registered or declared: compute every time
+        key, hit = None, None
+    if hit is None:
+        hit = _compute_allowed(declared)
+        if key is not None:
+            if len(_allowed_cache) > 64:
+                _allowed_cache.clear()
+            _allowed_cache[key] = hit
+    return hit
+
+
+def _compute_allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
+    import torch
+
+    names = set(torch_allowlist()) | set(registered_globals())
+    types = set(_torch_type_names())
+    entries: list[Any] = list(torch.serialization.get_safe_globals())
+    for sg in declared:
+        if isinstance(sg, SafeGlobal):
+            names.add(sg.name)
+            entries.append(sg.obj)
+        elif isinstance(sg, str):
+            names.add(sg)
+        elif isinstance(sg, tuple) and len(sg) == 2 and isinstance(sg[1], str):
+            names.add(sg[1])
+            entries.append(sg[0])
+        else:
+            real = _real_name(sg)
+            if real:
+                names.add(real)
+            entries.append(sg)
+    for entry in entries:
+        real = _real_name(entry[0] if isinstance(entry, tuple) else entry)
+        if real:
+            types.add(real)
+    types |= names
+    return frozenset(names), frozenset(types)
