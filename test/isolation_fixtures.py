@@ -98,3 +98,15 @@ def run_tests(*tests: unittest.TestCase) -> unittest.TestResult:
     """Run *tests* in this order through an inner TextTestRunner (output discarded)."""
     runner = unittest.TextTestRunner(stream=io.StringIO(), verbosity=2, warnings=None)
     return runner.run(unittest.TestSuite(tests))
+
+
+def import_registering_modules() -> None:
+    """Import the torch modules that call add_safe_globals at import time, so that a lazy import
+    in another thread cannot change the registry in the middle of a concurrency test."""
+    import importlib
+
+    for name in ("torch.distributed.tensor", "torch.nested._internal.nested_tensor", "torch._dynamo"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass

@@ -63,6 +63,7 @@ or ``pytest test/ao/sparsity/test_qlinear_packed_params.py`` (``-n 2`` works) fr
 root, or ``python test_qlinear_packed_params.py``.
 """
 
+import functools
 import os
 import sys
 import unittest
@@ -163,7 +164,16 @@ def zero_points_for(engine):
 
 
 def weight_cases(zero_points):
-    """Upstream's three cases: name -> (weight, per_tensor, row idx, col idx, packed int8 weights)."""
+    """Upstream's three cases: name -> (weight, per_tensor, row idx, col idx, packed int8 weights).
+
+    Built once per set of zero points and shared read-only by every generated test: creating a
+    quantized tensor costs torch ~10 ms, and the cases do not depend on the mode or engine.
+    """
+    return _weight_cases(tuple(zero_points))
+
+
+@functools.lru_cache(maxsize=None)
+def _weight_cases(zero_points):
     nz = any(zero_points)
     small = small_weight_fp32()
     return {
