@@ -293,3 +293,54 @@ class TestDerivedFromTorch(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestContainerRulesFollowTorch(unittest.TestCase):
+    """The container and persistent-id rules are read from the running torch's unpickler source:
+    torch 2.13 checks SETITEM/APPEND targets and names a refused id's type; torch 2.8 did neither."""
+
+    TORCH_28_LIKE = textwrap.dedent('''
+        elif key[0] == SETITEM[0]:
+            (v, k) = (self.stack.pop(), self.stack.pop())
+            self.stack[-1][k] = v
+        elif key[0] == APPEND[0]:
+            item = self.stack.pop()
+            self.stack[-1].append(item)
+        raise UnpicklingError(f"Only persistent_load of storage is allowed, but got {pid[0]}")
+    ''')
+
+    def rules(self, source: str):
+        from torch_serial_testing import unpickler_model
+
+        unpickler_model.container_rules.cache_clear()
+        self.addCleanup(unpickler_model.container_rules.cache_clear)
+        with mock.patch("inspect.getsource", return_value=source):
+            return unpickler_model.container_rules()
+
+    def test_this_torch(self) -> None:
+        import inspect as _inspect
+
+        from torch import _weights_only_unpickler as wou
+
+        source = _inspect.getsource(wou)
+        rules = self.rules(source)
+        self.assertEqual(rules.setitem_checked, "Can only SETITEM" in source or "collections.Counter, but got" in source)
+        self.assertEqual(rules.append_checked, "Can only append to lists" in source)
+
+    def test_a_torch_28_like_source(self) -> None:
+        rules = self.rules(self.TORCH_28_LIKE)
+        self.assertEqual((rules.setitem_checked, rules.append_checked, rules.persid_names_type), (False, False, False))
+
+    def test_predictions_follow_the_rules(self) -> None:
+        from torch_serial_testing import pickle_scan, unpickler_model
+
+        data = {"d": DictSub(a=1)}
+        torch_rules = unpickler_model.container_rules()
+        blocked = Checkpoint.save(data).info.weights_only_blocker
+        self.assertEqual(blocked is not None, torch_rules.setitem_checked)
+        old = unpickler_model.ContainerRules(setitem_checked=False, append_checked=False, persid_names_type=False)
+        with mock.patch.object(pickle_scan, "container_rules", return_value=old):
+            # a fresh checkpoint object (the scan is cached by bytes: change them)
+            info = Checkpoint.save({"d": DictSub(a=1), "x": 1}).info
+        self.assertIsNone(info.weights_only_blocker)
+        self.assertIn(f"{__name__}.DictSub", info.globals)

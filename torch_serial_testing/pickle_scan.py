@@ -43,6 +43,7 @@ from .unpickler_model import (
     _PICKLEBUFFER,
     _SET,
     _SETITEM_TYPES,
+    container_rules,
     _STORAGE,
     _STR,
     _UNKNOWN,
@@ -412,7 +413,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                 else:
                     pop_mark()
                     _need(stack, 1, at)
-                if wo:
+                if wo and container_rules().append_checked:
                     t = _type_of(stack[-1])
                     if t is not None and t != "builtins.list":
                         what = "append to lists" if code == 0x61 else "extend lists"
@@ -425,7 +426,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                 else:
                     pop_mark()
                     _need(stack, 1, at)
-                if wo:
+                if wo and container_rules().setitem_checked:
                     t = _type_of(stack[-1])
                     if t is not None and t not in _SETITEM_TYPES:
                         opname = "SETITEM" if code == 0x73 else "SETITEMS"

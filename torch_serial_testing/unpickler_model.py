@@ -87,6 +87,37 @@ _SPECIAL_FALLBACK: dict[str, str] = {
 }
 
 
+@dataclass(frozen=True)
+class ContainerRules:
+    """Which container and persistent-id checks this torch's weights-only unpickler makes.
+
+    torch 2.13 refuses ``SETITEM(S)`` on anything but a dict, ``OrderedDict`` or ``Counter``,
+    ``APPEND(S)`` on anything but a list, and names a refused persistent id by its *type*;
+    earlier torches (2.8) made no ``SETITEM`` check and named the id itself.  Read from the
+    running torch's source; without one, torch 2.13's rules.
+    """
+
+    setitem_checked: bool = True
+    append_checked: bool = True
+    persid_names_type: bool = True
+
+
+@functools.lru_cache(maxsize=1)
+def container_rules() -> ContainerRules:
+    """This torch's :class:`ContainerRules`, read from ``torch/_weights_only_unpickler.py``."""
+    try:
+        from torch import _weights_only_unpickler as wou
+
+        source = inspect.getsource(wou)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return ContainerRules()
+    return ContainerRules(
+        setitem_checked="collections.Counter, but got" in source,
+        append_checked="Can only append to lists" in source,
+        persid_names_type="persistent_load of storage is allowed, but got {type(" in source,
+    )
+
+
 @functools.lru_cache(maxsize=1)
 def special_global_messages() -> dict[str, str]:
     """Globals this torch refuses, when not allowlisted, with a message naming no global."""
@@ -371,6 +402,8 @@ def _persid_refusal(pid: Any) -> Optional[str]:
     if isinstance(pid, tuple):
         if pid and not (isinstance(pid[0], str) and pid[0] == "storage"):
             if isinstance(pid[0], str) or isinstance(pid[0], _Obj):
+                if not container_rules().persid_names_type:  # torch before 2.9: the id itself
+                    return f"Only persistent_load of storage is allowed, but got {pid[0]}"
                 t = _type_of(pid[0])
                 return f"Only persistent_load of storage is allowed, but got {class_repr(t)}"
             return "Only persistent_load of storage is allowed"
