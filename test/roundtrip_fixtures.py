@@ -6,6 +6,7 @@ torch itself (its allowlist, or what a real ``torch.load`` does here), never fro
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import pickle
@@ -186,3 +187,52 @@ def assert_mode_skips_here(test, mode, call) -> bool:
         call()
     test.assertEqual(str(cm.exception), reason)
     return True
+
+
+class SwitchProbe:
+    """A class no allowlist has: loading it weights-only fails, so torch.load says how it read a switch."""
+
+
+@functools.lru_cache(maxsize=None)
+def torch_sets(name: str, value: str) -> bool:
+    """Whether the running torch treats ``name=value`` as set -- asked of ``torch.load`` itself.
+
+    torch 2.13 lower-cases the value, 2.6 to 2.12 compare it as written, torch < 2.6 does not read
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all: tests take their expectations from this probe, never
+    from an assumed spelling rule.
+    """
+    import io as _io
+    import os as _os
+    import pickle as _pickle
+    import warnings as _warnings
+    from unittest import mock as _mock
+
+    buf = _io.BytesIO()
+    torch.save(SwitchProbe(), buf)
+    env = {k: v for k, v in _os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    env[name] = value
+    with _mock.patch.dict(_os.environ, env, clear=True), _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        buf.seek(0)
+        try:
+            if name == "TORCH_FORCE_WEIGHTS_ONLY_LOAD":
+                torch.load(buf, weights_only=False)  # our own bytes, this process's class
+                return False
+            loaded_bare = True
+            torch.load(buf)
+        except _pickle.UnpicklingError:
+            if name == "TORCH_FORCE_WEIGHTS_ONLY_LOAD":
+                return True
+            loaded_bare = False
+    if not loaded_bare:
+        return False
+    # Loaded bare: set, unless this torch's bare load is a full load anyway (before 2.6).
+    buf.seek(0)
+    with _mock.patch.dict(_os.environ, {k: v for k, v in env.items() if k != name}, clear=True), \
+            _warnings.catch_warnings():
+        _warnings.simplefilter("ignore")
+        try:
+            torch.load(buf)
+            return False  # the bare load loads without the switch too: the switch decided nothing
+        except _pickle.UnpicklingError:
+            return True

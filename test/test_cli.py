@@ -326,7 +326,7 @@ class TestInspect(CLITestBase):
             results = {{}}
             for name, env in [("force", {{"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}}),
                               ("force_no", {{"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "yes"}}),
-                              ("both", {{"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "TRUE", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "y"}})]:
+                              ("both", {{"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "true", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "y"}})]:
                 for k in {list(cli.ENV_VARS)!r}:
                     os.environ.pop(k, None)
                 os.environ.update(env)
@@ -496,13 +496,13 @@ class TestDoctor(CLITestBase):
         self.assertIn("status: ATTENTION (exit 1)", out)
 
     def test_both_force_switches_is_an_error(self):
-        proc = self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="True", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="Y")
+        proc = self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="true", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="y")
         if not TORCH_READS_FORCE_NO:
             # torch < 2.6 ignores TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD: no error, TORCH_FORCE_WEIGHTS_ONLY_LOAD rules.
             r = self.json_of(proc, cli.EXIT_ATTENTION)
             self.assertEqual(r["status"], "attention")
             self.assertIs(r["default_weights_only"]["value"], True)
-            self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=True", r["default_weights_only"]["reason"])
+            self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=true", r["default_weights_only"]["reason"])
             self.assertEqual((r["environment"][cli.FORCE_WO]["value"], r["environment"][cli.FORCE_NO_WO]["value"]),
                              (True, False))
             self.assertIn("ignored", r["environment"][cli.FORCE_NO_WO]["effect"])

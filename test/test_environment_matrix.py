@@ -1,7 +1,7 @@
 """The TORCH_FORCE_* environment matrix: every round trip green and accurate, or the one conflict message.
 
 Expected outcomes are derived here from torch's own rules (``torch.load``:
-the two switches, truthy iff ``value.lower()`` is in torch's ``true_values``;
+the two switches, set or not as ``torch.load`` itself reads them (probed);
 both set is an error; ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` beats an explicit
 argument; ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` only replaces the default), never
 from observed output.  ``predict``/``WeightsOnlySwitches`` are unit-tested in
@@ -33,7 +33,7 @@ from torch_serial_testing import (
 from torch_serial_testing.allowlist import normalize_safe_globals, torch_allowlist
 from torch_serial_testing.load_modes import TRUE_VALUES, WeightsOnlySwitches, torch_default_weights_only
 
-from roundtrip_fixtures import MODE_SKIPS
+from roundtrip_fixtures import MODE_SKIPS, torch_sets
 import subprocess_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,8 +78,8 @@ FULL_MODULE_GLOBALS = tuple(sorted({f"{MODULE}.EnvCheckNet"} | ({"builtins.set"}
 
 def torch_rule(env: Mapping[str, str], mode: str) -> Optional[tuple[bool, bool]]:
     """(effective weights_only, torch warns) for a load in *mode*; None when torch refuses every load."""
-    force_wo = env.get(WO, "0").lower() in TORCH_TRUE
-    force_no = TORCH_READS_NO and env.get(NO, "0").lower() in TORCH_TRUE
+    force_wo = torch_sets(WO, env.get(WO, "0"))
+    force_no = TORCH_READS_NO and torch_sets(NO, env.get(NO, "0"))
     if force_wo and force_no:
         return None
     explicit = {"weights_only_false": False, "safe_globals": True, "default": None}[mode]
@@ -107,14 +107,14 @@ class TestWeightsOnlySwitches(unittest.TestCase):
     def test_truthy_spellings_match_torch(self) -> None:
         self.assertEqual(sorted(TRUE_VALUES), sorted(TORCH_TRUE))
         for value in SPELLINGS:
-            truthy = value.lower() in TORCH_TRUE
             with self.subTest(value=value):
+                # torch.load itself says how it reads each spelling (2.6-2.12 compare as written)
                 switches = WeightsOnlySwitches.from_environ({WO: value})
-                self.assertEqual(switches.force_weights_only, truthy)
+                self.assertEqual(switches.force_weights_only, torch_sets(WO, value))
                 self.assertFalse(switches.force_no_weights_only)
                 switches = WeightsOnlySwitches.from_environ({NO: value})
                 # torch < 2.6 ignores TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD whatever its spelling
-                self.assertEqual(switches.force_no_weights_only, truthy and TORCH_READS_NO)
+                self.assertEqual(switches.force_no_weights_only, torch_sets(NO, value) and TORCH_READS_NO)
                 self.assertFalse(switches.force_weights_only)
                 self.assertEqual(switches.raw, {WO: None, NO: value})
 
@@ -123,11 +123,11 @@ class TestWeightsOnlySwitches(unittest.TestCase):
         self.assertFalse(switches.force_weights_only or switches.force_no_weights_only or switches.conflict)
 
     def test_conflict_message_names_both_values(self) -> None:
-        switches = WeightsOnlySwitches.from_environ({WO: "Yes", NO: "TRUE"})
+        switches = WeightsOnlySwitches.from_environ({WO: "yes", NO: "true"})
         self.assertEqual(switches.conflict, TORCH_READS_NO)  # torch < 2.6 has no conflict to report
         self.assertEqual(
             switches.conflict_message(),
-            f"{WO}=Yes and {NO}=TRUE are both set: torch.load raises RuntimeError on every load. Unset one of them.",
+            f"{WO}=yes and {NO}=true are both set: torch.load raises RuntimeError on every load. Unset one of them.",
         )
 
     def test_reads_os_environ_when_no_mapping_given(self) -> None:
@@ -182,8 +182,8 @@ class TestPredictRules(unittest.TestCase):
                         self.assertEqual(exp.missing, missing)
 
     def test_reasons_name_the_switch(self) -> None:
-        exp = predict("weights_only_false", self.checkpoints["state_dict"], environ={WO: "Yes"})
-        self.assertEqual(exp.reason, f"weights_only=True forced by {WO}=Yes over explicit weights_only=False")
+        exp = predict("weights_only_false", self.checkpoints["state_dict"], environ={WO: "yes"})
+        self.assertEqual(exp.reason, f"weights_only=True forced by {WO}=yes over explicit weights_only=False")
         exp = predict("default", self.checkpoints["state_dict"], environ={NO: "y"})
         if TORCH_READS_NO:
             self.assertEqual(exp.reason, f"weights_only=False forced by {NO}=y")

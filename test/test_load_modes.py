@@ -10,6 +10,7 @@ import torch
 
 import torch_serial_testing as tst
 from roundtrip_fixtures import (
+    torch_sets,
     DEFAULT_REASON,
     DEFAULT_WEIGHTS_ONLY,
     DEFAULT_WHY,
@@ -58,12 +59,15 @@ class TestSwitches(unittest.TestCase):
     def test_truthy_spellings_match_torch(self):
         for value in ["1", "y", "yes", "true", "Y", "YES", "True", "TRUE", "yEs"]:
             with self.subTest(value=value):
-                self.assertTrue(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
+                # as torch.load itself reads it (2.13 lower-cases, 2.6-2.12 compare as written)
+                self.assertIs(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only,
+                              torch_sets(WO, value))
                 # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD counts only where torch reads it (torch >= 2.6).
                 self.assertIs(
                     load_modes.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only,
-                    READS_FORCE_NO_WEIGHTS_ONLY,
+                    READS_FORCE_NO_WEIGHTS_ONLY and torch_sets(NO_WO, value),
                 )
+        self.assertTrue(torch_sets(WO, "1") and torch_sets(WO, "true"))  # the probe sees the plain spellings
         for value in ["0", "", "false", "no", "n", "2", " 1", "on"]:
             with self.subTest(value=value):
                 self.assertFalse(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
@@ -89,9 +93,9 @@ class TestSwitches(unittest.TestCase):
         self.assertTrue(self._predict("safe_globals", {}).loads)
 
     def test_force_weights_only_beats_explicit_false(self):
-        exp = self._predict("weights_only_false", {WO: "Yes"})
+        exp = self._predict("weights_only_false", {WO: "yes"})
         self.assertEqual((exp.weights_only, exp.loads), (True, False))
-        self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=Yes over explicit weights_only=False", exp.reason)
+        self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=yes over explicit weights_only=False", exp.reason)
         self.assertTrue(self._predict("safe_globals", {WO: "1"}).loads)
 
     def test_force_no_weights_only_only_when_not_passed(self):
