@@ -20,9 +20,8 @@ from unittest import mock
 import torch
 
 import npu_backend
-from torch_serial_testing.devices import resolve_devices
-from torch_serial_testing.errors import RoundTripConfigError
 
+from device_filters import assert_filters_match_pytorch
 from roundtrip_fixtures import MODE_SKIPS
 from test_flagship_environments import FLAGSHIP_DIR, FLAGSHIP_MODULE, NO_LOAD_TESTS, round_trip_tests
 from test_readme import code_blocks, readme
@@ -179,21 +178,8 @@ class TestDeviceFiltersMatchPytorchWithoutBackend(unittest.TestCase):
     def test_grid(self):
         from torch.testing._internal import common_device_type as cdt
 
-        bases = [cdt.CPUTestBase, cdt.CUDATestBase]
         values = ["", "cpu", "cuda", "cpu,cuda", "xpu", "cuda, xpu", " cpu", "CPU", "cpu,", "privateuse1"]
-        for only in values:
-            for excl in values:
-                with self.subTest(only=only, excl=excl):
-                    try:
-                        theirs = [b.device_type for b in cdt.filter_desired_device_types(
-                            bases, excl.split(",") if excl else [], only.split(",") if only else [])]
-                    except AssertionError:
-                        theirs = None
-                    try:
-                        ours = list(resolve_devices(("cpu", "cuda"), {ONLY_FOR: only, EXCEPT_FOR: excl}))
-                    except RoundTripConfigError:
-                        ours = None
-                    self.assertEqual(ours, theirs)
+        assert_filters_match_pytorch(self, [cdt.CPUTestBase, cdt.CUDATestBase], ("cpu", "cuda"), values)
 
 
 class TestPrivateuse1IsJudgedByTheRegisteredBackend(unittest.TestCase):

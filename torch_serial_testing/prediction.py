@@ -23,7 +23,7 @@ from .pickle_scan import Check, class_repr, special_global_messages
 from .replaced_loader import torch_load_replacement
 from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, torch_default_weights_only
 
-__all__ = ["Expectation", "declared_names", "predict"]
+__all__ = ["Expectation", "declared_entries", "declared_names", "predict"]
 
 
 @dataclass(frozen=True)
@@ -87,32 +87,37 @@ def _decide(mode: LoadMode, switches: WeightsOnlySwitches) -> tuple[bool, bool, 
     return default, False, f"weights_only={default} {why}"
 
 
-def declared_names(safe_globals: Any) -> tuple[str, ...]:
-    """The names torch matches *safe_globals* by, in any form the mixin accepts.
+def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
+    """``(object or None, name)`` for each safe global, in any form the mixin accepts.
 
-    Objects (by ``module.qualname``, as torch's ``_get_user_allowed_globals`` does -- never an
-    object's own ``.name`` attribute), ``'module.Name'`` strings (not imported) and
-    ``(obj, 'module.Name')`` tuples.  Nothing is refused here: deciding what may be trusted is
-    :func:`load`'s job, a prediction only predicts.
+    Objects are named by ``module.qualname``, as torch's ``_get_user_allowed_globals`` does (never
+    an object's own ``.name`` attribute); ``'module.Name'`` strings are not imported (no object);
+    ``(obj, 'module.Name')`` tuples keep both.  Nothing is refused here: deciding what may be
+    trusted is :func:`load`'s job, a prediction only predicts.
     """
     if isinstance(safe_globals, (str, bytes)) or not hasattr(safe_globals, "__iter__"):
         raise RoundTripConfigError(
             f"safe_globals must be a tuple or list of globals, got {type(safe_globals).__name__}; "
             "write safe_globals=[MyModule] (objects, 'module.Name' strings or (obj, 'module.Name') tuples)"
         )
-    names: list[str] = []
+    entries: list[tuple[Any, str]] = []
     for item in safe_globals:
         if isinstance(item, SafeGlobal):
-            names.append(item.name)
+            entries.append((item.obj, item.name))
         elif isinstance(item, str):
-            names.append(item)
+            entries.append((None, item))
         elif isinstance(item, tuple):
             if len(item) != 2 or not isinstance(item[1], str):
                 raise RoundTripConfigError(f"safe global tuple {item!r} must be (object, 'module.Name')")
-            names.append(item[1])
+            entries.append((item[0], item[1]))
         else:
-            names.append(qualified_name(item))
-    return tuple(names)
+            entries.append((item, qualified_name(item)))
+    return tuple(entries)
+
+
+def declared_names(safe_globals: Any) -> tuple[str, ...]:
+    """The names torch matches *safe_globals* by (see :func:`declared_entries`)."""
+    return tuple(name for _obj, name in declared_entries(safe_globals))
 
 
 def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
@@ -159,14 +164,14 @@ def predict(
         )
     mode = LoadMode.parse(mode)
     checkpoint = _as_checkpoint(checkpoint, "predict")
-    declared_names(safe_globals)  # every form the mixin accepts, validated; _allowed() reads them
+    declared = declared_entries(safe_globals)
     weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_environ(environ))
     info = checkpoint.info
     if not weights_only:
         return Expectation(mode, weights_only, warns, True, (), reason, torch_load_replacement())
     # Under the registry lock: no library round trip is inside its safe_globals context now.
     with registry_lock:
-        names, types = _allowed(safe_globals if mode is LoadMode.SAFE_GLOBALS else ())
+        names, types = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else ())
     missing, rejection = _replay(info.checks, names, types)
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in names}))
@@ -239,7 +244,7 @@ _allowed_cache: dict[Any, tuple[frozenset[str], frozenset[str]]] = {}
 
 
 
-def _allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
+def _allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], frozenset[str]]:
     """(global names torch accepts, names of the types BUILD accepts) with *declared* added.
 
     Types are matched by object in torch (``type(inst) in allowed.values()``); the model
@@ -270,27 +275,13 @@ def _allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
     return hit
 
 
-def _compute_allowed(declared: Sequence[Any]) -> tuple[frozenset[str], frozenset[str]]:
+def _compute_allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], frozenset[str]]:
     import torch
 
-    names = set(torch_allowlist()) | set(registered_globals())
+    names = set(torch_allowlist()) | set(registered_globals()) | {name for _obj, name in declared}
     types = set(_torch_type_names())
-    entries: list[Any] = list(torch.serialization.get_safe_globals())
-    for sg in declared:
-        if isinstance(sg, SafeGlobal):
-            names.add(sg.name)
-            entries.append(sg.obj)
-        elif isinstance(sg, str):
-            names.add(sg)
-        elif isinstance(sg, tuple) and len(sg) == 2 and isinstance(sg[1], str):
-            names.add(sg[1])
-            entries.append(sg[0])
-        else:
-            real = _real_name(sg)
-            if real:
-                names.add(real)
-            entries.append(sg)
-    for entry in entries:
+    objects = [obj for obj, _name in declared if obj is not None]
+    for entry in [*torch.serialization.get_safe_globals(), *objects]:
         real = _real_name(entry[0] if isinstance(entry, tuple) else entry)
         if real:
             types.add(real)

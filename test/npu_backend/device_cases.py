@@ -30,7 +30,7 @@ register()
 from torch_serial_testing import (  # noqa: E402 - the backend must exist before instantiation
     SerializationRoundTripTestCase, UnexpectedLoadOutcome, instantiate_round_trip_tests,
 )
-from torch_serial_testing.devices import resolve_devices  # noqa: E402
+from device_filters import assert_filters_match_pytorch  # noqa: E402
 
 from roundtrip_fixtures import MODULE_SAFE_GLOBALS  # noqa: E402 - builtins.set where torch < 2.6 needs it
 
@@ -172,22 +172,8 @@ class TestDeviceFiltersMatchPytorch(unittest.TestCase):
     def test_grid(self):
         from torch.testing._internal import common_device_type as cdt
 
-        bases = [cdt.CPUTestBase, cdt.PrivateUse1TestBase]
         values = ["", "cpu", "npu", "privateuse1", "cpu,npu", "cuda", "npu,cuda", " npu", "NPU", "cpu,privateuse1"]
-        for only in values:
-            for excl in values:
-                with self.subTest(only=only, excl=excl):
-                    env = {"PYTORCH_TESTING_DEVICE_ONLY_FOR": only, "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": excl}
-                    try:
-                        theirs = [b.device_type for b in cdt.filter_desired_device_types(
-                            bases, excl.split(",") if excl else [], only.split(",") if only else [])]
-                    except AssertionError:
-                        theirs = None
-                    try:
-                        ours = list(resolve_devices(("cpu", "privateuse1"), env))
-                    except Exception:  # noqa: BLE001 - compared below
-                        ours = None
-                    self.assertEqual(ours, theirs)
+        assert_filters_match_pytorch(self, [cdt.CPUTestBase, cdt.PrivateUse1TestBase], ("cpu", "privateuse1"), values)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,30 @@
+"""One check shared by the device tests: our env filters select exactly what pytorch's select."""
+
+from __future__ import annotations
+
+import unittest
+from typing import Sequence
+
+from torch_serial_testing.devices import EXCEPT_FOR, ONLY_FOR, resolve_devices
+from torch_serial_testing.errors import RoundTripConfigError
+
+
+def assert_filters_match_pytorch(case: unittest.TestCase, bases: Sequence[type], declared: tuple[str, ...],
+                                 values: Sequence[str]) -> None:
+    """For every ONLY_FOR x EXCEPT_FOR pair of *values*: pytorch's ``filter_desired_device_types``
+    over *bases* and our ``resolve_devices(declared)`` agree (both refuse, or both select the same)."""
+    from torch.testing._internal import common_device_type as cdt  # tests may import it, the library never
+
+    for only in values:
+        for excl in values:
+            with case.subTest(only=only, excl=excl):
+                try:
+                    theirs = [b.device_type for b in cdt.filter_desired_device_types(
+                        bases, excl.split(",") if excl else [], only.split(",") if only else [])]
+                except AssertionError:
+                    theirs = None
+                try:
+                    ours = list(resolve_devices(declared, {ONLY_FOR: only, EXCEPT_FOR: excl}))
+                except RoundTripConfigError:
+                    ours = None
+                case.assertEqual(ours, theirs)
