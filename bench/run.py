@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         pair, summary = timing.time_flagship(rounds)
         pairs.append(pair)
         notes.append(f"The flagship run: {summary}.")
+    if "import" in only or "flagship" in only:
+        notes.append("Whole processes import byte-compiled code on both sides: the library's and the test files' "
+                     "``.pyc`` are written first (``compileall``), as ``pip install`` does for torch.")
+    if "round_trip" in only:
+        notes.append("The round-trip rows repeat one module, so after the first round trip the library reuses its "
+                     "scan of the identical bytes (as a test file's modes and engines do); the \"first scan\" row "
+                     "clears that memory before every round trip (informational, no target).")
     load_end = report.loadavg()
     report.print_compare(pairs)
     print(report.text_summary(pairs))

@@ -102,8 +102,29 @@ def library_round_trip(obj: Any, mode: str, declared: tuple[Any, ...]) -> Any:
     return result.value if result.loaded else result.error
 
 
+def forget_scans() -> None:
+    """Drop the library's memory of checkpoints it has scanned (the small-checkpoint and data.pkl caches)."""
+    from torch_serial_testing import archive, checkpoint
+
+    checkpoint._small_infos.clear()
+    archive._cache.clear()
+
+
+def library_round_trip_first_scan(obj: Any, mode: str, declared: tuple[Any, ...]) -> Any:
+    """The library's round trip of bytes it has never scanned: what a test's first round trip of a module pays."""
+    forget_scans()
+    return library_round_trip(obj, mode, declared)
+
+
+def plain_round_trip_twin(obj: Any, mode: str, declared: tuple[Any, ...]) -> Any:
+    """plain_round_trip, also calling forget_scans so both sides pay that call."""
+    forget_scans()
+    return plain_round_trip(obj, mode, declared)
+
+
 def time_round_trips(label: str, obj: Any, declared: tuple[Any, ...], rounds: int, min_run_time: float,
-                     modes: tuple[str, ...] = MODES) -> list[Pair]:
+                     modes: tuple[str, ...] = MODES, library_fn: Any = library_round_trip,
+                     plain_fn: Any = plain_round_trip) -> list[Pair]:
     """Library vs plain torch per mode: *rounds* interleaved ``blocked_autorange`` runs each, merged."""
     threads = torch.get_num_threads()
     pairs = []
@@ -111,10 +132,10 @@ def time_round_trips(label: str, obj: Any, declared: tuple[Any, ...], rounds: in
         if mode == "safe_globals" and not hasattr(torch.serialization, "safe_globals"):
             continue  # torch < 2.5: the library skips this mode, so there is nothing to compare
         timers = {
-            LIBRARY: Timer("fn(obj, mode, declared)", globals=dict(fn=library_round_trip, obj=obj, mode=mode,
+            LIBRARY: Timer("fn(obj, mode, declared)", globals=dict(fn=library_fn, obj=obj, mode=mode,
                                                                     declared=declared),
                            label=label, sub_label=mode, description=LIBRARY, num_threads=threads),
-            PLAIN: Timer("fn(obj, mode, declared)", globals=dict(fn=plain_round_trip, obj=obj, mode=mode,
+            PLAIN: Timer("fn(obj, mode, declared)", globals=dict(fn=plain_fn, obj=obj, mode=mode,
                                                                   declared=declared),
                          label=label, sub_label=mode, description=PLAIN, num_threads=threads),
         }
@@ -143,6 +164,21 @@ def registered(objs: tuple[Any, ...]) -> Iterator[None]:
 
 
 # -- whole processes: import and test files ------------------------------------------------------
+
+
+def byte_compile(*paths: str) -> None:
+    """Write the ``.pyc`` files of *paths* (directories or files), as ``pip install`` does for torch.
+
+    Both sides of a whole-process comparison then import compiled code: torch's files were
+    compiled when it was installed, the library's are compiled here (an editable install under
+    PYTHONDONTWRITEBYTECODE=1 would otherwise compile the library's source in every process).
+    """
+    import compileall
+
+    for path in paths:
+        ok = compileall.compile_dir(path, quiet=1) if os.path.isdir(path) else compileall.compile_file(path, quiet=1)
+        if not ok:
+            raise RuntimeError(f"could not byte-compile {path}")
 
 
 def run_process(cmd: list[str], cwd: str, env: dict[str, str]) -> tuple[float, float, int, str]:
@@ -209,6 +245,7 @@ def process_env() -> dict[str, str]:
 
 def time_import(rounds: int) -> Pair:
     py = sys.executable
+    byte_compile(os.path.dirname(tst.__file__))
     with tempfile.TemporaryDirectory(prefix="tst-bench-") as cwd:
         pair, _ = time_processes("import (whole process)", "import torch [+ library]",
                                  ([py, "-c", "import torch; import torch_serial_testing"], cwd),
@@ -238,6 +275,7 @@ def time_flagship(rounds: int) -> tuple[Pair, str]:
     with tempfile.TemporaryDirectory(prefix="tst-bench-") as cwd:
         with open(os.path.join(cwd, "test_empty.py"), "w", encoding="utf-8") as fh:
             fh.write(EMPTY_TEST_FILE)
+        byte_compile(os.path.dirname(tst.__file__), FLAGSHIP_DIR, os.path.join(cwd, "test_empty.py"))
         pair, last = time_processes("test file (whole process)", f"{FLAGSHIP_MODULE} vs empty TestCase file",
                                     ([py, "-m", "unittest", FLAGSHIP_MODULE], FLAGSHIP_DIR),
                                     ([py, "-m", "unittest", "test_empty"], cwd), rounds, process_env())
@@ -250,6 +288,11 @@ def all_round_trips(rounds: int, min_run_time: float) -> list[Pair]:
     with tst.override_qengine("qnnpack"):  # its packed weights load only under the engine that packed them
         pairs = time_round_trips("round trip, small sparse quantized Linear", small, small_declared, rounds,
                                  min_run_time)
+        # The same, with the library's scan memory cleared before every round trip (informational:
+        # a test pays this once per distinct checkpoint; the rows above are the repeats).
+        pairs += time_round_trips("round trip, small sparse quantized Linear, first scan of its bytes", small,
+                                  small_declared, rounds, min_run_time, modes=("default",),
+                                  library_fn=library_round_trip_first_scan, plain_fn=plain_round_trip_twin)
     big, big_declared = large_module()
     label = "round trip, 256 MiB float"
     pairs += time_round_trips(label, big, big_declared, rounds, min_run_time, modes=MODES[:2])

@@ -122,11 +122,11 @@ class TestSwitchReadings(unittest.TestCase):
             self.assertFalse(load_modes.torch_reads_force_no_weights_only())
 
     def test_without_source_the_version_decides(self) -> None:
-        import inspect
+        from torch_serial_testing import torch_source
 
         load_modes.torch_switch_readings.cache_clear()
         try:
-            with mock.patch.object(inspect, "getsource", side_effect=OSError("no source")), \
+            with mock.patch.object(torch_source, "source_of", side_effect=OSError("no source")), \
                  mock.patch.object(torch, "__version__", "2.5.1"):
                 self.assertEqual(set(load_modes.torch_switch_readings()), {WO})
         finally:

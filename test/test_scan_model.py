@@ -314,7 +314,7 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
 
         unpickler_model.container_rules.cache_clear()
         self.addCleanup(unpickler_model.container_rules.cache_clear)
-        with mock.patch("inspect.getsource", return_value=source):
+        with mock.patch("torch_serial_testing.unpickler_model.source_of", return_value=source):
             return unpickler_model.container_rules()
 
     def test_this_torch(self) -> None:

@@ -194,10 +194,30 @@ def refuse_dangerous(sg: SafeGlobal) -> None:
 
 
 def as_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
-    """*safe_globals* as SafeGlobal entries, refusing dangerous ones (however they are named)."""
-    if isinstance(safe_globals, (str, bytes)):
-        return normalize_safe_globals(safe_globals)  # raises, naming the fix
-    return normalize_safe_globals(safe_globals)
+    """*safe_globals* as SafeGlobal entries, refusing dangerous ones (however they are named).
+
+    Every load passes its declaration through here, so an accepted declaration is remembered
+    by the identity of its items (the cache keeps them alive, so an id is never reused while
+    cached); a refused one is never cached and raises again on every call.
+    """
+    if type(safe_globals) is not tuple and type(safe_globals) is not list:
+        return normalize_safe_globals(safe_globals)  # any other form: validated (or refused) every time
+    items = tuple(safe_globals)
+    key = tuple(map(id, items))
+    hit = _ACCEPTED_DECLARATIONS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], items)):
+        return hit[1]
+    result = normalize_safe_globals(items)
+    with _declarations_lock:
+        if len(_ACCEPTED_DECLARATIONS) >= 256:
+            _ACCEPTED_DECLARATIONS.clear()
+        _ACCEPTED_DECLARATIONS[key] = (items, result)
+    return result
+
+
+#: id-tuple of a declaration's items -> (the items, their accepted SafeGlobal entries).
+_ACCEPTED_DECLARATIONS: dict[tuple[int, ...], tuple[tuple[Any, ...], tuple[SafeGlobal, ...]]] = {}
+_declarations_lock = threading.Lock()
 
 
 def torch_allowlist() -> frozenset[str]:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import io
 import os
+import sys
+import threading
 from dataclasses import dataclass
 from typing import IO, Any, Optional, Union
 
@@ -141,8 +143,23 @@ class Checkpoint:
     def info(self) -> CheckpointInfo:
         """The static scan, computed once (under the default :class:`ScanLimits`)."""
         if self._info is None:
-            self._info = _scan(self.rewound(), 0, default_scan_limits())
+            self._info = _small_checkpoint_info(self._buffer) or _scan(self.rewound(), 0, default_scan_limits())
         return self._info
+
+    @property
+    def format(self) -> str:
+        """``zip``, ``torchscript``, ``legacy`` or ``tar``.
+
+        Bytes :meth:`save` produced in a zip archive are a plain zip checkpoint (``torch.save``
+        writes no TorchScript ``constants.pkl``): known without scanning, which a full load,
+        where nothing the checkpoint names matters, never needs.
+        """
+        if self._info is None and self._owned:
+            with self._buffer.getbuffer() as view:
+                head = bytes(view[:4])
+            if head == b"PK\x03\x04":
+                return "zip"
+        return self.info.format
 
     def rewound(self) -> io.BytesIO:
         """The underlying buffer at position 0 (for ``torch.load``)."""
@@ -152,6 +169,34 @@ class Checkpoint:
     def __repr__(self) -> str:
         kind = "owned" if self._owned else "foreign"
         return f"<Checkpoint {kind} {self.nbytes} bytes>"
+
+
+# Facts of recently scanned small checkpoints, keyed by their exact bytes: a test file saves the
+# same module once per load mode and engine, and torch.save writes byte-identical archives for it.
+# The facts depend only on the bytes, the limits and whether numpy is imported (numpy's dtype
+# classes); CheckpointInfo is frozen, so one instance is shared.  Failed scans are not kept.
+_SMALL_CHECKPOINT = 64 * 1024
+_SMALL_ENTRIES = 64
+_small_infos: dict[tuple[bytes, ScanLimits, bool], CheckpointInfo] = {}
+_small_lock = threading.Lock()
+
+
+def _small_checkpoint_info(buffer: io.BytesIO) -> Optional[CheckpointInfo]:
+    """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones."""
+    with buffer.getbuffer() as view:
+        if view.nbytes > _SMALL_CHECKPOINT:
+            return None
+        data = bytes(view)
+    limits = default_scan_limits()
+    key = (data, limits, "numpy" in sys.modules)
+    info = _small_infos.get(key)
+    if info is None:
+        info = _scan(io.BytesIO(data), 0, limits)
+        with _small_lock:
+            if len(_small_infos) >= _SMALL_ENTRIES:
+                _small_infos.pop(next(iter(_small_infos)), None)
+            _small_infos[key] = info
+    return info
 
 
 def _require_binary_seekable(f: Any) -> None:
@@ -207,6 +252,10 @@ def _scan(f: IO[bytes], start: int, limits: ScanLimits) -> CheckpointInfo:
         fmt = scan_archive(f, nbytes, state)
     finally:
         f.seek(start)
+    return _info(fmt, nbytes, state)
+
+
+def _info(fmt: str, nbytes: int, state: ScanState) -> CheckpointInfo:
     return CheckpointInfo(
         format=fmt,
         globals=tuple(sorted(state.globals)),

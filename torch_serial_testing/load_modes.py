@@ -23,12 +23,13 @@ text, never turned into skips or failures.
 
 from __future__ import annotations
 
+import os
 import pickle
 import unittest
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from .allowlist import as_safe_globals, preserved_registry, registered_globals, registry_lock
+from .allowlist import as_safe_globals, registered_globals, registry_lock, restore_registry, snapshot_registry
 from .checkpoint import Checkpoint
 from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from .modes import LoadMode, mode_skip_reason
@@ -46,7 +47,7 @@ from .switches import (
     torch_reads_force_no_weights_only,
     torch_switch_readings,
 )
-from .thread_warnings import observe_force_no_warning
+from .thread_warnings import Observation, observe_force_no_warning
 
 __all__ = [
     "LoadMode",
@@ -128,12 +129,12 @@ def load(
                 f"refusing a weights_only=False load ({expectation.reason}) of bytes this process did "
                 "not just produce: only Checkpoint.save() output may be fully unpickled"
             )
-        if checkpoint.info.format == "torchscript":
+        if checkpoint.format == "torchscript":
             raise CheckpointFormatError(
                 "this is a TorchScript archive: load it with torch.jit.load; torch.load would hand it "
                 "to torch.jit.load, and weights_only does not apply"
             )
-        if checkpoint.info.format == "tar":
+        if checkpoint.format == "tar":
             raise CheckpointFormatError(
                 "this is a legacy tar checkpoint (torch < 0.4): torch.load reads that format only from a "
                 "real file and never with weights_only=True; re-save it with a current torch"
@@ -147,30 +148,53 @@ def load(
         watch = expectation.replaced_by is not None and expectation.warns
         # Not warnings.catch_warnings: it rewrites the process's filters, so other threads'
         # warnings would be recorded here and their -W error ignored (see thread_warnings).
-        with preserved_registry(), observe_force_no_warning() as observed, watch_stdout(watch) as printed:
-            buf = checkpoint.rewound()
-            try:
-                if mode is LoadMode.WEIGHTS_ONLY_FALSE:
-                    value = torch.load(buf, weights_only=False, **kwargs)
-                elif mode is LoadMode.SAFE_GLOBALS:
-                    with torch.serialization.safe_globals([sg.torch_entry for sg in safe_globals]):
-                        value = torch.load(buf, weights_only=True, **kwargs)
-                elif checkpoint.owned:
-                    value = torch.load(buf, **kwargs)
-                else:
-                    # Foreign bytes: the predicted effective call, made explicit.
-                    value = torch.load(buf, weights_only=True, **kwargs)
-            except pickle.UnpicklingError as e:
-                error = e
-            except Warning:
-                raise  # a warning the caller's filters turned into an error (-W error): theirs, as raised
-            except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome below
-                raise UnexpectedLoadOutcome(
-                    f"{mode.value}: expected to be {'loaded' if expectation.loads else 'rejected'} "
-                    f"({expectation.reason}); torch.load raised {type(e).__name__}: {e}"
-                ) from e
+        # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment;
+        # without the variable there is nothing to observe (a replaced loader is always watched).
+        observing = expectation.replaced_by is not None or FORCE_NO_WO in os.environ
+        # torch's safe_globals context exit drops entries registered before it (and a replaced
+        # loader may register its own): the registry is restored after those loads.
+        preserve = mode is LoadMode.SAFE_GLOBALS or expectation.replaced_by is not None
+        snapshot = snapshot_registry() if preserve else None
+        try:
+            if observing or watch:
+                with observe_force_no_warning() as observed, watch_stdout(watch) as printed:
+                    value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation)
+            else:
+                observed, printed = Observation(), None
+                value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation)
+        finally:
+            if snapshot is not None:
+                restore_registry(snapshot)
     notice_printed = bool(_FORCE_NO_WARNING.search(printed.getvalue())) if printed is not None else False
     return _verify(expectation, value, error, observed.seen, notice_printed, registered)
+
+
+def _torch_load(
+    checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence[Any], kwargs: dict[str, Any], exp: Expectation
+) -> tuple[Any, Optional[BaseException]]:
+    """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection)."""
+    import torch
+
+    buf = checkpoint.rewound()
+    try:
+        if mode is LoadMode.WEIGHTS_ONLY_FALSE:
+            return torch.load(buf, weights_only=False, **kwargs), None
+        if mode is LoadMode.SAFE_GLOBALS:
+            with torch.serialization.safe_globals([sg.torch_entry for sg in safe_globals]):
+                return torch.load(buf, weights_only=True, **kwargs), None
+        if checkpoint.owned:
+            return torch.load(buf, **kwargs), None
+        # Foreign bytes: the predicted effective call, made explicit.
+        return torch.load(buf, weights_only=True, **kwargs), None
+    except pickle.UnpicklingError as e:
+        return None, e
+    except Warning:
+        raise  # a warning the caller's filters turned into an error (-W error): theirs, as raised
+    except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome
+        raise UnexpectedLoadOutcome(
+            f"{mode.value}: expected to be {'loaded' if exp.loads else 'rejected'} "
+            f"({exp.reason}); torch.load raised {type(e).__name__}: {e}"
+        ) from e
 
 
 def _torch_spellings(name: str) -> tuple[str, ...]:

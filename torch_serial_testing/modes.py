@@ -25,15 +25,17 @@ class LoadMode(enum.Enum):
     @property
     def explicit_weights_only(self) -> Optional[bool]:
         """The ``weights_only`` argument this mode passes (None: not passed at all)."""
-        return {"weights_only_false": False, "safe_globals": True, "default": None}[self.value]
+        return _EXPLICIT[self]
 
     @classmethod
     def parse(cls, value: "LoadMode | str") -> "LoadMode":
-        if isinstance(value, LoadMode):
-            return value
-        for mode in cls:
-            if value == mode.value or (isinstance(value, str) and value.upper() == mode.name):
-                return mode
+        if value.__class__ is LoadMode:  # the common case first: parse runs on every load
+            return value  # type: ignore[return-value]
+        found = _BY_SPELLING.get(value) if isinstance(value, str) else None
+        if found is None and isinstance(value, str):
+            found = _BY_SPELLING.get(value.upper())
+        if found is not None:
+            return found
         raise RoundTripConfigError(
             f"unknown load mode {value!r}; use one of {', '.join(m.value for m in cls)} "
             "(or LoadMode.WEIGHTS_ONLY_FALSE / SAFE_GLOBALS / DEFAULT)"
@@ -41,6 +43,11 @@ class LoadMode(enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+_EXPLICIT = {LoadMode.WEIGHTS_ONLY_FALSE: False, LoadMode.SAFE_GLOBALS: True, LoadMode.DEFAULT: None}
+#: Each mode by its value and by its member name (``"default"``, ``"DEFAULT"``).
+_BY_SPELLING = {**{m.value: m for m in LoadMode}, **{m.name: m for m in LoadMode}}
 
 
 def mode_skip_reason(mode: LoadMode) -> Optional[str]:

@@ -165,13 +165,45 @@ def predict(
     mode = LoadMode.parse(mode)
     checkpoint = _as_checkpoint(checkpoint, "predict")
     declared = declared_entries(safe_globals)
-    weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_environ(environ))
+    switches = WeightsOnlySwitches.from_environ(environ)
+    weights_only, warns, reason = _decide(mode, switches)
+    replaced = torch_load_replacement()
+    if not weights_only:  # a full load: nothing the checkpoint names can stop it
+        key = (mode, switches.raw.get(FORCE_WO), switches.raw.get(FORCE_NO_WO), replaced)
+        full = _expectations.get(key)
+        if full is None:
+            full = _remember(key, (None, None, Expectation(mode, weights_only, warns, True, (), reason, replaced)))
+        return full[2]
     info = checkpoint.info
-    if not weights_only:
-        return Expectation(mode, weights_only, warns, True, (), reason, torch_load_replacement())
     # Under the registry lock: no library round trip is inside its safe_globals context now.
     with registry_lock:
-        names, types = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else ())
+        allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else ())
+    # The same facts, the same allowed set, the same environment: the same prediction.
+    key = (mode, switches.raw.get(FORCE_WO), switches.raw.get(FORCE_NO_WO), replaced, id(info), id(allowed))
+    hit = _expectations.get(key)
+    if hit is not None and hit[0] is info and hit[1] is allowed:
+        return hit[2]
+    expectation = _expect(mode, weights_only, warns, reason, replaced, info, *allowed)
+    _remember(key, (info, allowed, expectation))  # keeps info and allowed alive: ids stay theirs
+    return expectation
+
+
+#: Predictions by (mode, both switch values, torch.load's replacement[, id(info), id(allowed)]).
+_expectations: dict[tuple[Any, ...], tuple[Any, Any, Expectation]] = {}
+
+
+def _remember(key: tuple[Any, ...], entry: tuple[Any, Any, Expectation]) -> tuple[Any, Any, Expectation]:
+    if len(_expectations) >= 256:
+        _expectations.clear()
+    _expectations[key] = entry
+    return entry
+
+
+def _expect(
+    mode: LoadMode, weights_only: bool, warns: bool, reason: str, replaced: Optional[str], info: Any,
+    names: frozenset[str], types: frozenset[str],
+) -> Expectation:
+    """A weights-only load: replay the checkpoint's checks against what is allowed."""
     missing, rejection = _replay(info.checks, names, types)
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in names}))
@@ -182,7 +214,7 @@ def predict(
         rejection is None,
         missing,
         reason,
-        torch_load_replacement(),
+        replaced,
         info.unsupported_opcodes,
         info.weights_only_blocker,
         rejection,

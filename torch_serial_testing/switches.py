@@ -147,12 +147,12 @@ def torch_switch_readings() -> dict[str, SwitchReading]:
     TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD exists from torch 2.6, and both are read lower-cased as in
     current torch.
     """
-    import inspect
-
     import torch
 
+    from .torch_source import source_of
+
     try:
-        readings = switch_readings_from_source(inspect.getsource(torch.serialization.load))
+        readings = switch_readings_from_source(source_of(torch.serialization.load))
     except (OSError, TypeError, SyntaxError):
         readings = {}
     if FORCE_WO not in readings:
@@ -183,10 +183,20 @@ class WeightsOnlySwitches:
     @classmethod
     def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "WeightsOnlySwitches":
         env = os.environ if environ is None else environ
-        raw = {FORCE_WO: env.get(FORCE_WO), FORCE_NO_WO: env.get(FORCE_NO_WO)}
+        values = (env.get(FORCE_WO), env.get(FORCE_NO_WO))
+        readings = torch_switch_readings()
+        known = _switches_by_values.get(values)
+        if known is not None and known[0] is readings:  # read on every load: same values, same reading
+            return known[1]
+        raw = {FORCE_WO: values[0], FORCE_NO_WO: values[1]}
         # A torch before 2.6 does not read TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (so it neither
         # warns nor refuses both switches): there it is never set, whatever its spelling.
-        return cls(is_truthy(raw[FORCE_WO], FORCE_WO), is_truthy(raw[FORCE_NO_WO], FORCE_NO_WO), raw)
+        switches = cls(is_truthy(raw[FORCE_WO], FORCE_WO), is_truthy(raw[FORCE_NO_WO], FORCE_NO_WO), raw)
+        if cls is WeightsOnlySwitches:
+            if len(_switches_by_values) >= 64:
+                _switches_by_values.clear()
+            _switches_by_values[values] = (readings, switches)
+        return switches
 
     @property
     def conflict(self) -> bool:
@@ -197,6 +207,10 @@ class WeightsOnlySwitches:
             f"{FORCE_WO}={self.raw.get(FORCE_WO)!s} and {FORCE_NO_WO}={self.raw.get(FORCE_NO_WO)!s} "
             "are both set: torch.load raises RuntimeError on every load. Unset one of them."
         )
+
+
+#: (TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD) values -> their reading.
+_switches_by_values: dict[tuple[Optional[str], Optional[str]], tuple[Any, WeightsOnlySwitches]] = {}
 
 
 def torch_reads_force_no_weights_only() -> bool:

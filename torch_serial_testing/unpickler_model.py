@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import _compat_pickle
 import functools
-import inspect
 import pickletools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .scan_limits import ScanLimits
+from .torch_source import source_of
 
 __all__ = [
     "Check",
@@ -52,7 +52,7 @@ def weights_only_opcodes() -> frozenset[str]:
     try:
         from torch import _weights_only_unpickler as wou
 
-        source = inspect.getsource(wou.Unpickler.load)
+        source = source_of(wou.Unpickler.load)
     except (ImportError, AttributeError, OSError, TypeError):
         return WEIGHTS_ONLY_OPCODES
     found = frozenset(re.findall(r"\b([A-Z][A-Z0-9_]*)\[0\]", source)) & frozenset(
@@ -108,7 +108,7 @@ def container_rules() -> ContainerRules:
     try:
         from torch import _weights_only_unpickler as wou
 
-        source = inspect.getsource(wou)
+        source = source_of(wou)
     except (ImportError, AttributeError, OSError, TypeError):
         return ContainerRules()
     return ContainerRules(
@@ -124,7 +124,7 @@ def special_global_messages() -> dict[str, str]:
     try:
         from torch import _weights_only_unpickler as wou
 
-        source = inspect.getsource(wou.Unpickler.load)
+        source = source_of(wou.Unpickler.load)
     except (ImportError, AttributeError, OSError, TypeError):
         return dict(_SPECIAL_FALLBACK)
     found: dict[str, str] = {}
