@@ -22,10 +22,8 @@ Which generated tests cover which upstream test (``<mode>`` is one of
 
     generated test id (in TestQlinearPackedParamsCPU)                upstream test
     ---------------------------------------------------------------  -----------------------------------------------------------
-    test_qlinear_packed_params_packing_fbgemm_cpu                    test_qlinear_packed_params_fbgemm (before saving)
-    test_qlinear_packed_params_packing_qnnpack_cpu                   test_qlinear_packed_params_qnnpack (before saving)
-    test_qlinear_packed_params_fbgemm_<mode>_cpu                     test_qlinear_packed_params_fbgemm (the round trip)
-    test_qlinear_packed_params_qnnpack_<mode>_cpu                    test_qlinear_packed_params_qnnpack (the round trip)
+    test_qlinear_packed_params_fbgemm_<mode>_cpu                     test_qlinear_packed_params_fbgemm
+    test_qlinear_packed_params_qnnpack_<mode>_cpu                    test_qlinear_packed_params_qnnpack
     test_qlinear_packed_params_cross_compatibility_fbgemm_to_qnnpack_<mode>_cpu
                                                                      test_qlinear_packed_params_fbgemm_qnnpack_cross_compatibility
                                                                      (fbgemm -> qnnpack half)
@@ -37,9 +35,7 @@ Which generated tests cover which upstream test (``<mode>`` is one of
     TestQlinearPackedParamsCheckpointFacts.test_full_module_state_dict_load_is_broken_in_torch
                                                                      new: pins a torch bug (see below)
 
-The packing tests check the module as built, before any save: they have an engine but no
-load-mode dimension (``@round_trip_dims(load_modes=())``), so they run once per engine, as
-upstream's checks did.  The last two never load, so they live in a plain class with no load-mode, engine or device
+The last two never load, so they live in a plain class with no load-mode, engine or device
 dimension: one test each, run under every device filter (as the original file's tests were).
 
 Which globals: on torch >= 2.6 the full-module checkpoint needs exactly
@@ -95,7 +91,6 @@ from torch_serial_testing import (
     instantiate_round_trip_tests,
     override_qengine,
     qualified_name,
-    round_trip_dims,
     supported_qengines,
 )
 from torch_serial_testing.allowlist import torch_allowlist
@@ -301,30 +296,22 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
 
     # -- tests --------------------------------------------------------------------------
 
-    # Random inputs come from the generator common_utils' setUp seeds before every test (upstream
-    # seeded again with torch.manual_seed(0), which also seeds every lazy accelerator generator).
+    # Random inputs come from the generator pytorch's TestCase.setUp seeds before every test (upstream
+    # seeded once more with torch.manual_seed(0), which also seeds every lazily initialized
+    # accelerator generator: about a millisecond per call on a machine without them).
 
-    @round_trip_dims(load_modes=())
-    def test_qlinear_packed_params_packing(self, device):
-        """Packed state and unpacking of the module as built: nothing is saved, so once per engine."""
+    def test_qlinear_packed_params(self, device):
+        """Packed state, unpacking and a full-module round trip, for each weight case."""
         if device != "cpu":
             self.skipTest(CPU_ONLY)
         zero_points = zero_points_for(self.qengine)
         for name, (weight, per_tensor, rows, cols, weights) in weight_cases(zero_points).items():
             with self.subTest(case=name):
                 lin, bias = make_linear(weight)
+                serialized = packed_state(lin)
                 self.check_packed_state(lin, bias, weight, zero_points, per_tensor, rows, cols, weights)
                 self.check_unpacked(lin, bias, weight)
 
-    def test_qlinear_packed_params(self, device):
-        """A full-module round trip for each weight case: the copy unpacks, re-serializes and runs alike."""
-        if device != "cpu":
-            self.skipTest(CPU_ONLY)
-        zero_points = zero_points_for(self.qengine)
-        for name, (weight, _per_tensor, _rows, _cols, _weights) in weight_cases(zero_points).items():
-            with self.subTest(case=name):
-                lin, _bias = make_linear(weight)
-                serialized = packed_state(lin)
                 lin2 = self.round_trip(lin)  # an expected rejection ends this subtest here, as a pass
                 self.assertIsInstance(lin2, Linear)
                 self.assertRoundTripEqual(lin._weight_bias(), lin2._weight_bias())
