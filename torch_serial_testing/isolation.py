@@ -44,7 +44,10 @@ def deferred_interrupts() -> Iterator[None]:
     Python runs signal handlers in the main thread only, so elsewhere this is a no-op.
     Nested blocks hand the signal outwards; the outermost calls the real handler.
     """
-    if threading.current_thread() is not threading.main_thread():
+    global _held_depth
+    if _held_depth or threading.current_thread() is not threading.main_thread():
+        # Inside an outer block of the main thread (its handler already holds SIGINT back and
+        # delivers it when that block ends), or in another thread: nothing to install.
         yield
         return
     try:
@@ -64,12 +67,18 @@ def deferred_interrupts() -> Iterator[None]:
     except (ValueError, OSError):  # pragma: no cover - e.g. a subinterpreter
         yield
         return
+    _held_depth += 1
     try:
         yield
     finally:
+        _held_depth -= 1
         signal.signal(signal.SIGINT, previous)
         if received:
             previous(*received[0])
+
+
+#: How many deferred_interrupts blocks of the main thread are open (only the outermost installs).
+_held_depth = 0
 
 
 def run_all(steps: Sequence[Callable[[], None]]) -> None:
