@@ -106,7 +106,8 @@ def run_all(steps: Sequence[Callable[[], None]]) -> None:
 
 
 def _watched_env() -> dict[str, Optional[str]]:
-    return {k: v for k, v in os.environ.items() if k.startswith("TORCH_FORCE_")}
+    env = os.environ
+    return {k: env.get(k) for k in [k for k in env if k.startswith("TORCH_FORCE_")]}  # keys first: decode few values
 
 
 def _serialization_config() -> Optional[dict[str, Any]]:
