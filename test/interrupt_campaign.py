@@ -18,7 +18,15 @@ delivered, never lost) and that the process is consistent:
 * ``warnings``: a round trip observing torch's FORCE_NO warning, interrupted
   anywhere in that code: the proxy is gone and the next round trip observes.
 
-Prints one JSON line: {scenario: {"points": n, "inconsistent": [...], "not_interrupted": [...]}}.
+The campaign needs SIGINT to run Python's handler.  A process started with SIGINT ignored
+(a background job of a non-interactive shell, ``nohup``, some CI runners) inherits SIG_IGN and
+Python then installs no handler, so the kernel discards every raised SIGINT and each point
+would read "not interrupted".  So first, with the inherited setting, one leaky test runs and
+must leave an ignored SIGINT ignored and the process restored; then the campaign installs
+``signal.default_int_handler`` itself.
+
+Prints one JSON line: {"startup": {"sigint_at_start": name, ...}, "scenarios": {scenario:
+{"points": n, "inconsistent": [...], "not_interrupted": [...]}}}.
 """
 
 from __future__ import annotations
@@ -132,6 +140,15 @@ def campaign(name: str, scenario: Callable[[], None], consistent: Callable[[], O
     return {"points": points, "inconsistent": inconsistent, "not_interrupted": not_interrupted}
 
 
+def _handler_name(handler: Any) -> str:
+    if handler is signal.default_int_handler:
+        return "default_int_handler"
+    for name in ("SIG_IGN", "SIG_DFL"):
+        if handler == getattr(signal, name):
+            return name
+    return "not installed from Python" if handler is None else repr(handler)
+
+
 def main() -> None:
     before = process_state()
     registry = allowlist.snapshot_registry()
@@ -151,6 +168,15 @@ def main() -> None:
         return None
 
     leaky = _interrupted_class()
+    inherited = signal.getsignal(signal.SIGINT)
+    startup: dict[str, Any] = {"sigint_at_start": _handler_name(inherited)}
+    if inherited is not signal.default_int_handler:
+        with clean_env():
+            run_tests(leaky("test_leak_everything"))
+            startup["restored"] = exactly_restored() is None
+        startup["kept"] = _handler_name(signal.getsignal(signal.SIGINT)) == startup["sigint_at_start"]
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
     with clean_env():
         report["cleanup"] = campaign(
             "cleanup",
@@ -206,7 +232,7 @@ def main() -> None:
             report["warnings"] = campaign("warnings", observe, warnings_consistent,
                                           files=("thread_warnings.py", "isolation.py"))
 
-    print(json.dumps(report))
+    print(json.dumps({"startup": startup, "scenarios": report}))
 
 
 if __name__ == "__main__":
