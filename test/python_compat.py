@@ -27,8 +27,20 @@ UNITTEST_COUNTS_SKIPPED_TESTS = _unittest_counts_skipped_tests()
 
 
 def expected_tests_run(total: int, skipped: int) -> int:
-    """What ``testsRun`` / "Ran N tests" reports for *total* tests of which *skipped* skip."""
+    """What ``testsRun`` / "Ran N tests" reports for *total* tests of which *skipped* skip by a
+    decorator (``unittest.skip``...: ``__unittest_skip__``); a test that raises ``SkipTest`` while
+    it runs (``self.skipTest``) counts on every Python."""
     return total if UNITTEST_COUNTS_SKIPPED_TESTS else total - skipped
+
+
+def decorator_skipped(cls: type) -> int:
+    """How many of *cls*'s tests skip by a decorator on the method or the class (see above)."""
+    tests = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+    return sum(
+        1 for test in tests
+        if getattr(cls, "__unittest_skip__", False)
+        or getattr(getattr(cls, test._testMethodName), "__unittest_skip__", False)
+    )
 
 
 #: One test's header in ``unittest -v`` output, with groups ``name`` and ``owner``:
