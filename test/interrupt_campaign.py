@@ -1,8 +1,10 @@
 """Real SIGINTs at every bytecode of the library's restore code (run by test_interrupts.py).
 
-For each scenario the campaign first counts the points where CPython 3.11 runs
+For each scenario the campaign first counts the points where CPython runs
 pending signal handlers (function entry, backward jumps, after a call returns)
-in the library code of the phase under test (opcode tracing), then re-runs the
+in the library code of the phase under test (per-instruction events from
+``sys.monitoring`` on Python >= 3.12, whose 3.12.1 ``settrace`` delivers no opcode
+events; opcode tracing before), then re-runs the
 scenario once per point, raising a real SIGINT (``signal.raise_signal``) there.  After
 each run it checks that a KeyboardInterrupt came out (a held-back signal is
 delivered, never lost) and that the process is consistent:
@@ -18,7 +20,15 @@ delivered, never lost) and that the process is consistent:
 * ``warnings``: a round trip observing torch's FORCE_NO warning, interrupted
   anywhere in that code: the proxy is gone and the next round trip observes.
 
-Prints one JSON line: {scenario: {"points": n, "inconsistent": [...], "not_interrupted": [...]}}.
+The campaign needs SIGINT to run Python's handler.  A process started with SIGINT ignored
+(a background job of a non-interactive shell, ``nohup``, some CI runners) inherits SIG_IGN and
+Python then installs no handler, so the kernel discards every raised SIGINT and each point
+would read "not interrupted".  So first, with the inherited setting, one leaky test runs and
+must leave an ignored SIGINT ignored and the process restored; then the campaign installs
+``signal.default_int_handler`` itself.
+
+Prints one JSON line: {"startup": {"sigint_at_start": name, ...}, "scenarios": {scenario:
+{"points": n, "inconsistent": [...], "not_interrupted": [...]}}}.
 """
 
 from __future__ import annotations
@@ -44,7 +54,7 @@ from test_interrupts import _interrupted_class  # noqa: E402
 LIB = os.path.dirname(os.path.abspath(engines.__file__))
 
 
-_CALLS = {"CALL", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD", "PRECALL"}
+_CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD", "PRECALL"}
 _delivery_cache: dict[Any, frozenset[int]] = {}
 
 
@@ -66,8 +76,9 @@ def delivery_points(code: Any) -> frozenset[int]:
 
 
 class Injector:
-    """A tracer that counts signal delivery points in library code while armed and raises a real
-    SIGINT at number *target*."""
+    """Counts signal delivery points in library code while armed and raises a real SIGINT at
+    number *target*.  Fed per instruction by :func:`_traced` (``sys.monitoring`` or
+    ``sys.settrace``)."""
 
     def __init__(self, target: Optional[int], arm_on: Optional[Any] = None, files: Optional[tuple[str, ...]] = None) -> None:
         self.target = target
@@ -77,35 +88,78 @@ class Injector:
         self.files = tuple(os.path.join(LIB, f) for f in files) if files else (LIB,)
         self.where = ""
 
-    def __call__(self, frame: Any, event: str, arg: Any) -> Optional[Callable[..., Any]]:
-        if event == "call" and self.arm_on is not None and frame.f_code is self.arm_on:
+    def enter(self, code: Any) -> bool:
+        """A function starts: arm on *arm_on*; whether its instructions are watched."""
+        if self.arm_on is not None and code is self.arm_on:
             self.armed = True
-        if not frame.f_code.co_filename.startswith(self.files):
-            return None
-        frame.f_trace_opcodes = True
-        frame.f_trace_lines = False
-        return self.local
+        return code.co_filename.startswith(self.files)
 
-    def local(self, frame: Any, event: str, arg: Any) -> Optional[Callable[..., Any]]:
-        if event == "opcode" and self.armed and frame.f_lasti in delivery_points(frame.f_code):
+    def at(self, code: Any, offset: int) -> None:
+        """Before the instruction at *offset* of *code* (a watched function)."""
+        if self.armed and offset in delivery_points(code):
             if self.count == self.target:
-                self.where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_code.co_name}@{frame.f_lasti}"
+                self.where = f"{os.path.basename(code.co_filename)}:{code.co_name}@{offset}"
                 self.count += 1
                 signal.raise_signal(signal.SIGINT)
             else:
                 self.count += 1
+
+    # sys.settrace (Python <= 3.11: CPython 3.12.1 delivers no opcode events to settrace)
+    def __call__(self, frame: Any, event: str, arg: Any) -> Optional[Callable[..., Any]]:
+        if not self.enter(frame.f_code):
+            return None
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        frame.f_trace = self.local
+        return self.local
+
+    def local(self, frame: Any, event: str, arg: Any) -> Optional[Callable[..., Any]]:
+        if event == "opcode":
+            self.at(frame.f_code, frame.f_lasti)
         return self.local
 
 
 def _traced(injector: Injector, fn: Callable[[], None]) -> bool:
     """Run *fn* under *injector*; True when a KeyboardInterrupt came out."""
-    sys.settrace(injector)
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None:
+        sys.settrace(injector)
+        try:
+            fn()
+        except KeyboardInterrupt:
+            return True
+        finally:
+            sys.settrace(None)
+        return False
+    tool = next(i for i in range(6) if monitoring.get_tool(i) is None)
+    watched: list[Any] = []
+
+    def on_start(code: Any, offset: int) -> Any:
+        if injector.enter(code):
+            if code not in watched:
+                watched.append(code)
+                monitoring.set_local_events(tool, code, monitoring.events.INSTRUCTION)
+            return None
+        return monitoring.DISABLE if code is not injector.arm_on else None
+
+    monitoring.use_tool_id(tool, "interrupt_campaign")
     try:
-        fn()
-    except KeyboardInterrupt:
-        return True
+        monitoring.register_callback(tool, monitoring.events.PY_START, on_start)
+        monitoring.register_callback(tool, monitoring.events.INSTRUCTION, injector.at)
+        monitoring.set_events(tool, monitoring.events.PY_START)
+        try:
+            fn()
+        except KeyboardInterrupt:
+            return True
+        finally:
+            monitoring.set_events(tool, 0)
+            for code in watched:
+                monitoring.set_local_events(tool, code, 0)
     finally:
-        sys.settrace(None)
+        monitoring.register_callback(tool, monitoring.events.PY_START, None)
+        monitoring.register_callback(tool, monitoring.events.INSTRUCTION, None)
+        monitoring.free_tool_id(tool)
+        monitoring.restart_events()
     return False
 
 
@@ -132,6 +186,15 @@ def campaign(name: str, scenario: Callable[[], None], consistent: Callable[[], O
     return {"points": points, "inconsistent": inconsistent, "not_interrupted": not_interrupted}
 
 
+def _handler_name(handler: Any) -> str:
+    if handler is signal.default_int_handler:
+        return "default_int_handler"
+    for name in ("SIG_IGN", "SIG_DFL"):
+        if handler == getattr(signal, name):
+            return name
+    return "not installed from Python" if handler is None else repr(handler)
+
+
 def main() -> None:
     before = process_state()
     registry = allowlist.snapshot_registry()
@@ -151,6 +214,15 @@ def main() -> None:
         return None
 
     leaky = _interrupted_class()
+    inherited = signal.getsignal(signal.SIGINT)
+    startup: dict[str, Any] = {"sigint_at_start": _handler_name(inherited)}
+    if inherited is not signal.default_int_handler:
+        with clean_env():
+            run_tests(leaky("test_leak_everything"))
+            startup["restored"] = exactly_restored() is None
+        startup["kept"] = _handler_name(signal.getsignal(signal.SIGINT)) == startup["sigint_at_start"]
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
     with clean_env():
         report["cleanup"] = campaign(
             "cleanup",
@@ -206,7 +278,7 @@ def main() -> None:
             report["warnings"] = campaign("warnings", observe, warnings_consistent,
                                           files=("thread_warnings.py", "isolation.py"))
 
-    print(json.dumps(report))
+    print(json.dumps({"startup": startup, "scenarios": report}))
 
 
 if __name__ == "__main__":

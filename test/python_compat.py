@@ -1,12 +1,14 @@
 """Facts about the running Python's unittest that the suite's expectations depend on.
 
-Measured, not read from the version: CPython 3.12.1 left tests skipped by a decorator out of
-``testsRun`` (and so out of "Ran N tests"); 3.12.2 restored the count.
+Measured, not read from the version where a probe can tell: CPython 3.12.1 left tests skipped by a decorator out of
+``testsRun`` (and so out of "Ran N tests"); 3.12.2 restored the count.  The verbose runner's
+test ids changed format in 3.11; the parsers below read either.
 """
 
 from __future__ import annotations
 
 import io
+import re
 import unittest
 
 
@@ -25,5 +27,42 @@ UNITTEST_COUNTS_SKIPPED_TESTS = _unittest_counts_skipped_tests()
 
 
 def expected_tests_run(total: int, skipped: int) -> int:
-    """What ``testsRun`` / "Ran N tests" reports for *total* tests of which *skipped* skip."""
+    """What ``testsRun`` / "Ran N tests" reports for *total* tests of which *skipped* skip by a
+    decorator (``unittest.skip``...: ``__unittest_skip__``); a test that raises ``SkipTest`` while
+    it runs (``self.skipTest``) counts on every Python."""
     return total if UNITTEST_COUNTS_SKIPPED_TESTS else total - skipped
+
+
+def decorator_skipped(cls: type) -> int:
+    """How many of *cls*'s tests skip by a decorator on the method or the class (see above)."""
+    tests = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+    return sum(
+        1 for test in tests
+        if getattr(cls, "__unittest_skip__", False)
+        or getattr(getattr(cls, test._testMethodName), "__unittest_skip__", False)
+    )
+
+
+#: One test's header in ``unittest -v`` output, with groups ``name`` and ``owner``:
+#: ``test_x (module.Class.test_x)`` since Python 3.11, ``test_x (module.Class)`` before.
+VERBOSE_HEADER = r"(?P<name>test\w+) \((?P<owner>[\w.]+?)(?:\.(?P=name))?\)"
+#: Where a header starts: at a line start, or (before Python 3.11, after a test whose subtests
+#: failed, which ends its line with nothing) right after the previous test's " ... ".
+VERBOSE_HEADER_START = r"(?:^|(?<=\.\.\. ))"
+
+
+def verbose_headers(out: str) -> list[tuple[str, "re.Match[str]"]]:
+    """(full test id ``module.Class.test_x``, match) for each test header ``unittest -v`` printed."""
+    return [(f"{m.group('owner')}.{m.group('name')}", m)
+            for m in re.finditer(VERBOSE_HEADER_START + VERBOSE_HEADER, out, re.M)]
+
+
+def verbose_ids(out: str) -> list[str]:
+    """Every test id ``unittest -v`` printed, in order, in either Python's format."""
+    return [test_id for test_id, _ in verbose_headers(out)]
+
+
+def failure_ids(out: str) -> list[str]:
+    """The ids of the ``FAIL:`` / ``ERROR:`` blocks of a unittest run, in either Python's format."""
+    return [f"{m.group('owner')}.{m.group('name')}"
+            for m in re.finditer(r"^(?:FAIL|ERROR): " + VERBOSE_HEADER, out, re.M)]

@@ -13,6 +13,7 @@ from unittest import mock
 
 import torch
 
+from python_compat import verbose_ids
 from roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, TINY_SAFE_GLOBALS, TinyNet
 from subprocess_env import child_env, import_path
 from torch_serial_testing import (
@@ -309,7 +310,7 @@ class TestInheritedTests(unittest.TestCase):
             collected = _python(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test_inherited.py"],
                                 cwd=d, env=env)
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        ran = sorted(f"{c}.{t}" for t, c in re.findall(r"^(test_\w+) \(test_inherited\.(\w+)\.", proc.stderr, re.M))
+        ran = sorted(i.split(".", 1)[1] for i in verbose_ids(proc.stderr) if i.startswith("test_inherited."))
         self.assertEqual(ran, self.expected_ids(), proc.stderr)
         self.assertIn("Ran 16 tests", proc.stderr)
         self.assertNotIn("SharedBase", proc.stderr)  # the generic base is not collected

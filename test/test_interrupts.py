@@ -292,14 +292,24 @@ class TestInterruptInEachRestoreStep(StateCase):
 
 class TestSignalCampaign(unittest.TestCase):
     def test_real_sigint_at_every_bytecode_of_the_restore_code(self) -> None:
+        # The campaign process inherits SIGINT ignored, as from a background job of a
+        # non-interactive shell or nohup (where pytest itself may run): the library must leave
+        # it ignored, and the campaign must still get its signals (it installs Python's handler).
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+        launcher = (
+            "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+            "os.execv(sys.executable, [sys.executable, sys.argv[1]])"
+        )
         proc = subprocess.run(
-            [sys.executable, os.path.join(HERE, "interrupt_campaign.py")],
+            [sys.executable, "-c", launcher, os.path.join(HERE, "interrupt_campaign.py")],
             cwd=HERE, env=env, capture_output=True, text=True, timeout=600,
         )
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
         report = json.loads(proc.stdout.strip().splitlines()[-1])
-        for scenario, result in report.items():
+        self.assertEqual(report["startup"], {"sigint_at_start": "SIG_IGN", "restored": True, "kept": True})
+        scenarios = report["scenarios"]
+        self.assertLessEqual({"cleanup", "body"}, set(scenarios))
+        for scenario, result in scenarios.items():
             with self.subTest(scenario):
                 self.assertGreater(result["points"], 20)  # the campaign did reach the restore code
                 self.assertEqual(result["inconsistent"], [])

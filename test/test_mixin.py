@@ -312,8 +312,22 @@ class TestClassCreationErrors(unittest.TestCase):
             type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"make_module": 3})
 
 
-if __name__ == "__main__":
-    unittest.main()
+
+def torch_refusal(obj, allow):
+    """torch's message refusing *obj* (saved here) weights-only with *allow* allowlisted; None if it loads."""
+    import warnings
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.serialization.safe_globals(list(allow)):
+                torch.load(buf, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch's answer
+        return str(e)
+    return None
 
 
 class TestWeightsOnlyBlocker(unittest.TestCase):
@@ -323,18 +337,31 @@ class TestWeightsOnlyBlocker(unittest.TestCase):
     def test_safe_globals_mode_fails_with_torchs_reason(self):
         import collections
 
-        from torch_serial_testing.unpickler_model import container_rules
+        cases = {
+            # torch 2.8 makes no SETITEM target check: there it loads once allowlisted
+            "defaultdict": (lambda: {"d": collections.defaultdict(list, x=[1])}, (collections.defaultdict, list),
+                            "Can only SETITEM for dict", lambda loaded: loaded["d"]["x"] == [1]),
+            # the APPEND(S) target check is in every torch with a weights-only unpickler
+            "deque": (lambda: {"d": collections.deque([1, 2])}, (collections.deque,),
+                      "Can only extend lists", lambda loaded: list(loaded["d"]) == [1, 2]),
+        }
+        for kind, (make, needs, reason, check) in cases.items():
+            with self.subTest(kind):
+                if SAFE_GLOBALS_SKIP is None:
+                    refusal = torch_refusal(make(), needs)
+                    if refusal is None:
+                        self.skipTest(f"torch {torch.__version__} loads a {kind} weights-only once its globals "
+                                      "are allowlisted (its unpickler makes no such check)")
+                    self.assertIn(reason, refusal)
+                self._run_blocked(make, reason, check)
 
-        if not container_rules().setitem_checked:
-            self.skipTest("this torch's weights-only unpickler makes no SETITEM target check (torch < 2.9)")
-
+    def _run_blocked(self, make, reason, check):
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
             def test_blocked(self):
-                self.round_trip({"d": collections.defaultdict(list, x=[1])}, mode="safe_globals", safe_globals=())
+                self.round_trip(make(), mode="safe_globals", safe_globals=())
 
             def test_full_load_still_loads(self):
-                loaded = self.round_trip({"d": collections.defaultdict(list, x=[1])}, mode="weights_only_false")
-                self.assertEqual(loaded["d"]["x"], [1])
+                self.assertTrue(check(self.round_trip(make(), mode="weights_only_false")))
 
         result, out = run_inner(Inner)
         if SAFE_GLOBALS_SKIP:
@@ -342,7 +369,12 @@ class TestWeightsOnlyBlocker(unittest.TestCase):
             return
         self.assertEqual(len(result.failures), 1, out)
         message = result.failures[0][1]
+        self.assertIn("test_blocked", str(result.failures[0][0]))
         self.assertIn("cannot load weights-only, whatever is allowlisted", message)
-        self.assertIn("Can only SETITEM for dict", message)  # torch's own reason
+        self.assertIn(reason, message)  # torch's own reason
         self.assertIn("round_trip_dims(load_modes=", message)
         self.assertEqual(result.errors, [])
+
+
+if __name__ == "__main__":
+    unittest.main()

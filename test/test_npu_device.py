@@ -22,6 +22,7 @@ import torch
 import npu_backend
 
 from device_filters import assert_filters_match_pytorch
+from python_compat import verbose_headers
 from roundtrip_fixtures import MODE_SKIPS
 from test_flagship_environments import FLAGSHIP_DIR, FLAGSHIP_MODULE, NO_LOAD_TESTS, round_trip_tests
 from test_readme import code_blocks, readme
@@ -53,12 +54,12 @@ def outcomes(out):
     Each test's segment runs from its header line to the next header, so warnings or outcome
     summaries printed in between do not hide the result.
     """
-    headers = list(re.finditer(r"^test\w+ \(([\w.]+)\)", out, re.M))
+    headers = verbose_headers(out)  # either Python's format of the test ids
     found = {}
-    for i, m in enumerate(headers):
-        end = headers[i + 1].start() if i + 1 < len(headers) else len(out)
+    for i, (test_id, m) in enumerate(headers):
+        end = headers[i + 1][1].start() if i + 1 < len(headers) else len(out)
         words = re.findall(r"(?:\.\.\. |^)(ok|skipped '.*'|FAIL|ERROR)$", out[m.end():end], re.M)
-        found[m.group(1)] = words[-1] if words else "?"
+        found[test_id] = words[-1] if words else "?"
     return found
 
 

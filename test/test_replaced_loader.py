@@ -29,6 +29,7 @@ from torch_serial_testing import Checkpoint
 from torch_serial_testing.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
 
 from npu_backend import fake_torch_npu
+from python_compat import failure_ids, verbose_ids
 from roundtrip_fixtures import (
     DEFAULT_REASON, DEFAULT_WEIGHTS_ONLY, READS_FORCE_NO_WEIGHTS_ONLY, TINY_GLOBALS, TINY_SAFE_GLOBALS, TinyNet,
 )
@@ -221,7 +222,7 @@ class TestFlagshipUnderFakeTorchNpu(unittest.TestCase):
         out = proc.stdout + proc.stderr
         expected_ids = set(round_trip_tests()) | set(NO_LOAD_TESTS)
         self.assertEqual(re.findall(r"^Ran (\d+) tests? in ", out, re.M), [str(len(expected_ids))], out[-3000:])
-        self.assertEqual(set(re.findall(r"^test\w+ \(([\w.]+)\)", out, re.M)), expected_ids)
+        self.assertEqual(set(verbose_ids(out)), expected_ids)
         # the only skips are the ones torch's own loader has too (a mode this torch lacks)
         self.assertEqual(len(re.findall(r" \.\.\. skipped ", out)), len(skipped_tests()), out[-5000:])
         self.assertNotIn("torch.load is replaced by npu_backend.fake_torch_npu.load; torch's own rules predicted", out)
@@ -233,7 +234,7 @@ class TestFlagshipUnderFakeTorchNpu(unittest.TestCase):
             self.assertEqual(proc.returncode, 1, out[-5000:])
             self.assertEqual(records, [], "no load may be attempted when both switches are set")
             blocks = [b for b in re.split(r"^={50,}\n", out, flags=re.M) if re.match(r"(ERROR|FAIL): ", b)]
-            failed = {re.match(r"(?:ERROR|FAIL): test\w+ \(([\w.]+)\)", b).group(1) for b in blocks}
+            failed = set(failure_ids(out))  # a test's subtests each add a block
             self.assertEqual(failed, set(running_tests()))
             for block in blocks:
                 self.assertIn(f"{FORCE_WO}=1 and {FORCE_NO_WO}=1 are both set", block)

@@ -162,6 +162,9 @@ class TestModelAgreesWithTorch(unittest.TestCase):
         self.assertGreater(compared, 200)
 
     def test_blockers_name_torchs_reason(self) -> None:
+        # Containers no allowlist makes load on torch 2.13.  Which of them this torch refuses is
+        # asked of torch itself (everything the scan names allowlisted): torch 2.8 makes no
+        # SETITEM check, so there a defaultdict or dict subclass loads and must have no blocker.
         expected = {
             "defaultdict": "Can only SETITEM for dict, collections.OrderedDict, collections.Counter, "
             "but got <class 'collections.defaultdict'>",
@@ -171,14 +174,56 @@ class TestModelAgreesWithTorch(unittest.TestCase):
             "ordereddict_subclass": f"but got <class '{__name__}.ODSub'>",
         }
         all_kinds = kinds()
+        refused = 0
         for name, fragment in expected.items():
             with self.subTest(name):
-                blocker = Checkpoint.save(all_kinds[name]).info.weights_only_blocker
-                self.assertIsNotNone(blocker)
+                ckpt = Checkpoint.save(all_kinds[name])
+                blocker = ckpt.info.weights_only_blocker
+                allow = [o for o in map(resolve, required_globals(ckpt)) if o is not None]
+                loaded, message = torch_weights_only(ckpt.rewound().getvalue(), allow)
+                if loaded:  # this torch makes no such check: nothing blocks it
+                    self.assertIsNone(blocker, f"torch loads {name} once its globals are allowlisted")
+                    continue
+                refused += 1
+                self.assertIn(fragment, message)  # the fragment is torch's own wording
+                self.assertIsNotNone(blocker, message)
                 self.assertIn(fragment, blocker)
+                self.assertIn(blocker, message)
+        # Every torch with a weights-only unpickler checks APPEND/APPENDS targets (deque, ListSub).
+        self.assertGreaterEqual(refused, 2)
         for name in ("ordereddict", "counter", "module", "tensor", "set"):
             with self.subTest(name):
                 self.assertIsNone(Checkpoint.save(all_kinds[name]).info.weights_only_blocker)
+
+    def test_persistent_ids_as_torch_checks_them(self) -> None:
+        # Hand-made ids of every type.  torch 2.13 refuses any id that is neither a tuple nor an
+        # int; torch 2.8's check was inverted and refused exactly the int ids.  Where torch's
+        # unpickler refuses, the blocker is its message; an id it lets through fails later, in
+        # torch.load's own persistent_load (an AssertionError or IndexError of a damaged file,
+        # not the unpickler's refusal): no blocker.
+        ids = {
+            "int": b"K\x05",
+            "bool": b"\x88",
+            "str": b"X\x03\x00\x00\x00abc",
+            "none": b"N",
+            "float": b"G?\xf0\x00\x00\x00\x00\x00\x00",
+            "module_tuple": b"X\x06\x00\x00\x00module\x85",
+            "empty_tuple": b")",
+        }
+        refused = 0
+        for name, pid in ids.items():
+            with self.subTest(name):
+                data = _torch_zip(b"\x80\x02" + pid + b"Q.")
+                blocker = scan_checkpoint(data).weights_only_blocker
+                loaded, message = torch_weights_only(data, [])
+                self.assertFalse(loaded)
+                if message.startswith("UnpicklingError"):
+                    refused += 1
+                    self.assertIsNotNone(blocker, message)
+                    self.assertIn(blocker, message)
+                else:
+                    self.assertIsNone(blocker, message)
+        self.assertGreaterEqual(refused, 2)  # at least one id type and the ('module',) id
 
     def test_legacy_module_persistent_id_is_a_blocker(self) -> None:
         buf = io.BytesIO()
@@ -291,22 +336,65 @@ class TestDerivedFromTorch(unittest.TestCase):
             self.assertTrue(named, msg)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class TestContainerRulesFollowTorch(unittest.TestCase):
     """The container and persistent-id rules are read from the running torch's unpickler source:
     torch 2.13 checks SETITEM/APPEND targets and names a refused id's type; torch 2.8 did neither."""
 
+    # Excerpts of torch 2.8.0's and 2.13.0's torch/_weights_only_unpickler.py (Unpickler.load), as
+    # installed; the first branch spelled ``if`` so that each excerpt parses.
     TORCH_28_LIKE = textwrap.dedent('''
+        if key[0] == APPEND[0]:
+            item = self.stack.pop()
+            list_obj = self.stack[-1]
+            if type(list_obj) is not list:
+                raise UnpicklingError(
+                    f"Can only append to lists, but got {type(list_obj)}"
+                )
+            list_obj.append(item)
         elif key[0] == SETITEM[0]:
             (v, k) = (self.stack.pop(), self.stack.pop())
             self.stack[-1][k] = v
+        elif key[0] == BINPERSID[0]:
+            pid = self.stack.pop()
+            # Only allow persistent load of storage
+            if type(pid) is not tuple and not type(pid) is not int:
+                raise UnpicklingError(
+                    f"persistent_load id must be tuple or int, but got {type(pid)}"
+                )
+            if type(pid) is tuple and len(pid) > 0 and _maybe_decode_ascii(pid[0]) != "storage":
+                raise UnpicklingError(
+                    f"Only persistent_load of storage is allowed, but got {pid[0]}"
+                )
+    ''')
+    TORCH_213_LIKE = textwrap.dedent('''
+        if key[0] == SETITEM[0]:
+            (v, k) = (self.stack.pop(), self.stack.pop())
+            self._check_set_item_target("SETITEM")
+            self.stack[-1][k] = v
         elif key[0] == APPEND[0]:
             item = self.stack.pop()
-            self.stack[-1].append(item)
-        raise UnpicklingError(f"Only persistent_load of storage is allowed, but got {pid[0]}")
+            list_obj = self.stack[-1]
+            if type(list_obj) is not list:
+                raise UnpicklingError(
+                    f"Can only append to lists, but got {type(list_obj)}"
+                )
+        elif key[0] == BINPERSID[0]:
+            pid = self.stack.pop()
+            if type(pid) is not tuple and type(pid) is not int:
+                raise UnpicklingError(
+                    f"persistent_load id must be tuple or int, but got {type(pid)}"
+                )
+            if type(pid) is tuple and len(pid) > 0 and _maybe_decode_ascii(pid[0]) != "storage":
+                raise UnpicklingError(
+                    f"Only persistent_load of storage is allowed, but got {type(pid[0])}"
+                )
+        def _check_set_item_target(self, opcode: str):
+            if type(self.stack[-1]) not in [dict, OrderedDict, Counter]:
+                raise UnpicklingError(
+                    f"Can only {opcode} for dict, collections.OrderedDict, "
+                    f"collections.Counter, but got {type(self.stack[-1])}"
+                )
     ''')
 
     def rules(self, source: str):
@@ -329,7 +417,23 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
 
     def test_a_torch_28_like_source(self) -> None:
         rules = self.rules(self.TORCH_28_LIKE)
-        self.assertEqual((rules.setitem_checked, rules.append_checked, rules.persid_names_type), (False, False, False))
+        self.assertEqual((rules.setitem_checked, rules.append_checked, rules.persid_names_type), (False, True, False))
+        self.assertEqual(rules.persid_refused, {"int"})  # `not type(pid) is not int`: ints only
+
+    def test_a_torch_213_like_source(self) -> None:
+        rules = self.rules(self.TORCH_213_LIKE)
+        self.assertEqual((rules.setitem_checked, rules.append_checked, rules.persid_names_type), (True, True, True))
+        self.assertEqual(rules.persid_refused, {"other"})
+
+    def test_persistent_id_check_is_never_run_beyond_type_tests(self) -> None:
+        from torch_serial_testing.unpickler_model import persid_refused_from_source
+
+        hostile = self.TORCH_213_LIKE.replace("type(pid) is not int", "__import__('os').system('false')")
+        self.assertIsNone(persid_refused_from_source(hostile))
+        self.assertIsNone(persid_refused_from_source("x = ("))
+        # an unreadable check keeps torch 2.13's rule
+        rules = self.rules(hostile)
+        self.assertEqual(rules.persid_refused, {"other"})
 
     def test_predictions_follow_the_rules(self) -> None:
         from torch_serial_testing import pickle_scan, unpickler_model
@@ -344,3 +448,7 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
             info = Checkpoint.save({"d": DictSub(a=1), "x": 1}).info
         self.assertIsNone(info.weights_only_blocker)
         self.assertIn(f"{__name__}.DictSub", info.globals)
+
+
+if __name__ == "__main__":
+    unittest.main()

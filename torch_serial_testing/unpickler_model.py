@@ -92,14 +92,76 @@ class ContainerRules:
     """Which container and persistent-id checks this torch's weights-only unpickler makes.
 
     torch 2.13 refuses ``SETITEM(S)`` on anything but a dict, ``OrderedDict`` or ``Counter``,
-    ``APPEND(S)`` on anything but a list, and names a refused persistent id by its *type*;
-    earlier torches (2.8) made no ``SETITEM`` check and named the id itself.  Read from the
-    running torch's source; without one, torch 2.13's rules.
+    ``APPEND(S)`` on anything but a list, a persistent id that is neither a tuple nor an int,
+    and names a refused id by its *type*.  torch 2.8 made no ``SETITEM`` check, named the id
+    itself, and its id type check was inverted (``not type(pid) is not int``: it refused an
+    int id and let every other type through to ``persistent_load``).  Read from the running
+    torch's source; without one, torch 2.13's rules.
     """
 
     setitem_checked: bool = True
     append_checked: bool = True
     persid_names_type: bool = True
+    #: Which persistent ids the id type check refuses: of ``"tuple"``, ``"int"`` (exactly int)
+    #: and ``"other"`` (any other type, bool included).
+    persid_refused: frozenset[str] = frozenset(["other"])
+
+
+#: What torch 2.13's unpickler says when the persistent id's type check refuses it.
+_PERSID_TYPE_MESSAGE = "persistent_load id must be tuple or int"
+# Sample ids, one per category of ContainerRules.persid_refused.
+_PERSID_SAMPLES = {"tuple": ("storage",), "int": 0, "other": "id"}
+
+
+def persid_refused_from_source(source: str) -> Optional[frozenset[str]]:
+    """The id categories refused by the ``if <test>: raise ... "persistent_load id must be ..."``
+    check in *source* (the unpickler module), or None when it cannot be read.
+
+    The condition is evaluated for one sample id per category, after checking that it is made
+    only of ``type(pid)`` / ``isinstance(pid, ...)`` comparisons with ``tuple`` and ``int``,
+    ``not``, ``and`` and ``or``: nothing else of torch's code runs.
+    """
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or not any(
+            isinstance(stmt, ast.Raise) and _PERSID_TYPE_MESSAGE in ast.dump(stmt) for stmt in node.body
+        ):
+            continue
+        if not _plain_type_test(node.test):
+            return None
+        code = compile(ast.Expression(node.test), "<torch persistent id check>", "eval")
+        refused = set()
+        for category, sample in _PERSID_SAMPLES.items():
+            names = {"type": type, "isinstance": isinstance, "tuple": tuple, "int": int, "pid": sample}
+            if eval(code, {"__builtins__": {}}, names):  # noqa: S307 - validated by _plain_type_test
+                refused.add(category)
+        return frozenset(refused)
+    return None
+
+
+def _plain_type_test(node: Any) -> bool:
+    """Whether *node* only compares ``pid``'s type with ``tuple``/``int`` (see persid_refused_from_source)."""
+    import ast
+
+    allowed = (
+        ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.Compare, ast.Is, ast.IsNot, ast.Eq, ast.NotEq,
+        ast.Call, ast.Name, ast.Load, ast.Tuple,
+    )
+    for sub in ast.walk(node):
+        if not isinstance(sub, allowed):
+            return False
+        if isinstance(sub, ast.Name) and sub.id not in ("type", "isinstance", "tuple", "int", "pid"):
+            return False
+        if isinstance(sub, ast.Call) and (
+            not isinstance(sub.func, ast.Name) or sub.func.id not in ("type", "isinstance") or sub.keywords
+        ):
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,10 +173,12 @@ def container_rules() -> ContainerRules:
         source = source_of(wou)
     except (ImportError, AttributeError, OSError, TypeError):
         return ContainerRules()
+    persid_refused = persid_refused_from_source(source)
     return ContainerRules(
         setitem_checked="collections.Counter, but got" in source,
         append_checked="Can only append to lists" in source,
         persid_names_type="persistent_load of storage is allowed, but got {type(" in source,
+        persid_refused=ContainerRules.persid_refused if persid_refused is None else persid_refused,
     )
 
 
@@ -398,22 +462,28 @@ def _reduce_result(func: str, args: Any) -> Optional[str]:
 
 
 def _persid_refusal(pid: Any) -> Optional[str]:
-    """torch's refusal of a persistent id (only storages may be persistent-loaded), or None."""
+    """torch's refusal of a persistent id (only storages may be persistent-loaded), or None.
+
+    First the id's type (see :class:`ContainerRules`), then a tuple's first item must be
+    ``"storage"``.  An id that passes both may still fail in ``torch.load``'s own
+    ``persistent_load`` (a damaged file, which no load mode reads).
+    """
+    rules = container_rules()
     if isinstance(pid, tuple):
-        if pid and not (isinstance(pid[0], str) and pid[0] == "storage"):
-            if isinstance(pid[0], str) or isinstance(pid[0], _Obj):
-                if not container_rules().persid_names_type:  # torch before 2.9: the id itself
-                    return f"Only persistent_load of storage is allowed, but got {pid[0]}"
-                t = _type_of(pid[0])
-                return f"Only persistent_load of storage is allowed, but got {class_repr(t)}"
-            return "Only persistent_load of storage is allowed"
-        return None
-    if isinstance(pid, int) and not isinstance(pid, bool):
-        return None
-    t = _type_of(pid)
-    if t in ("builtins.tuple", "builtins.int"):
-        return None
-    return f"persistent_load id must be tuple or int, but got {class_repr(t)}"
+        category = "tuple"
+    elif (isinstance(pid, int) and not isinstance(pid, bool)) or (isinstance(pid, _Obj) and pid.type == "builtins.int"):
+        category = "int"
+    else:
+        category = "other"
+    if category in rules.persid_refused:
+        return f"{_PERSID_TYPE_MESSAGE}, but got {class_repr(_type_of(pid))}"
+    if isinstance(pid, tuple) and pid and not (isinstance(pid[0], str) and pid[0] == "storage"):
+        if isinstance(pid[0], str) or isinstance(pid[0], _Obj):
+            if not rules.persid_names_type:  # torch before 2.9: the id itself
+                return f"Only persistent_load of storage is allowed, but got {pid[0]}"
+            return f"Only persistent_load of storage is allowed, but got {class_repr(_type_of(pid[0]))}"
+        return "Only persistent_load of storage is allowed"
+    return None
 
 
 def _full_load_name(module: str, name: str, proto: int, zip_format: bool) -> str:
