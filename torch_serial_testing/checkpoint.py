@@ -177,7 +177,7 @@ class Checkpoint:
 # classes); CheckpointInfo is frozen, so one instance is shared.  Failed scans are not kept.
 _SMALL_CHECKPOINT = 64 * 1024
 _SMALL_ENTRIES = 64
-_small_infos: dict[tuple[bytes, ScanLimits, bool], CheckpointInfo] = {}
+_small_infos: dict[tuple[bytes, int, bool], tuple[ScanLimits, CheckpointInfo]] = {}
 _small_lock = threading.Lock()
 
 
@@ -188,14 +188,15 @@ def _small_checkpoint_info(buffer: io.BytesIO) -> Optional[CheckpointInfo]:
             return None
         data = bytes(view)
     limits = default_scan_limits()
-    key = (data, limits, "numpy" in sys.modules)
-    info = _small_infos.get(key)
-    if info is None:
-        info = _scan(io.BytesIO(data), 0, limits)
-        with _small_lock:
-            if len(_small_infos) >= _SMALL_ENTRIES:
-                _small_infos.pop(next(iter(_small_infos)), None)
-            _small_infos[key] = info
+    key = (data, id(limits), "numpy" in sys.modules)
+    known = _small_infos.get(key)
+    if known is not None and known[0] is limits:
+        return known[1]
+    info = _scan(io.BytesIO(data), 0, limits)
+    with _small_lock:
+        if len(_small_infos) >= _SMALL_ENTRIES:
+            _small_infos.pop(next(iter(_small_infos)), None)
+        _small_infos[key] = (limits, info)  # the limits are kept: their id stays theirs
     return info
 
 

@@ -95,6 +95,23 @@ def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
     ``(obj, 'module.Name')`` tuples keep both.  Nothing is refused here: deciding what may be
     trusted is :func:`load`'s job, a prediction only predicts.
     """
+    if type(safe_globals) is tuple:
+        known = _entries.get(id(safe_globals))
+        if known is not None and known[0] is safe_globals:
+            return known[1]
+        entries = _declared_entries(safe_globals)
+        if len(_entries) >= 256:
+            _entries.clear()
+        _entries[id(safe_globals)] = (safe_globals, entries)  # the tuple is kept: its id stays its own
+        return entries
+    return _declared_entries(safe_globals)
+
+
+#: id(tuple) -> (the tuple, its entries): load() passes the same accepted declaration every time.
+_entries: dict[int, tuple[tuple[Any, ...], tuple[tuple[Any, str], ...]]] = {}
+
+
+def _declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
     if isinstance(safe_globals, (str, bytes)) or not hasattr(safe_globals, "__iter__"):
         raise RoundTripConfigError(
             f"safe_globals must be a tuple or list of globals, got {type(safe_globals).__name__}; "
@@ -169,7 +186,7 @@ def predict(
     weights_only, warns, reason = _decide(mode, switches)
     replaced = torch_load_replacement()
     if not weights_only:  # a full load: nothing the checkpoint names can stop it
-        key = (mode, switches.raw.get(FORCE_WO), switches.raw.get(FORCE_NO_WO), replaced)
+        key = (mode.value, warns, reason, replaced)  # everything the expectation is made of
         full = _expectations.get(key)
         if full is None:
             full = _remember(key, (None, None, Expectation(mode, weights_only, warns, True, (), reason, replaced)))
@@ -178,8 +195,8 @@ def predict(
     # Under the registry lock: no library round trip is inside its safe_globals context now.
     with registry_lock:
         allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else ())
-    # The same facts, the same allowed set, the same environment: the same prediction.
-    key = (mode, switches.raw.get(FORCE_WO), switches.raw.get(FORCE_NO_WO), replaced, id(info), id(allowed))
+    # The same facts, the same allowed set, the same decision: the same prediction.
+    key = (mode.value, warns, reason, replaced, id(info), id(allowed))
     hit = _expectations.get(key)
     if hit is not None and hit[0] is info and hit[1] is allowed:
         return hit[2]
@@ -188,7 +205,7 @@ def predict(
     return expectation
 
 
-#: Predictions by (mode, both switch values, torch.load's replacement[, id(info), id(allowed)]).
+#: Predictions by what they are made of: (mode, warns, reason, torch.load's replacement[, id(info), id(allowed)]).
 _expectations: dict[tuple[Any, ...], tuple[Any, Any, Expectation]] = {}
 
 

@@ -222,10 +222,27 @@ def torch_reads_force_no_weights_only() -> bool:
 
 
 def torch_default_weights_only() -> tuple[bool, str]:
-    """torch's default for a bare ``torch.load`` and why, derived from torch's own code."""
+    """torch's default for a bare ``torch.load`` and why, derived from torch's own code.
+
+    Asked on every prediction; remembered per deciding function and version (the answer of
+    ``_default_to_weights_only(None)`` depends only on the build).
+    """
     import torch
 
     default_fn = getattr(torch.serialization, "_default_to_weights_only", None)
+    key = (default_fn, torch.__version__)
+    known = _defaults.get(key)
+    if known is None:
+        known = _defaults[key] = _torch_default(default_fn)
+    return known
+
+
+_defaults: dict[tuple[Any, str], tuple[bool, str]] = {}
+
+
+def _torch_default(default_fn: Any) -> tuple[bool, str]:
+    import torch
+
     if default_fn is not None:
         if default_fn(None):
             return True, "since torch 2.6"
