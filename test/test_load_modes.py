@@ -154,7 +154,7 @@ class TestOpcodes(unittest.TestCase):
             self.assertTrue({"GLOBAL", "REDUCE", "BINPERSID", "STOP"} <= checkpoint.weights_only_opcodes())
             self.assertNotIn("STACK_GLOBAL", checkpoint.weights_only_opcodes())
             checkpoint.weights_only_opcodes.cache_clear()
-            with mock.patch("torch_serial_testing.unpickler_model.source_of", side_effect=OSError("no source")):
+            with mock.patch("torch_serial_testing.torch_unpickler_rules.source_of", side_effect=OSError("no source")):
                 self.assertIs(checkpoint.weights_only_opcodes(), checkpoint.WEIGHTS_ONLY_OPCODES)
         finally:
             checkpoint.weights_only_opcodes.cache_clear()

@@ -402,7 +402,7 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
 
         unpickler_model.container_rules.cache_clear()
         self.addCleanup(unpickler_model.container_rules.cache_clear)
-        with mock.patch("torch_serial_testing.unpickler_model.source_of", return_value=source):
+        with mock.patch("torch_serial_testing.torch_unpickler_rules.source_of", return_value=source):
             return unpickler_model.container_rules()
 
     def test_this_torch(self) -> None:
@@ -426,7 +426,7 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
         self.assertEqual(rules.persid_refused, {"other"})
 
     def test_persistent_id_check_is_never_run_beyond_type_tests(self) -> None:
-        from torch_serial_testing.unpickler_model import persid_refused_from_source
+        from torch_serial_testing.torch_unpickler_rules import persid_refused_from_source
 
         hostile = self.TORCH_213_LIKE.replace("type(pid) is not int", "__import__('os').system('false')")
         self.assertIsNone(persid_refused_from_source(hostile))
@@ -436,13 +436,13 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
         self.assertEqual(rules.persid_refused, {"other"})
 
     def test_predictions_follow_the_rules(self) -> None:
-        from torch_serial_testing import pickle_scan, unpickler_model
+        from torch_serial_testing import pickle_scan, torch_unpickler_rules, unpickler_model
 
         data = {"d": DictSub(a=1)}
         torch_rules = unpickler_model.container_rules()
         blocked = Checkpoint.save(data).info.weights_only_blocker
         self.assertEqual(blocked is not None, torch_rules.setitem_checked)
-        old = unpickler_model.ContainerRules(setitem_checked=False, append_checked=False, persid_names_type=False)
+        old = torch_unpickler_rules.ContainerRules(setitem_checked=False, append_checked=False, persid_names_type=False)
         with mock.patch.object(pickle_scan, "container_rules", return_value=old):
             # a fresh checkpoint object (the scan is cached by bytes: change them)
             info = Checkpoint.save({"d": DictSub(a=1), "x": 1}).info

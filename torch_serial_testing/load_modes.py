@@ -110,8 +110,6 @@ def load(
     only from a real file, never weights-only).  A rejection never leads to a
     retry in another mode.
     """
-    import torch
-
     if isinstance(checkpoint, (LoadMode, str)) and isinstance(mode, Checkpoint):
         raise RoundTripConfigError(
             "load() got the load mode first: the order is load(checkpoint, mode, ...)"

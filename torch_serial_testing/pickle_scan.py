@@ -29,6 +29,14 @@ from typing import Any
 
 from .errors import CheckpointFormatError
 from .scan_limits import ScanLimits
+from .torch_unpickler_rules import (
+    WEIGHTS_ONLY_OPCODES,
+    _blocked_modules,
+    _torch_name_fixups,
+    container_rules,
+    special_global_messages,
+    weights_only_opcodes,
+)
 from .unpickler_model import (
     _BOOL,
     _BUILD_FREE,
@@ -43,27 +51,21 @@ from .unpickler_model import (
     _PICKLEBUFFER,
     _SET,
     _SETITEM_TYPES,
-    container_rules,
     _STORAGE,
     _STR,
     _UNKNOWN,
     UNRESOLVED,
-    WEIGHTS_ONLY_OPCODES,
     Check,
     ScanState,
-    _blocked_modules,
     _describe,
     _full_load_name,
     _Global,
     _Obj,
     _persid_refusal,
     _reduce_result,
-    _torch_name_fixups,
     _type_of,
     class_repr,
     numpy_dtype_class,
-    special_global_messages,
-    weights_only_opcodes,
 )
 
 __all__ = [
