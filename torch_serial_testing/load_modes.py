@@ -33,7 +33,7 @@ from .allowlist import as_safe_globals, registered_globals, registry_lock, resto
 from .checkpoint import Checkpoint
 from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from .modes import LoadMode, mode_skip_reason
-from .prediction import Expectation, _as_checkpoint, declared_names, predict
+from .prediction import Expectation, _as_checkpoint, _predict, declared_entries, declared_names, predict
 from .replaced_loader import FORCE_NO_NOTICE, replacement_notes, torch_load_replacement, watch_stdout
 from .switches import (
     FORCE_NO_WO,
@@ -116,23 +116,25 @@ def load(
         )
     mode = LoadMode.parse(mode)
     checkpoint = _as_checkpoint(checkpoint, "load")
-    reason = mode_skip_reason(mode)
-    if reason:
-        raise unittest.SkipTest(reason)
+    if mode is LoadMode.SAFE_GLOBALS:
+        reason = mode_skip_reason(mode)
+        if reason:
+            raise unittest.SkipTest(reason)
     safe_globals = as_safe_globals(safe_globals)
     with registry_lock:
-        expectation = predict(mode, checkpoint, safe_globals)
+        expectation = _predict(mode, checkpoint, declared_entries(safe_globals), None)
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
             raise UnsafeLoadRefused(
                 f"refusing a weights_only=False load ({expectation.reason}) of bytes this process did "
                 "not just produce: only Checkpoint.save() output may be fully unpickled"
             )
-        if checkpoint.format == "torchscript":
+        fmt = checkpoint.format
+        if fmt == "torchscript":
             raise CheckpointFormatError(
                 "this is a TorchScript archive: load it with torch.jit.load; torch.load would hand it "
                 "to torch.jit.load, and weights_only does not apply"
             )
-        if checkpoint.format == "tar":
+        if fmt == "tar":
             raise CheckpointFormatError(
                 "this is a legacy tar checkpoint (torch < 0.4): torch.load reads that format only from a "
                 "real file and never with weights_only=True; re-save it with a current torch"

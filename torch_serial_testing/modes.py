@@ -25,7 +25,7 @@ class LoadMode(enum.Enum):
     @property
     def explicit_weights_only(self) -> Optional[bool]:
         """The ``weights_only`` argument this mode passes (None: not passed at all)."""
-        return _EXPLICIT[self]
+        return _EXPLICIT[self._value_]
 
     @classmethod
     def parse(cls, value: "LoadMode | str") -> "LoadMode":
@@ -45,7 +45,7 @@ class LoadMode(enum.Enum):
         return self.value
 
 
-_EXPLICIT = {LoadMode.WEIGHTS_ONLY_FALSE: False, LoadMode.SAFE_GLOBALS: True, LoadMode.DEFAULT: None}
+_EXPLICIT = {"weights_only_false": False, "safe_globals": True, "default": None}
 #: Each mode by its value and by its member name (``"default"``, ``"DEFAULT"``).
 _BY_SPELLING = {**{m.value: m for m in LoadMode}, **{m.name: m for m in LoadMode}}
 

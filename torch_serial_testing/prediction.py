@@ -179,14 +179,18 @@ def predict(
         raise RoundTripConfigError(
             "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
         )
-    mode = LoadMode.parse(mode)
-    checkpoint = _as_checkpoint(checkpoint, "predict")
-    declared = declared_entries(safe_globals)
+    return _predict(LoadMode.parse(mode), _as_checkpoint(checkpoint, "predict"), declared_entries(safe_globals), environ)
+
+
+def _predict(
+    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], environ: Optional[Mapping[str, str]]
+) -> Expectation:
+    """:func:`predict` once its arguments are checked (load() calls this with its own checked ones)."""
     switches = WeightsOnlySwitches.from_environ(environ)
     weights_only, warns, reason = _decide(mode, switches)
     replaced = torch_load_replacement()
     if not weights_only:  # a full load: nothing the checkpoint names can stop it
-        key = (mode.value, warns, reason, replaced)  # everything the expectation is made of
+        key = (mode._value_, warns, reason, replaced)  # everything the expectation is made of
         full = _expectations.get(key)
         if full is None:
             full = _remember(key, (None, None, Expectation(mode, weights_only, warns, True, (), reason, replaced)))
@@ -196,7 +200,7 @@ def predict(
     with registry_lock:
         allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else ())
     # The same facts, the same allowed set, the same decision: the same prediction.
-    key = (mode.value, warns, reason, replaced, id(info), id(allowed))
+    key = (mode._value_, warns, reason, replaced, id(info), id(allowed))
     hit = _expectations.get(key)
     if hit is not None and hit[0] is info and hit[1] is allowed:
         return hit[2]
