@@ -255,7 +255,7 @@ class TestInspect(CLITestBase):
         # the CLI must never reach them, and no payload may run (the sentinel is checked in tearDown).
         ts = os.path.join(self.tmp, "scripted.pt")
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script is deprecated
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")  # Deprecation- (2.13) or FutureWarning (2.15)
             torch.jit.script(torch.nn.Linear(2, 2)).save(ts)
         tar = os.path.join(self.tmp, "legacy.tar.pt")
         with open(tar, "wb") as f:

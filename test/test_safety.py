@@ -542,7 +542,7 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
     def test_torchscript_archive(self) -> None:
         buf = io.BytesIO()
         with warnings.catch_warnings():  # torch >= 2.10 deprecates TorchScript; an archive is the point here
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")  # Deprecation- or FutureWarning
             torch.jit.save(torch.jit.script(torch.nn.ReLU()), buf)
         data = buf.getvalue()
         self.assertEqual(scan_checkpoint(data).format, "torchscript")
