@@ -293,6 +293,42 @@ def _torch_zip(data_pkl: bytes) -> bytes:
     return hostile_checkpoints.torch_zip(data_pkl)
 
 
+class TestBuiltinsSpelling(unittest.TestCase):
+    """torch >= 2.7 names ``builtins.frozenset`` as ``frozenset`` in its refusal; torch 2.6 in full."""
+
+    def setUp(self) -> None:
+        from torch_serial_testing.torch_unpickler_rules import strips_builtins_prefix
+
+        self.rule = strips_builtins_prefix
+        self.rule.cache_clear()
+        self.addCleanup(self.rule.cache_clear)
+
+    def test_this_torch(self) -> None:
+        from torch import _weights_only_unpickler as wou
+
+        from torch_serial_testing.torch_source import source_of
+
+        self.assertEqual(self.rule(), "builtins_name" in source_of(wou.Unpickler.load))
+        exp = predict("default", Checkpoint.save({"frozen": frozenset([1]), "n": 1}))
+        if exp.weights_only:  # the spelling torch uses is the one predicted
+            loaded, message = torch_weights_only(Checkpoint.save({"frozen": frozenset([1]), "n": 1}).rewound().getvalue(), [])
+            self.assertFalse(loaded)
+            self.assertIn(exp.rejection, message)
+
+    def test_a_torch_26_like_source_keeps_the_prefix(self) -> None:
+        source = (
+            "def load(self):\n"
+            "    raise UnpicklingError(\n"
+            "        f\"Unsupported global: GLOBAL {full_path} was not an allowed global by default. \"\n"
+            "    )\n"
+        )
+        with mock.patch("torch_serial_testing.torch_unpickler_rules.source_of", return_value=source):
+            self.assertFalse(self.rule())
+            # fresh bytes (predictions are remembered per scan): the full name is predicted
+            exp = predict("safe_globals", Checkpoint.save({"frozen": frozenset([1]), "n": 2}))
+        self.assertIn("GLOBAL builtins.frozenset was not", exp.rejection)
+
+
 class TestDerivedFromTorch(unittest.TestCase):
     def test_opcodes_and_special_messages_come_from_torchs_source(self) -> None:
         self.assertTrue({"GLOBAL", "REDUCE", "BUILD", "BINPERSID", "STOP"} <= weights_only_opcodes())

@@ -26,6 +26,7 @@ __all__ = [
     "container_rules",
     "persid_refused_from_source",
     "special_global_messages",
+    "strips_builtins_prefix",
 ]
 
 # The opcodes torch 2.13's weights-only unpickler handles (torch/_weights_only_unpickler.py,
@@ -221,3 +222,20 @@ def _storage_names() -> frozenset[str]:
         return frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
     except (ImportError, AttributeError):
         return frozenset()
+
+
+@functools.lru_cache(maxsize=1)
+def strips_builtins_prefix() -> bool:
+    """Whether this torch's "Unsupported global" message spells ``builtins.X`` as ``X``.
+
+    Read from ``Unpickler.load``'s source (its ``builtins_name`` fix-up); torch 2.6 has none and
+    names ``builtins.frozenset`` in full.  Without the source, the current torch's rule (strip).
+    """
+    try:
+        from torch import _weights_only_unpickler as wou
+
+        source = source_of(wou.Unpickler.load)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return True
+    return re.search(r"builtins_name\s*=\s*[\"']builtins[\"']", source) is not None
+
