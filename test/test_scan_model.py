@@ -25,7 +25,7 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import Checkpoint, predict, required_globals, scan_checkpoint
-from torch_serial_testing.allowlist import torch_allowlist
+from torch_serial_testing.allowlist import allowlisted, torch_allowlist
 from torch_serial_testing.pickle_scan import numpy_dtype_class, special_global_messages, weights_only_opcodes
 
 try:
@@ -122,7 +122,7 @@ def torch_weights_only(data: bytes, allow: list[Any]) -> tuple[bool, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with torch.serialization.safe_globals(allow):
+            with allowlisted(allow):  # the safe_globals context, or the registry before torch 2.5
                 torch.load(io.BytesIO(data), weights_only=True)
         return True, ""
     except Exception as e:  # noqa: BLE001 - torch's answer

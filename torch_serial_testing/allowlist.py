@@ -38,6 +38,7 @@ __all__ = [
     "dangerous_reason",
     "safe_globals_snippet",
     "registry_lock",
+    "allowlisted",
     "snapshot_registry",
     "restore_registry",
 ]
@@ -372,3 +373,25 @@ def preserved_registry() -> Iterator[None]:
             yield
         finally:
             restore_registry(snap)
+
+
+@contextmanager
+def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
+    """Trust *entries* for the weights-only loads inside the block, then forget them.
+
+    For oracles that ask torch itself what an allowlist does: ``torch.serialization.safe_globals``
+    where torch has it (>= 2.5); before, the same through ``add_safe_globals`` (the one registry
+    torch 2.4 reads), undone on exit.  The registry is restored either way (a context exit also
+    drops entries registered before it on some torch versions).  The library's own safe_globals
+    mode never falls back like this: it skips visibly where the context is missing.
+    """
+    import torch
+
+    with preserved_registry():
+        context = getattr(torch.serialization, "safe_globals", None)
+        if context is not None:
+            with context(list(entries)):
+                yield
+        else:
+            torch.serialization.add_safe_globals(list(entries))
+            yield

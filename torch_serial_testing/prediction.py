@@ -20,6 +20,7 @@ from .errors import ConflictingEnvironmentError, RoundTripConfigError
 from .modes import LoadMode
 from .names import show_name
 from .pickle_scan import Check, class_repr, special_global_messages
+from .torch_unpickler_rules import message_drops_builtins_prefix
 from .replaced_loader import torch_load_replacement
 from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, torch_default_weights_only
 
@@ -252,7 +253,9 @@ def _replay(checks: Sequence[Check], names: frozenset[str], types: frozenset[str
                 continue
             missing.append(c.name)
             if rejection is None:
-                spelled = c.name[len("builtins."):] if c.name.startswith("builtins.") else c.name
+                spelled = c.name
+                if c.name.startswith("builtins.") and message_drops_builtins_prefix():
+                    spelled = c.name[len("builtins."):]
                 rejection = special_global_messages().get(c.name) or (
                     f"Unsupported global: GLOBAL {spelled} was not an allowed global by default"
                 )

@@ -26,6 +26,8 @@ __all__ = [
     "container_rules",
     "persid_refused_from_source",
     "special_global_messages",
+    "name_fixups_need_protocol_2",
+    "message_drops_builtins_prefix",
 ]
 
 # The opcodes torch 2.13's weights-only unpickler handles (torch/_weights_only_unpickler.py,
@@ -202,6 +204,33 @@ def _blocked_modules() -> frozenset[str]:
         return frozenset(wou._blocklisted_modules)
     except (ImportError, AttributeError):
         return frozenset(["sys", "os", "posix", "nt"])
+
+
+@functools.lru_cache(maxsize=1)
+def _unpickler_source() -> Optional[str]:
+    try:
+        from torch import _weights_only_unpickler as wou
+
+        return source_of(wou.Unpickler.load)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def name_fixups_need_protocol_2() -> bool:
+    """Whether torch renames Python-2 globals only in a protocol-2 pickle (torch 2.4: ``if
+    self.proto == 2``; a protocol 0/1 pickle keeps ``copy_reg``, ``__builtin__``), not in every one
+    (the current torch).  Read from torch's source; the current rule without it."""
+    source = _unpickler_source()
+    return source is not None and bool(re.search(r"if self\.proto == 2:\s*\n\s*if \(module, name\) in NAME_MAPPING", source))
+
+
+@functools.lru_cache(maxsize=1)
+def message_drops_builtins_prefix() -> bool:
+    """Whether torch's "Unsupported global" message spells ``builtins.set`` as ``set`` (it does
+    since torch 2.5; 2.4 prints the full path).  Read from torch's source; the current rule without it."""
+    source = _unpickler_source()
+    return source is None or "builtins_name" in source or "Unsupported global: GLOBAL {full_path}" not in source
 
 
 @functools.lru_cache(maxsize=1)
