@@ -28,6 +28,7 @@ __all__ = [
     "special_global_messages",
     "name_fixups_need_protocol_2",
     "message_drops_builtins_prefix",
+    "torch_refuses_torchscript_weights_only",
 ]
 
 # The opcodes torch 2.13's weights-only unpickler handles (torch/_weights_only_unpickler.py,
@@ -231,6 +232,20 @@ def message_drops_builtins_prefix() -> bool:
     since torch 2.5; 2.4 prints the full path).  Read from torch's source; the current rule without it."""
     source = _unpickler_source()
     return source is None or "builtins_name" in source or "Unsupported global: GLOBAL {full_path}" not in source
+
+
+@functools.lru_cache(maxsize=1)
+def torch_refuses_torchscript_weights_only() -> bool:
+    """Whether ``torch.load(..., weights_only=True)`` refuses a TorchScript archive (RuntimeError).
+    torch 2.4 does not: it hands the archive to ``torch.jit.load`` whatever weights_only says.
+    Read from ``torch.serialization.load``'s source; the current rule without it."""
+    try:
+        import torch
+
+        source = source_of(torch.serialization.load)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return True
+    return "with TorchScript archives passed to" in source or "_is_torchscript_zip" not in source
 
 
 @functools.lru_cache(maxsize=1)
