@@ -145,6 +145,10 @@ def declared_for(variant: str, checkpoint: Any) -> tuple[list[Any], Optional[str
         except Exception:  # noqa: BLE001
             own = None
         out.append(obj if own == name else (obj, name))
+    if any(isinstance(e, tuple) for e in out) and not allowlist.registry_takes_named_entries():
+        # torch 2.4 allowlists objects only, by their own name: this declaration cannot be made
+        named = ", ".join(n for e in out if isinstance(e, tuple) for n in e[1:])
+        return [], f"required globals {named} can only be allowlisted as (obj, name), which this torch cannot take"
     return out, None
 
 
