@@ -180,13 +180,17 @@ def predict(
         raise RoundTripConfigError(
             "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
         )
-    mode = LoadMode.parse(mode)
-    checkpoint = _as_checkpoint(checkpoint, "predict")
-    declared = declared_entries(safe_globals)
+    return _predict(LoadMode.parse(mode), _as_checkpoint(checkpoint, "predict"), declared_entries(safe_globals), environ)
+
+
+def _predict(
+    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], environ: Optional[Mapping[str, str]]
+) -> Expectation:
+    """:func:`predict` once its arguments are checked (load() calls this with its own checked ones)."""
     switches = WeightsOnlySwitches.from_environ(environ)
     weights_only, warns, reason = _decide(mode, switches)
     replaced = torch_load_replacement()
-    if weights_only and checkpoint.format == "torchscript" and not torch_refuses_torchscript_weights_only():
+    if weights_only and not torch_refuses_torchscript_weights_only() and checkpoint.format == "torchscript":
         # This torch hands a TorchScript archive to torch.jit.load whatever weights_only says.
         weights_only = False
         reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
