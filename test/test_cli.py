@@ -364,7 +364,7 @@ class TestInspect(CLITestBase):
         else:  # torch < 2.6 ignores the second switch: every mode is forced weights-only, and loads
             self.assertEqual((code, r["status"]), (cli.EXIT_OK, "loads"))
             self.assertEqual({(m["weights_only"], m["outcome"]) for m in r["modes"].values()}, {(True, "loads")})
-            self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=TRUE over explicit weights_only=False",
+            self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=true over explicit weights_only=False",
                           r["modes"]["weights_only_false"]["summary"])
 
 

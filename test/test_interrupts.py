@@ -41,6 +41,7 @@ from isolation_fixtures import (
     process_state,
     run_tests,
 )
+from roundtrip_fixtures import MODE_SKIPS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
@@ -116,8 +117,18 @@ class TestInterruptInsideALoad(StateCase):
             if name == "test_default" and not READS_FORCE_NO:
                 continue  # torch < 2.6: a bare load is a full load without any switch; covered above
             with self.subTest(name), clean_env():
-                with self.assertRaisesRegex(KeyboardInterrupt, "from __setstate__"):
-                    run_tests(cls(name))
+                skip = MODE_SKIPS.get(name[len("test_"):])
+                if skip is not None:  # a mode this torch lacks (safe_globals before 2.5): skipped before any load
+                    result = run_tests(cls(name))
+                    self.assertEqual([(t.id(), r) for t, r in result.skipped], [(cls(name).id(), skip)])
+                    # what check() changed before the skip is still reported as leaked, and restored
+                    self.assertEqual(result.errors, [])
+                    self.assertEqual(len(result.failures), 1, result.failures)
+                    self.assertIn("LeakedGlobalStateError", result.failures[0][1])
+                    self.assertIn("leaked global state (now restored)", result.failures[0][1])
+                else:
+                    with self.assertRaisesRegex(KeyboardInterrupt, "from __setstate__"):
+                        run_tests(cls(name))
                 self.assertRestored()
 
     def test_generated_engine_tests(self) -> None:

@@ -33,6 +33,7 @@ from torch_serial_testing import (
 )
 from torch_serial_testing.case import REPORT_ENV
 from torch_serial_testing.checkpoint import Checkpoint
+from torch_serial_testing.allowlist import allowlisted
 
 from subprocess_env import child_env
 
@@ -323,7 +324,7 @@ def torch_refusal(obj, allow):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with torch.serialization.safe_globals(list(allow)):
+            with allowlisted(list(allow)):  # the safe_globals context, or the registry before torch 2.5
                 torch.load(buf, weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch's answer
         return str(e)

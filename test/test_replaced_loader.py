@@ -98,8 +98,15 @@ class TestTheFakeIsFaithful(FakeInstalled):
 
     def test_both_switches_raise_with_an_error_code(self):
         with clean_env(**{FORCE_WO: "1", FORCE_NO_WO: "1"}):
-            with self.assertRaisesRegex(RuntimeError, r"but both were set\.\n\[ERROR\] .* ERR00001 PTA"):
+            if READS_FORCE_NO_WEIGHTS_ONLY:
+                with self.assertRaisesRegex(RuntimeError, r"but both were set\.\n\[ERROR\] .* ERR00001 PTA"):
+                    torch.load(io.BytesIO(b"unused"))
+                return
+            # torch < 2.6 reads only the first switch, and so does torch_npu: no conflict, a
+            # weights-only load of the bytes (which are no checkpoint) fails on its own
+            with self.assertRaises(Exception) as cm:
                 torch.load(io.BytesIO(b"unused"))
+            self.assertNotIn("both were set", str(cm.exception))
 
     def test_uninstall_restores_torch(self):
         fake_torch_npu.uninstall()

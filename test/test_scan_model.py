@@ -25,7 +25,7 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import Checkpoint, predict, required_globals, scan_checkpoint
-from torch_serial_testing.allowlist import torch_allowlist
+from torch_serial_testing.allowlist import allowlisted, torch_allowlist
 from torch_serial_testing.pickle_scan import numpy_dtype_class, special_global_messages, weights_only_opcodes
 
 try:
@@ -122,7 +122,7 @@ def torch_weights_only(data: bytes, allow: list[Any]) -> tuple[bool, str]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with torch.serialization.safe_globals(allow):
+            with allowlisted(allow):  # the safe_globals context, or the registry before torch 2.5
                 torch.load(io.BytesIO(data), weights_only=True)
         return True, ""
     except Exception as e:  # noqa: BLE001 - torch's answer
@@ -294,14 +294,15 @@ def _torch_zip(data_pkl: bytes) -> bytes:
 
 
 class TestBuiltinsSpelling(unittest.TestCase):
-    """torch >= 2.7 names ``builtins.frozenset`` as ``frozenset`` in its refusal; torch 2.6 in full."""
+    """torch >= 2.7 names ``builtins.frozenset`` as ``frozenset`` in its refusal; torch 2.4 to 2.6 in full."""
 
     def setUp(self) -> None:
-        from torch_serial_testing.torch_unpickler_rules import strips_builtins_prefix
+        from torch_serial_testing import torch_unpickler_rules as rules
 
-        self.rule = strips_builtins_prefix
-        self.rule.cache_clear()
-        self.addCleanup(self.rule.cache_clear)
+        self.rule = rules.message_drops_builtins_prefix
+        for cached in (rules._unpickler_source, self.rule):
+            cached.cache_clear()
+            self.addCleanup(cached.cache_clear)
 
     def test_this_torch(self) -> None:
         from torch import _weights_only_unpickler as wou

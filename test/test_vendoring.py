@@ -34,6 +34,8 @@ from pathlib import Path
 import torch_serial_testing
 from torch_serial_testing import vendor as vendor_mod
 
+from test_flagship_environments import skipped_tests
+
 REPO = Path(__file__).resolve().parent.parent
 FLAGSHIP_SRC = REPO / "test" / "ao" / "sparsity" / "test_qlinear_packed_params.py"
 FLAGSHIP_REL = "test/ao/sparsity/test_qlinear_packed_params.py"
@@ -282,11 +284,14 @@ class TestPytest(VendoredTree):
         proc, records = self.run_pytest(xml)
         out = proc.stdout + proc.stderr
         self.assertEqual(proc.returncode, 0, out)
-        self.assertRegex(out, rf"\b{2 * FLAGSHIP_TESTS + STANDIN_TESTS} passed\b", out)
+        # a round-trip test whose load mode this torch lacks (safe_globals before torch 2.5) skips
+        skips = 2 * len(skipped_tests())
+        passed = 2 * FLAGSHIP_TESTS + STANDIN_TESTS - skips
+        self.assertRegex(out, rf"\b{passed} passed" + (rf", {skips} skipped\b" if skips else r"\b"), out)
         self.assertVendoredImported(proc, records)
         self.assertNotIn("torch_serial_testing/", out)  # never attributed to the library
         lines = [ln for ln in proc.stdout.splitlines() if "::Test" in ln and " PASSED" in ln]
-        self.assertEqual(len(lines), 2 * FLAGSHIP_TESTS + STANDIN_TESTS, out)
+        self.assertEqual(len(lines), passed, out)
         for ln in lines:
             if ln.startswith(FLAGSHIP_REL):  # the file itself: reported where it is
                 self.assertNotIn(" <- ", ln)

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from .errors import CheckpointFormatError
 from .pickle_scan import ScanState, _Global, scan_pickle
+from .torch_unpickler_rules import torch_refuses_torchscript_weights_only
 
 __all__ = ["scan_archive", "ZIP_MAGIC", "LEGACY_MAGIC", "LEGACY_PROTOCOL_VERSION", "TORCHSCRIPT_BLOCKER", "TAR_BLOCKER"]
 
@@ -75,7 +76,8 @@ def _scan_zip(f: IO[bytes], state: ScanState) -> str:
     try:
         is_torchscript = getattr(torch.serialization, "_is_torchscript_zip", None)
         if is_torchscript(reader) if is_torchscript else "constants.pkl" in reader.get_all_records():
-            state.check("refused", "", TORCHSCRIPT_BLOCKER)
+            if torch_refuses_torchscript_weights_only():  # else torch.jit.load takes it (torch 2.4)
+                state.check("refused", "", TORCHSCRIPT_BLOCKER)
             state.weights_only_live = False
             return "torchscript"
         if not reader.has_record("data.pkl"):

@@ -6,7 +6,8 @@ and ``PYTORCH_TESTING_DEVICE_EXCEPT_FOR`` filter them exactly as pytorch's
 ``instantiate_device_type_tests`` does (``filter_desired_device_types``), so one
 environment selects the same device classes in a file mixing both: comma-separated
 with no trimming, both may be set (a device named in both is an error), and while
-the privateuse1 backend is available its name and ``privateuse1`` are aliases.
+the privateuse1 backend is available its name and ``privateuse1`` are aliases (torch 2.4's
+filters know only ``privateuse1``: read from pytorch's file, the library follows the torch that runs).
 A ``privateuse1`` declaration is judged by the registered backend (``npu``, ...).
 
 Generated classes are named ``<Generic><DEVICE>`` with the device type
@@ -18,6 +19,7 @@ never something that depends on import order.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Mapping, Optional
 
@@ -96,6 +98,27 @@ def _is_device_type(name: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1)
+def _filters_alias_backend_name() -> bool:
+    """Whether this pytorch's ``filter_desired_device_types`` reads the backend name as
+    ``privateuse1`` (newer pytorch); torch 2.4's compares the names as written, where the backend's
+    test base is ``privateuse1``.  Read from the file's text (the library never imports
+    torch.testing._internal); the current rule without it."""
+    import torch
+
+    path = os.path.join(os.path.dirname(torch.testing.__file__), "_internal", "common_device_type.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return True
+    start = text.find("def filter_desired_device_types(")
+    if start < 0:
+        return True
+    end = text.find("\ndef ", start + 1)
+    return "_get_privateuse1_backend_name" in text[start:end if end > 0 else len(text)]
+
+
 def _privateuse1_alias() -> Optional[str]:
     """The backend name pytorch treats as ``privateuse1`` in the filters: only while it is available."""
     backend = privateuse1_backend()
@@ -133,6 +156,17 @@ def _filter(devices: tuple[str, ...], only: list[str], excl: list[str]) -> tuple
     def canon(name: str) -> str:
         return name.replace(alias, "privateuse1") if alias else name
 
+    if not _filters_alias_backend_name():  # torch 2.4: the backend's base is 'privateuse1', values as written
+        backend = privateuse1_backend()
+
+        def base(name: str) -> str:
+            return "privateuse1" if backend is not None and name == backend else name
+
+        if excl:
+            devices = tuple(d for d in devices if base(d) not in excl)
+        if only:
+            devices = tuple(d for d in devices if base(d) in only)
+        return devices
     only_c = {canon(x) for x in only}
     excl_c = {canon(x) for x in excl}
     if excl_c:

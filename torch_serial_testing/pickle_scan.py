@@ -33,6 +33,7 @@ from .torch_unpickler_rules import (
     WEIGHTS_ONLY_OPCODES,
     _blocked_modules,
     _torch_name_fixups,
+    name_fixups_need_protocol_2,
     container_rules,
     special_global_messages,
     weights_only_opcodes,
@@ -135,6 +136,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
     max_stack = limits.max_stack_depth
     max_memo = limits.max_memo_entries
     import_map, name_map = _torch_name_fixups()
+    fixups_at_2 = name_fixups_need_protocol_2()
     blocked = _blocked_modules()
     arg_table = _ARG
     unpack = int.from_bytes
@@ -164,7 +166,9 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                     f"a global name at byte {pos} contains a lone surrogate ({(module + '.' + name)!a}): "
                     "no module can have that name"
                 ) from None
-        if (module, name) in name_map:
+        if fixups_at_2 and proto != 2:  # torch 2.4 renames nothing outside protocol 2
+            wo_module, wo_name = module, name
+        elif (module, name) in name_map:
             wo_module, wo_name = name_map[(module, name)]
         else:
             wo_module, wo_name = import_map.get(module, module), name

@@ -20,7 +20,7 @@ from .errors import ConflictingEnvironmentError, RoundTripConfigError
 from .modes import LoadMode
 from .names import show_name
 from .pickle_scan import Check, class_repr, special_global_messages
-from .torch_unpickler_rules import strips_builtins_prefix
+from .torch_unpickler_rules import message_drops_builtins_prefix, torch_refuses_torchscript_weights_only
 from .replaced_loader import torch_load_replacement
 from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, torch_default_weights_only
 
@@ -190,6 +190,10 @@ def _predict(
     switches = WeightsOnlySwitches.from_environ(environ)
     weights_only, warns, reason = _decide(mode, switches)
     replaced = torch_load_replacement()
+    if weights_only and not torch_refuses_torchscript_weights_only() and checkpoint.format == "torchscript":
+        # This torch hands a TorchScript archive to torch.jit.load whatever weights_only says.
+        weights_only = False
+        reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
     if not weights_only:  # a full load: nothing the checkpoint names can stop it
         key = (mode._value_, warns, reason, replaced)  # everything the expectation is made of
         full = _expectations.get(key)
@@ -257,9 +261,9 @@ def _replay(checks: Sequence[Check], names: frozenset[str], types: frozenset[str
                 continue
             missing.append(c.name)
             if rejection is None:
-                spelled = (
-                    c.name[len("builtins."):] if c.name.startswith("builtins.") and strips_builtins_prefix() else c.name
-                )
+                spelled = c.name
+                if c.name.startswith("builtins.") and message_drops_builtins_prefix():
+                    spelled = c.name[len("builtins."):]
                 rejection = special_global_messages().get(c.name) or (
                     f"Unsupported global: GLOBAL {spelled} was not an allowed global by default"
                 )

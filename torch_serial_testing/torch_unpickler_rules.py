@@ -26,7 +26,9 @@ __all__ = [
     "container_rules",
     "persid_refused_from_source",
     "special_global_messages",
-    "strips_builtins_prefix",
+    "name_fixups_need_protocol_2",
+    "message_drops_builtins_prefix",
+    "torch_refuses_torchscript_weights_only",
 ]
 
 # The opcodes torch 2.13's weights-only unpickler handles (torch/_weights_only_unpickler.py,
@@ -206,6 +208,48 @@ def _blocked_modules() -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=1)
+def _unpickler_source() -> Optional[str]:
+    try:
+        from torch import _weights_only_unpickler as wou
+
+        return source_of(wou.Unpickler.load)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def name_fixups_need_protocol_2() -> bool:
+    """Whether torch renames Python-2 globals only in a protocol-2 pickle (torch 2.4: ``if
+    self.proto == 2``; a protocol 0/1 pickle keeps ``copy_reg``, ``__builtin__``), not in every one
+    (the current torch).  Read from torch's source; the current rule without it."""
+    source = _unpickler_source()
+    return source is not None and bool(re.search(r"if self\.proto == 2:\s*\n\s*if \(module, name\) in NAME_MAPPING", source))
+
+
+@functools.lru_cache(maxsize=1)
+def message_drops_builtins_prefix() -> bool:
+    """Whether torch's "Unsupported global" message spells ``builtins.set`` as ``set`` (its
+    ``builtins_name`` fix-up: torch 2.7 on; 2.4 to 2.6 print the full path).  Read from torch's
+    source; the current rule without it."""
+    source = _unpickler_source()
+    return source is None or "builtins_name" in source or "Unsupported global: GLOBAL {full_path}" not in source
+
+
+@functools.lru_cache(maxsize=1)
+def torch_refuses_torchscript_weights_only() -> bool:
+    """Whether ``torch.load(..., weights_only=True)`` refuses a TorchScript archive (RuntimeError).
+    torch 2.4 does not: it hands the archive to ``torch.jit.load`` whatever weights_only says.
+    Read from ``torch.serialization.load``'s source; the current rule without it."""
+    try:
+        import torch
+
+        source = source_of(torch.serialization.load)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return True
+    return "with TorchScript archives passed to" in source or "_is_torchscript_zip" not in source
+
+
+@functools.lru_cache(maxsize=1)
 def _torch_name_fixups() -> tuple[dict[str, str], dict[tuple[str, str], tuple[str, str]]]:
     """torch's copy of pickle's Python-2 name fix-ups, applied by the weights-only unpickler."""
     from torch._utils import IMPORT_MAPPING, NAME_MAPPING
@@ -222,20 +266,3 @@ def _storage_names() -> frozenset[str]:
         return frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
     except (ImportError, AttributeError):
         return frozenset()
-
-
-@functools.lru_cache(maxsize=1)
-def strips_builtins_prefix() -> bool:
-    """Whether this torch's "Unsupported global" message spells ``builtins.X`` as ``X``.
-
-    Read from ``Unpickler.load``'s source (its ``builtins_name`` fix-up); torch 2.6 has none and
-    names ``builtins.frozenset`` in full.  Without the source, the current torch's rule (strip).
-    """
-    try:
-        from torch import _weights_only_unpickler as wou
-
-        source = source_of(wou.Unpickler.load)
-    except (ImportError, AttributeError, OSError, TypeError):
-        return True
-    return re.search(r"builtins_name\s*=\s*[\"']builtins[\"']", source) is not None
-
