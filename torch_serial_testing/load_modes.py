@@ -156,7 +156,7 @@ def load(
         preserve = mode is LoadMode.SAFE_GLOBALS or expectation.replaced_by is not None
         snapshot = snapshot_registry() if preserve else None
         try:
-            if observing or watch:
+            if observing:  # watch (a replaced loader) implies observing
                 with observe_force_no_warning() as observed, watch_stdout(watch) as printed:
                     value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation)
             else:
