@@ -11,13 +11,17 @@ from torch_serial_testing.errors import RoundTripConfigError
 
 def _pytorch_filters_alias_backend_name() -> bool:
     """Asked of pytorch's own filter: does it read the privateuse1 backend's name (``npu``) as
-    ``privateuse1``?  Newer pytorch does; torch 2.4 compares names as written (its backend test
-    base is ``privateuse1``), and the library follows the pytorch that runs."""
+    ``privateuse1``?  Newer pytorch does (2.15 through a helper, ``_get_device_type_normalizer``);
+    torch 2.4 compares names as written (its backend test base is ``privateuse1``), and the library
+    follows the pytorch that runs.  Looks at the filter and at the module's functions its code
+    names -- by code object, unlike the library, which reads the file's text."""
     import inspect
 
     from torch.testing._internal import common_device_type as cdt  # tests may import it, the library never
 
-    return "_get_privateuse1_backend_name" in inspect.getsource(cdt.filter_desired_device_types)
+    fn = cdt.filter_desired_device_types
+    helpers = [getattr(cdt, n) for n in fn.__code__.co_names if inspect.isfunction(getattr(cdt, n, None))]
+    return any("_get_privateuse1_backend_name" in inspect.getsource(f) for f in [fn, *helpers])
 
 
 #: Whether ONLY_FOR/EXCEPT_FOR may name the backend (``npu``) for ``privateuse1`` on this pytorch.

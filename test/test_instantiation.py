@@ -26,6 +26,7 @@ from torch_serial_testing import (
     no_round_trip_dims,
     round_trip_dims,
 )
+from torch_serial_testing import devices
 from torch_serial_testing.devices import resolve_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -185,6 +186,30 @@ class TestDimensions(unittest.TestCase):
         self.assertEqual(out[2], "('npu',)")
         # excluding the backend by its name: as pytorch's filter reads that name (torch 2.4: it does not)
         self.assertEqual(out[3], "('cpu',)" if FILTERS_ALIAS_BACKEND else "('cpu', 'privateuse1')")
+
+
+    def test_filter_renaming_read_from_pytorchs_text(self):
+        # The three shapes pytorch's filter has had: names compared as written (2.4), the backend's
+        # name replaced inside the filter (2.5-2.14), replaced by a helper the filter calls (2.15).
+        # Only the last two make ``npu`` and ``privateuse1`` one name in the env filters.
+        plain = ("def filter_desired_device_types(bases, except_for=None, only_for=None):\n"
+                 "    return [b for b in bases if b.device_type not in (except_for or [])]\n\n"
+                 "def unrelated():\n    return torch._C._get_privateuse1_backend_name()\n")
+        inline = ("def filter_desired_device_types(bases, except_for=None, only_for=None):\n"
+                  "    name = torch._C._get_privateuse1_backend_name()\n"
+                  "    return [b for b in bases if b.device_type.replace(name, 'privateuse1') not in except_for]\n")
+        helper = ("def _rename():\n    name = torch._C._get_privateuse1_backend_name()\n"
+                  "    return lambda x: x.replace(name, 'privateuse1')\n\n"
+                  "def filter_desired_device_types(bases, except_for=None, only_for=None):\n"
+                  "    rename = _rename()\n"
+                  "    return [b for b in bases if rename(b.device_type) not in except_for]\n\n"
+                  "def other():\n    pass\n")
+        self.assertFalse(devices._filter_renames_backend("\n" + plain))
+        self.assertTrue(devices._filter_renames_backend("\n" + inline))
+        self.assertTrue(devices._filter_renames_backend("\n" + helper))
+        self.assertTrue(devices._filter_renames_backend("no filter here\n"))  # unreadable: today's rule
+        # and the pytorch that runs here: the library reads its file as the tests read its code
+        self.assertEqual(devices._filters_alias_backend_name(), FILTERS_ALIAS_BACKEND)
 
 
 class TestBadInput(unittest.TestCase):

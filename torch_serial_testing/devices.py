@@ -7,7 +7,8 @@ and ``PYTORCH_TESTING_DEVICE_EXCEPT_FOR`` filter them exactly as pytorch's
 environment selects the same device classes in a file mixing both: comma-separated
 with no trimming, both may be set (a device named in both is an error), and while
 the privateuse1 backend is available its name and ``privateuse1`` are aliases (torch 2.4's
-filters know only ``privateuse1``: read from pytorch's file, the library follows the torch that runs).
+filters know only ``privateuse1``: read from pytorch's file, the filter and the helpers it calls;
+the library follows the torch that runs).
 A ``privateuse1`` declaration is judged by the registered backend (``npu``, ...).
 
 Generated classes are named ``<Generic><DEVICE>`` with the device type
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from typing import Mapping, Optional
 
 from .errors import RoundTripConfigError, dimension
@@ -103,7 +105,9 @@ def _filters_alias_backend_name() -> bool:
     """Whether this pytorch's ``filter_desired_device_types`` reads the backend name as
     ``privateuse1`` (newer pytorch); torch 2.4's compares the names as written, where the backend's
     test base is ``privateuse1``.  Read from the file's text (the library never imports
-    torch.testing._internal); the current rule without it."""
+    torch.testing._internal): the filter's body and the bodies of the file's own functions it
+    calls (2.15 moved the renaming into ``_get_device_type_normalizer``); the current rule when
+    the file cannot be read."""
     import torch
 
     path = os.path.join(os.path.dirname(torch.testing.__file__), "_internal", "common_device_type.py")
@@ -112,11 +116,29 @@ def _filters_alias_backend_name() -> bool:
             text = f.read()
     except OSError:
         return True
-    start = text.find("def filter_desired_device_types(")
-    if start < 0:
+    return _filter_renames_backend(text)
+
+
+def _filter_renames_backend(text: str) -> bool:
+    """Whether the ``common_device_type.py`` *text*'s filter (or a helper it calls) maps the
+    privateuse1 backend's name to ``privateuse1``; True when the filter is not there to read."""
+    body = _top_level_function(text, "filter_desired_device_types")
+    if body is None:
         return True
+    bodies = [body] + [
+        _top_level_function(text, name) or ""
+        for name in set(re.findall(r"\b(_?[A-Za-z]\w*)\(", body))
+    ]
+    return any("_get_privateuse1_backend_name" in b for b in bodies)
+
+
+def _top_level_function(text: str, name: str) -> Optional[str]:
+    """The text of module-level ``def name(`` in *text* up to the next module-level ``def``."""
+    start = text.find(f"\ndef {name}(")
+    if start < 0:
+        return None
     end = text.find("\ndef ", start + 1)
-    return "_get_privateuse1_backend_name" in text[start:end if end > 0 else len(text)]
+    return text[start:end if end > 0 else len(text)]
 
 
 def _privateuse1_alias() -> Optional[str]:
