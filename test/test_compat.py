@@ -137,12 +137,16 @@ class TestSourceDistribution(unittest.TestCase):
             self.skipTest("setuptools is not installed: cannot evaluate MANIFEST.in")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         needed = {"LICENSE", "README.rst", "setup.cfg", "setup.py", "MANIFEST.in", ".ci/run"}
-        for folder, exts in (("test", (".py",)), ("tools", (".py",)), ("bench", (".py", ".rst")), ("docs", (".txt",))):
+        # every file of these folders, whatever its kind (the test backend's C++ source was once
+        # left out because only *.py was asked for); caches and hidden folders are not sources
+        for folder in ("test", "tools", "bench", "docs"):
             for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
-                dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-                needed |= {os.path.relpath(os.path.join(dirpath, f), root) for f in filenames if f.endswith(exts)}
+                dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+                needed |= {os.path.relpath(os.path.join(dirpath, f), root) for f in filenames
+                           if not f.endswith((".pyc", ".pyo")) and not f.startswith(".")}
         self.assertIn("test/ao/sparsity/test_qlinear_packed_params.py", needed)
         self.assertIn("test/subprocess_env.py", needed)
+        self.assertIn("test/npu_backend/npu_backend.cpp", needed)
         cwd = os.getcwd()
         os.chdir(root)  # FileList works on paths relative to the project root
         try:
