@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             tar.extractall(unpacked, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         (tree,) = glob.glob(os.path.join(unpacked, "*"))
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("TORCH_FORCE_")}
-        code = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.pytest_args.split(), "test"],
+        code = subprocess.run([py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args.pytest_args.split(), "test"],
                               cwd=tree, env=env).returncode
         print(f"pytest from the unpacked sdist ({tree}): exit {code}", flush=True)
         return code
