@@ -9,7 +9,8 @@ collects what a prediction needs:
 * the ordered checks the weights-only unpickler makes
   (``torch/_weights_only_unpickler.py``, ``Unpickler.load``): each GLOBAL against the
   allowlist, the *type* BUILD is applied to (e.g. ``numpy.dtypes.Float64DType``,
-  which never appears as a GLOBAL), APPEND(S) only onto a real ``list``, SETITEM(S)
+  which never appears as a GLOBAL), APPEND(S) only onto a real ``list`` (or, on torch
+  2.14.1, an allowlisted ``list`` subclass), SETITEM(S)
   only onto ``dict``/``OrderedDict``/``Counter``, persistent ids only of storages,
   and the opcodes it does not implement at all.
 
@@ -58,6 +59,7 @@ from .unpickler_model import (
     UNRESOLVED,
     Check,
     ScanState,
+    append_check,
     _describe,
     _full_load_name,
     _Global,
@@ -421,10 +423,10 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                     _need(stack, 1, at)
                 if wo and container_rules().append_checked:
                     t = _type_of(stack[-1])
-                    if t is not None and t != "builtins.list":
-                        what = "append to lists" if code == 0x61 else "extend lists"
-                        check("refused", "", f"Can only {what}, but got {class_repr(t)}")
-                        wo = False
+                    target = append_check("APPEND" if code == 0x61 else "APPENDS", t) if t is not None else None
+                    if target is not None:
+                        check(target.kind, target.name, target.message)
+                        wo = target.kind != "refused"
             elif code == 0x73 or code == 0x75:  # SETITEM, SETITEMS
                 if code == 0x73:
                     _need(stack, 3, at)

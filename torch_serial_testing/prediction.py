@@ -20,6 +20,7 @@ from .errors import ConflictingEnvironmentError, RoundTripConfigError
 from .modes import LoadMode
 from .names import show_name
 from .pickle_scan import Check, class_repr, special_global_messages
+from .unpickler_model import append_refused
 from .torch_unpickler_rules import message_drops_builtins_prefix, torch_refuses_torchscript_weights_only
 from .replaced_loader import torch_load_replacement
 from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, torch_default_weights_only
@@ -227,10 +228,10 @@ def _remember(key: tuple[Any, ...], entry: tuple[Any, Any, Expectation]) -> tupl
 
 def _expect(
     mode: LoadMode, weights_only: bool, warns: bool, reason: str, replaced: Optional[str], info: Any,
-    names: frozenset[str], types: frozenset[str],
+    names: frozenset[str], types: frozenset[str], user_classes: Optional[dict[str, bool]] = None,
 ) -> Expectation:
     """A weights-only load: replay the checkpoint's checks against what is allowed."""
-    missing, rejection = _replay(info.checks, names, types)
+    missing, rejection = _replay(info.checks, names, types, user_classes or {})
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in names}))
     return Expectation(
@@ -251,8 +252,14 @@ def _expect(
 _BUILD_REFUSAL = "Can only build Tensor, Parameter, OrderedDict or types allowlisted via `add_safe_globals`, but got "
 
 
-def _replay(checks: Sequence[Check], names: frozenset[str], types: frozenset[str]) -> tuple[tuple[str, ...], Optional[str]]:
-    """(every global/type not allowed, torch's message for the first failing check or None)."""
+def _replay(
+    checks: Sequence[Check], names: frozenset[str], types: frozenset[str], user_classes: Optional[dict[str, bool]] = None
+) -> tuple[tuple[str, ...], Optional[str]]:
+    """(every global/type not allowed, torch's message for the first failing check or None).
+
+    *user_classes*: the user-allowlisted names and whether each is a ``list`` subclass (what an
+    APPEND target check asks, see :func:`.unpickler_model.append_refused`).
+    """
     missing: list[str] = []
     rejection: Optional[str] = None
     for c in checks:
@@ -274,6 +281,14 @@ def _replay(checks: Sequence[Check], names: frozenset[str], types: frozenset[str
                 missing.append(c.name)
             if rejection is None:
                 rejection = _BUILD_REFUSAL + class_repr(c.name)
+        elif c.kind in ("append", "appends"):
+            known = user_classes or {}
+            if not append_refused(c, known):
+                continue
+            if c.name not in known and not append_refused(c, {c.name: True}) and c.name not in missing:
+                missing.append(c.name)  # allowlisting it (a list subclass) lets it through
+            if rejection is None:
+                rejection = c.message
         elif rejection is None:
             rejection = c.message
     return tuple(dict.fromkeys(missing)), rejection
@@ -300,12 +315,13 @@ def _torch_type_names() -> frozenset[str]:
     return cached[1]
 
 
-_allowed_cache: dict[Any, tuple[frozenset[str], frozenset[str]]] = {}
+_allowed_cache: dict[Any, tuple[frozenset[str], frozenset[str], dict[str, bool]]] = {}
 
 
 
-def _allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], frozenset[str]]:
-    """(global names torch accepts, names of the types BUILD accepts) with *declared* added.
+def _allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], frozenset[str], dict[str, bool]]:
+    """(global names torch accepts, names of the types BUILD accepts, user-allowlisted names ->
+    whether the object is a ``list`` subclass) with *declared* added.
 
     Types are matched by object in torch (``type(inst) in allowed.values()``); the model
     matches them by the objects' real ``module.qualname`` and by any name they are allowed
@@ -335,15 +351,19 @@ def _allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], froze
     return hit
 
 
-def _compute_allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], frozenset[str]]:
+def _compute_allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], frozenset[str], dict[str, bool]]:
     import torch
 
     names = set(torch_allowlist()) | set(registered_globals()) | {name for _obj, name in declared}
     types = set(_torch_type_names())
-    objects = [obj for obj, _name in declared if obj is not None]
-    for entry in [*torch.serialization.get_safe_globals(), *objects]:
-        real = _real_name(entry[0] if isinstance(entry, tuple) else entry)
+    user_classes: dict[str, bool] = {}
+    registered = [(e[0], e[1]) if isinstance(e, tuple) else (e, None) for e in torch.serialization.get_safe_globals()]
+    for obj, given in [*registered, *((obj, name) for obj, name in declared if obj is not None)]:
+        real = _real_name(obj)
         if real:
             types.add(real)
+        for name in (real, given):
+            if isinstance(name, str):
+                user_classes[name] = isinstance(obj, type) and issubclass(obj, list)
     types |= names
-    return frozenset(names), frozenset(types)
+    return frozenset(names), frozenset(types), user_classes

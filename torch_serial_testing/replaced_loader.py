@@ -128,9 +128,13 @@ def replacement_notes(
             f"worded the rejection itself ({type(error).__name__} raised in {_raiser(error)}"
             + (f", ending {last[:120]!r}" if last else "") + ")"
         )
-    # torch registers some of its own classes itself; the others come from backends (torch_npu's
-    # _rebuild_npu_tensor) or user code, and they decide what loads.
-    foreign = [name for name in registered if not name.startswith("torch.")]
+    # torch registers some globals itself at import (2.14: every builtin exception too); the others
+    # come from backends (torch_npu's _rebuild_npu_tensor) or user code, and they decide what loads.
+    # Where some of torch's call sites cannot be read, its own names are assumed to be its.
+    from .torch_registrations import torch_registered_names  # reads torch's source: only when needed
+
+    own, complete = torch_registered_names()
+    foreign = [name for name in registered if name not in own and (complete or not name.startswith("torch."))]
     if foreign:
         notes.append(f"runs with process-wide safe globals {', '.join(foreign)}")
     return tuple(notes)

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .torch_append_rules import APPEND_TARGETS, AppendRule, append_rules_from_source
 from .torch_source import source_of
 
 __all__ = [
@@ -24,6 +25,9 @@ __all__ = [
     "weights_only_opcodes",
     "ContainerRules",
     "container_rules",
+    "AppendRule",
+    "APPEND_TARGETS",
+    "append_rules_from_source",
     "persid_refused_from_source",
     "special_global_messages",
     "name_fixups_need_protocol_2",
@@ -90,8 +94,9 @@ class ContainerRules:
     ``APPEND(S)`` on anything but a list, a persistent id that is neither a tuple nor an int,
     and names a refused id by its *type*.  torch 2.8 made no ``SETITEM`` check, named the id
     itself, and its id type check was inverted (``not type(pid) is not int``: it refused an
-    int id and let every other type through to ``persistent_load``).  Read from the running
-    torch's source; without one, torch 2.13's rules.
+    int id and let every other type through to ``persistent_load``).  torch 2.14.1 lets
+    APPEND(S) onto an allowlisted ``list`` subclass (:class:`AppendRule`).  Read from the
+    running torch's source; without one, torch 2.13's rules.
     """
 
     setitem_checked: bool = True
@@ -100,6 +105,13 @@ class ContainerRules:
     #: Which persistent ids the id type check refuses: of ``"tuple"``, ``"int"`` (exactly int)
     #: and ``"other"`` (any other type, bool included).
     persid_refused: frozenset[str] = frozenset(["other"])
+    #: The target checks of APPEND and APPENDS.
+    append: AppendRule = AppendRule()
+    appends: AppendRule = AppendRule(message="Can only extend lists, but got ")
+
+    def append_rule(self, opcode: str) -> AppendRule:
+        """The :class:`AppendRule` of ``"APPEND"`` or ``"APPENDS"``."""
+        return self.appends if opcode == "APPENDS" else self.append
 
 
 #: What torch 2.13's unpickler says when the persistent id's type check refuses it.
@@ -169,11 +181,14 @@ def container_rules() -> ContainerRules:
     except (ImportError, AttributeError, OSError, TypeError):
         return ContainerRules()
     persid_refused = persid_refused_from_source(source)
+    appends = append_rules_from_source(source) or {}
     return ContainerRules(
         setitem_checked="collections.Counter, but got" in source,
         append_checked="Can only append to lists" in source,
         persid_names_type="persistent_load of storage is allowed, but got {type(" in source,
         persid_refused=ContainerRules.persid_refused if persid_refused is None else persid_refused,
+        append=appends.get("APPEND", ContainerRules.append),
+        appends=appends.get("APPENDS", ContainerRules.appends),
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any, Optional
 from .scan_limits import ScanLimits
 from .torch_unpickler_rules import (  # noqa: F401 - the public rules are re-exported here too
     _PERSID_TYPE_MESSAGE,
+    APPEND_TARGETS,
     WEIGHTS_ONLY_OPCODES,
     _storage_names,
     container_rules,
@@ -36,6 +37,8 @@ __all__ = [
     "numpy_dtype_class",
     "special_global_messages",
     "class_repr",
+    "append_check",
+    "append_refused",
 ]
 
 UNRESOLVED = "<unresolved STACK_GLOBAL>"
@@ -191,8 +194,10 @@ class Check:
     """One thing torch's weights-only unpickler verifies, in the order it meets them.
 
     ``kind`` is ``"global"`` (the name must be allowlisted), ``"type"`` (BUILD on an
-    instance of this type: the type must be allowlisted) or ``"refused"`` (never
-    loads, whatever is allowlisted; ``message`` is torch's reason).
+    instance of this type: the type must be allowlisted), ``"append"`` / ``"appends"``
+    (APPEND / APPENDS onto an instance of this type: whether it passes depends on what is
+    allowlisted, see :func:`append_refused`; ``message`` is torch's refusal) or
+    ``"refused"`` (never loads, whatever is allowlisted; ``message`` is torch's reason).
     """
 
     kind: str
@@ -269,6 +274,68 @@ def _reduce_result(func: str, args: Any) -> Optional[str]:
             return args[index].name
         return None
     return func  # calling a class builds an instance of it
+
+
+def _loaded_class(name: str) -> Optional[type]:
+    """The class *name* (``module.qualname``) if its module is already imported, else None.
+
+    Read from the modules' and classes' ``__dict__``: nothing is imported and no module
+    ``__getattr__`` runs.
+    """
+    import sys
+
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        obj: Any = sys.modules.get(".".join(parts[:cut]))
+        if obj is None:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, "__dict__", {}).get(attr)
+            if obj is None:
+                return None
+        return obj if isinstance(obj, type) else None
+    return None
+
+
+def _target_kinds(type_name: str, user_classes: Optional[dict[str, bool]] = None) -> tuple[str, ...]:
+    """The :data:`APPEND_TARGETS` kinds an instance of *type_name* may be, as far as is known.
+
+    *user_classes* maps the names of user-allowlisted types to whether they subclass ``list``
+    (at prediction time); without it the allowlist is not known (at scan time).
+    """
+    if type_name == "builtins.list":
+        return ("list",)
+    if user_classes is not None and type_name in user_classes:
+        return ("allowlisted_list_subclass",) if user_classes[type_name] else ("allowlisted_other",)
+    cls = _loaded_class(type_name)
+    is_list = None if cls is None else issubclass(cls, list)
+    if user_classes is not None:  # known not to be allowlisted
+        return ("list_subclass",) if is_list else ("other",) if is_list is False else ("list_subclass", "other")
+    if is_list is None:
+        return APPEND_TARGETS[1:]
+    return ("list_subclass", "allowlisted_list_subclass") if is_list else ("other", "allowlisted_other")
+
+
+def append_check(opcode: str, type_name: str) -> Optional[Check]:
+    """The check torch makes before *opcode* (APPEND or APPENDS) onto an instance of *type_name*.
+
+    None when it passes whatever is allowlisted, ``"refused"`` when it never does (a deque on any
+    torch), else an ``"append"``/``"appends"`` check decided by the allowlist at load time (torch
+    2.14.1 lets an allowlisted list subclass through).
+    """
+    rule = container_rules().append_rule(opcode)
+    refused = [kind in rule.refused for kind in _target_kinds(type_name)]
+    if not any(refused):
+        return None
+    message = rule.message + class_repr(type_name)
+    return Check("refused", "", message) if all(refused) else Check(opcode.lower(), type_name, message)
+
+
+def append_refused(check: Check, user_classes: dict[str, bool]) -> bool:
+    """Whether torch refuses the ``"append"``/``"appends"`` *check* given the user allowlist
+    (*user_classes*: allowlisted type names -> whether they subclass ``list``)."""
+    rule = container_rules().append_rule(check.kind.upper())
+    return any(kind in rule.refused for kind in _target_kinds(check.name, user_classes))
 
 
 def _persid_refusal(pid: Any) -> Optional[str]:
