@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import os
 import pickle
 import unittest
 from unittest import mock
@@ -156,6 +157,24 @@ class TestModelAgreesWithTorch(unittest.TestCase):
             self.assertIsInstance(result.error, AttributeError)
             self.assertIn(f"this torch's BUILD cannot apply the pickled state of {Slotted.__module__}.Slotted "
                           "(it raises AttributeError: 'Slotted' object has no attribute '__dict__')", result.summary)
+
+
+    def test_the_default_mode_forced_weights_only(self) -> None:
+        """Every torch (2.4 too, which has no safe_globals mode): the bare load made weights-only by
+        TORCH_FORCE_WEIGHTS_ONLY_LOAD, the class allowlisted process-wide."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+        env["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+        for name in ("slots_only", "slots_and_dict_of_1", "state_int", "plain_dict_state"):
+            obj = CASES[name]()
+            with self.subTest(name), mock.patch.dict(os.environ, env, clear=True), allowlisted([type(obj)]):
+                checkpoint = Checkpoint.save(obj)
+                exp = predict("default", checkpoint)
+                self.assertTrue(exp.weights_only)
+                result = tst.load(checkpoint, "default")
+                self.assertEqual(result.loaded, exp.loads)
+                if not result.loaded:
+                    self.assertEqual((type(result.error).__name__, str(result.error)), (exp.error_type, exp.rejection))
+                    self.assertIn("this torch's BUILD cannot apply the pickled state of", result.summary)
 
 
 class TestLoadPathJudgesTheType(unittest.TestCase):

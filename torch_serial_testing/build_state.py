@@ -39,9 +39,12 @@ class _Dict(_Obj):
 
     __slots__ = ("keys",)
 
-    def __init__(self) -> None:
-        super().__init__("builtins.dict")
-        self.keys: Optional[set[Any]] = set()
+    def __init__(self) -> None:  # made for every EMPTY_DICT: kept cheap
+        self.type = "builtins.dict"
+        self.keys: Optional[set[Any]] = _NO_KEYS
+
+
+_NO_KEYS: Any = frozenset()  # shared until a key is added
 
 
 def dict_value(keys: Any = ()) -> _Dict:
@@ -57,6 +60,8 @@ def add_dict_keys(target: Any, keys: Any) -> None:
     if type(target) is not _Dict or target.keys is None:
         return
     known = target.keys
+    if known is _NO_KEYS:
+        known = target.keys = set()
     for k in keys:
         if (type(k) is not str and type(k) is not int) or (k not in known and len(known) >= _DICT_KEYS_KEPT):
             target.keys = None

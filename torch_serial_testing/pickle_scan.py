@@ -29,7 +29,7 @@ import pickle
 import pickletools
 from typing import Any
 
-from .build_state import add_dict_keys, dict_value, state_shape
+from .build_state import _Dict, add_dict_keys, dict_value, state_shape
 from .errors import CheckpointFormatError
 from .scan_limits import ScanLimits
 from .torch_unpickler_rules import (
@@ -434,9 +434,10 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                     keys: Any = stack[-2:-1]
                     del stack[-2:]
                 else:
-                    keys = pop_mark()[0::2]
+                    keys = pop_mark()
                     _need(stack, 1, at)
-                add_dict_keys(stack[-1], keys)
+                if type(stack[-1]) is _Dict:  # a dict the pickle built: its keys, for BUILD states
+                    add_dict_keys(stack[-1], keys if code == 0x73 else keys[0::2])
                 if wo and container_rules().setitem_checked:
                     t = _type_of(stack[-1])
                     if t is not None and t not in _SETITEM_TYPES:
@@ -461,7 +462,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                         wo = False
                 push(_STORAGE)
             elif code == 0x7D:  # EMPTY_DICT
-                push(dict_value())
+                push(_Dict())
             elif code == 0x5D:  # EMPTY_LIST
                 push(_LIST)
             elif code == 0x29:  # EMPTY_TUPLE
