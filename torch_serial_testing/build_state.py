@@ -128,8 +128,18 @@ def _class_facts(cls: Any) -> Optional[tuple[bool, bool, str]]:
     if hasattr(cls, "__getattr__") or cls.__getattribute__ is not object.__getattribute__:
         return None
     has_dict = getattr(cls, "__dictoffset__", 0) != 0
-    # CPython's generic attribute error: "'%.100s' object has no attribute '%U'" (tp_name).
-    return hasattr(cls, "__setstate__"), has_dict, f"'{cls.__name__[:100]}' object has no attribute '__dict__'"
+    return hasattr(cls, "__setstate__"), has_dict, _no_dict_message(cls.__name__)
+
+
+def _no_dict_message(name: str) -> str:
+    """This Python's own message for ``inst.__dict__`` of a slotted class named *name*, read from
+    a bare stand-in class of that name (none of the real class's code runs)."""
+    standin = type(name, (), {"__slots__": ()})
+    try:
+        object.__new__(standin).__dict__  # noqa: B018 - the error is the point
+    except AttributeError as e:
+        return str(e)
+    return f"'{name}' object has no attribute '__dict__'"  # pragma: no cover - a slotted class has none
 
 
 def _apply(rules: BuildRules, has_dict: bool, no_dict: str, state: Any) -> Optional[tuple[str, str]]:
