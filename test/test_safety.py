@@ -47,6 +47,7 @@ from torch_serial_testing import (  # noqa: E402
 )
 from torch_serial_testing.allowlist import SafeGlobal, normalize_safe_globals  # noqa: E402
 from torch_serial_testing.load_modes import torch_default_weights_only  # noqa: E402
+from torch_serial_testing.torch_unpickler_rules import torch_refuses_torchscript_weights_only  # noqa: E402
 
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP, assert_mode_skips_here  # noqa: E402
 from subprocess_env import child_env  # noqa: E402
@@ -550,7 +551,33 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         self.assertEqual(scan_checkpoint(data).format, "torchscript")
         with self.assertRaisesRegex(CheckpointFormatError, "TorchScript archive: load it with torch.jit.load"):
             required_globals(data)
-        self.assertLoadRefusedInEveryMode(data, "TorchScript archive: load it with torch.jit.load")
+        # What this torch does with the archive under weights_only=True (our own bytes: safe to try):
+        # refuse it (torch >= 2.6), or hand it to torch.jit.load whatever weights_only says.
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.load(io.BytesIO(data), weights_only=True)
+            refused = False
+        except RuntimeError as e:
+            self.assertIn("TorchScript", str(e))
+            refused = True
+        self.assertEqual(torch_refuses_torchscript_weights_only(), refused)  # the library's model of it
+        if refused:
+            self.assertLoadRefusedInEveryMode(data, "TorchScript archive: load it with torch.jit.load")
+            return
+        # Every mode is then a full load of foreign bytes: refused before torch sees them, saying why.
+        for mode in WEIGHTS_ONLY_MODES:
+            with self.subTest(mode):
+                if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(data), mode)):
+                    continue
+                with self.assertRaisesRegex(
+                    UnsafeLoadRefused,
+                    r"^refusing a weights_only=False load \(weights_only=True .*; this torch hands TorchScript "
+                    r"archives to torch\.jit\.load whatever weights_only says\) of bytes this process did not",
+                ):
+                    tst.load(Checkpoint.from_bytes(data), mode)
+        with self.assertRaises(UnsafeLoadRefused):
+            tst.load(Checkpoint.from_bytes(data), "weights_only_false")
 
     def test_non_seekable_stream(self) -> None:
         r, w = os.pipe()

@@ -18,7 +18,9 @@ Checks that no allowlist can satisfy are ``refused``; the first of them is the
 checkpoint's *weights-only blocker*.  The walker decodes only the arguments the
 model needs (names, short strings, small ints) and skips the rest by length, so a
 scan costs one pass of cheap byte arithmetic; :class:`ScanLimits` bound it.  The
-rules themselves (what torch checks, and its messages) live in :mod:`.unpickler_model`.
+rules themselves (what torch checks, and its messages) live in :mod:`.unpickler_model`;
+for each BUILD the shape of its state is recorded too (whether this torch can apply it
+is :mod:`.build_state`'s question).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pickle
 import pickletools
 from typing import Any
 
+from .build_state import _Dict, add_dict_keys, dict_value, state_shape
 from .errors import CheckpointFormatError
 from .scan_limits import ScanLimits
 from .torch_unpickler_rules import (
@@ -44,7 +47,6 @@ from .unpickler_model import (
     _BUILD_FREE,
     _BYTEARRAY,
     _BYTES,
-    _DICT,
     _FLOAT,
     _FROZENSET,
     _INT,
@@ -401,7 +403,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                     stack[-1] = _UNKNOWN
             elif code == 0x62:  # BUILD
                 _need(stack, 2, at)
-                stack.pop()
+                build_state = stack.pop()
                 if wo:
                     t = _type_of(stack[-1])
                     if isinstance(stack[-1], _Global) or (t is not None and t.startswith("builtins.")):
@@ -414,6 +416,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                         wo = False
                     elif t is not None and t not in _BUILD_FREE:
                         check("type", t)
+                        check("build", t, "", state_shape(build_state))
             elif code == 0x61 or code == 0x65:  # APPEND, APPENDS
                 if code == 0x61:
                     _need(stack, 2, at)
@@ -430,10 +433,13 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
             elif code == 0x73 or code == 0x75:  # SETITEM, SETITEMS
                 if code == 0x73:
                     _need(stack, 3, at)
+                    keys: Any = stack[-2:-1]
                     del stack[-2:]
                 else:
-                    pop_mark()
+                    keys = pop_mark()
                     _need(stack, 1, at)
+                if type(stack[-1]) is _Dict:  # a dict the pickle built: its keys, for BUILD states
+                    add_dict_keys(stack[-1], keys if code == 0x73 else keys[0::2])
                 if wo and container_rules().setitem_checked:
                     t = _type_of(stack[-1])
                     if t is not None and t not in _SETITEM_TYPES:
@@ -458,7 +464,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                         wo = False
                 push(_STORAGE)
             elif code == 0x7D:  # EMPTY_DICT
-                push(_DICT)
+                push(_Dict())
             elif code == 0x5D:  # EMPTY_LIST
                 push(_LIST)
             elif code == 0x29:  # EMPTY_TUPLE
@@ -537,8 +543,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                 pop_mark()
                 push(_LIST)
             elif code == 0x64:  # DICT
-                pop_mark()
-                push(_DICT)
+                push(dict_value(pop_mark()[0::2]))
             elif code == 0x6F:  # OBJ
                 items = pop_mark()
                 if not items:

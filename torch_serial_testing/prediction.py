@@ -14,14 +14,22 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from .allowlist import SafeGlobal, qualified_name, registered_globals, registry_lock, torch_allowlist
+from .allowlist import (
+    SafeGlobal,
+    qualified_name,
+    registered_globals,
+    registry_lock,
+    torch_allowlist,
+    torch_allowlist_objects,
+)
+from .build_state import build_failure
 from .checkpoint import Checkpoint
 from .errors import ConflictingEnvironmentError, RoundTripConfigError
 from .modes import LoadMode
 from .names import show_name
 from .pickle_scan import Check, class_repr, special_global_messages
 from .unpickler_model import append_refused
-from .torch_unpickler_rules import message_drops_builtins_prefix, torch_refuses_torchscript_weights_only
+from .torch_unpickler_rules import build_rules, message_drops_builtins_prefix, torch_refuses_torchscript_weights_only
 from .replaced_loader import torch_load_replacement
 from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, torch_default_weights_only
 
@@ -228,10 +236,12 @@ def _remember(key: tuple[Any, ...], entry: tuple[Any, Any, Expectation]) -> tupl
 
 def _expect(
     mode: LoadMode, weights_only: bool, warns: bool, reason: str, replaced: Optional[str], info: Any,
-    names: frozenset[str], types: frozenset[str], user_classes: Optional[dict[str, bool]] = None,
+    names: frozenset[str], types: frozenset[str], classes: Mapping[str, Any],
+    user_classes: Optional[dict[str, bool]] = None,
 ) -> Expectation:
     """A weights-only load: replay the checkpoint's checks against what is allowed."""
-    missing, rejection = _replay(info.checks, names, types, user_classes or {})
+    missing, rejection, build = _replay(info.checks, names, types, classes, user_classes or {})
+    error_type = build[0] if build else None
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in names}))
     return Expectation(
@@ -243,9 +253,9 @@ def _expect(
         reason,
         replaced,
         info.unsupported_opcodes,
-        info.weights_only_blocker,
+        info.weights_only_blocker or (build[1] if build else None),
         rejection,
-        "RuntimeError" if info.format in ("torchscript", "tar") else "UnpicklingError",
+        "RuntimeError" if info.format in ("torchscript", "tar") else error_type or "UnpicklingError",
     )
 
 
@@ -253,15 +263,19 @@ _BUILD_REFUSAL = "Can only build Tensor, Parameter, OrderedDict or types allowli
 
 
 def _replay(
-    checks: Sequence[Check], names: frozenset[str], types: frozenset[str], user_classes: Optional[dict[str, bool]] = None
-) -> tuple[tuple[str, ...], Optional[str]]:
-    """(every global/type not allowed, torch's message for the first failing check or None).
+    checks: Sequence[Check], names: frozenset[str], types: frozenset[str], classes: Mapping[str, Any] = {},
+    user_classes: Optional[dict[str, bool]] = None,
+) -> tuple[tuple[str, ...], Optional[str], Optional[tuple[str, str]]]:
+    """(every global/type not allowed, torch's message for the first failing check or None, and
+    when that check is BUILD failing on an allowed class: (the exception type, why)).
 
-    *user_classes*: the user-allowlisted names and whether each is a ``list`` subclass (what an
-    APPEND target check asks, see :func:`.unpickler_model.append_refused`).
+    *classes*: the allowed classes by name (what BUILD applies a state to); *user_classes*: the
+    user-allowlisted names and whether each is a ``list`` subclass (what an APPEND target check
+    asks, see :func:`.unpickler_model.append_refused`).
     """
     missing: list[str] = []
     rejection: Optional[str] = None
+    build: Optional[tuple[str, str]] = None
     for c in checks:
         if c.kind == "global":
             if c.name in names:
@@ -289,9 +303,17 @@ def _replay(
                 missing.append(c.name)  # allowlisting it (a list subclass) lets it through
             if rejection is None:
                 rejection = c.message
+        elif c.kind == "build":
+            # Its "type" check came first: an allowed class whose state this torch's BUILD may not apply.
+            if rejection is None and c.name in classes:
+                failure = build_failure(classes[c.name], c.shape)
+                if failure is not None:
+                    rejection = failure[1]
+                    build = (failure[0], f"this torch's BUILD cannot apply the pickled state of {c.name} "
+                             f"(it raises {failure[0]}: {failure[1]})")
         elif rejection is None:
             rejection = c.message
-    return tuple(dict.fromkeys(missing)), rejection
+    return tuple(dict.fromkeys(missing)), rejection, build
 
 
 def _real_name(obj: Any) -> Optional[str]:
@@ -315,17 +337,20 @@ def _torch_type_names() -> frozenset[str]:
     return cached[1]
 
 
-_allowed_cache: dict[Any, tuple[frozenset[str], frozenset[str], dict[str, bool]]] = {}
+_allowed_cache: dict[Any, tuple[frozenset[str], frozenset[str], dict[str, Any], dict[str, bool]]] = {}
 
 
 
-def _allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], frozenset[str], dict[str, bool]]:
-    """(global names torch accepts, names of the types BUILD accepts, user-allowlisted names ->
-    whether the object is a ``list`` subclass) with *declared* added.
+def _allowed(
+    declared: Sequence[tuple[Any, str]],
+) -> tuple[frozenset[str], frozenset[str], dict[str, Any], dict[str, bool]]:
+    """(global names torch accepts, names of the types BUILD accepts, those types' classes by
+    name, user-allowlisted names -> whether the object is a ``list`` subclass) with *declared* added.
 
     Types are matched by object in torch (``type(inst) in allowed.values()``); the model
     matches them by the objects' real ``module.qualname`` and by any name they are allowed
-    under (a key's value is always among the values).  Cached while torch's allowlist, the
+    under (a key's value is always among the values).  torch before 2.6 builds only
+    user-allowlisted types (:func:`.build_rules`).  Cached while torch's allowlist, the
     process-wide registry and the declaration are the same.
     """
     import torch
@@ -351,19 +376,28 @@ def _allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], froze
     return hit
 
 
-def _compute_allowed(declared: Sequence[tuple[Any, str]]) -> tuple[frozenset[str], frozenset[str], dict[str, bool]]:
+def _compute_allowed(
+    declared: Sequence[tuple[Any, str]],
+) -> tuple[frozenset[str], frozenset[str], dict[str, Any], dict[str, bool]]:
     import torch
 
-    names = set(torch_allowlist()) | set(registered_globals()) | {name for _obj, name in declared}
-    types = set(_torch_type_names())
+    user = set(registered_globals()) | {name for _obj, name in declared}
+    names = set(torch_allowlist()) | user
+    types: set[str] = set()
+    classes: dict[str, Any] = {}
     user_classes: dict[str, bool] = {}
-    registered = [(e[0], e[1]) if isinstance(e, tuple) else (e, None) for e in torch.serialization.get_safe_globals()]
-    for obj, given in [*registered, *((obj, name) for obj, name in declared if obj is not None)]:
+    if build_rules().torch_types_buildable:
+        types |= _torch_type_names() | set(torch_allowlist())
+        for name, obj in torch_allowlist_objects().items():
+            classes[name] = classes[_real_name(obj) or name] = obj
+    entries = [*torch.serialization.get_safe_globals(), *((obj, name) for obj, name in declared if obj is not None)]
+    for entry in entries:
+        obj, name = entry if isinstance(entry, tuple) else (entry, None)
         real = _real_name(obj)
-        if real:
-            types.add(real)
-        for name in (real, given):
-            if isinstance(name, str):
-                user_classes[name] = isinstance(obj, type) and issubclass(obj, list)
-    types |= names
-    return frozenset(names), frozenset(types), user_classes
+        for n in (real, name):
+            if n:
+                types.add(n)
+                classes[n] = obj
+                user_classes[n] = isinstance(obj, type) and issubclass(obj, list)
+    types |= user
+    return frozenset(names), frozenset(types), classes, user_classes

@@ -33,6 +33,9 @@ __all__ = [
     "name_fixups_need_protocol_2",
     "message_drops_builtins_prefix",
     "torch_refuses_torchscript_weights_only",
+    "BuildRules",
+    "build_rules",
+    "build_rules_from_source",
 ]
 
 # The opcodes torch 2.13's weights-only unpickler handles (torch/_weights_only_unpickler.py,
@@ -281,3 +284,48 @@ def _storage_names() -> frozenset[str]:
         return frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
     except (ImportError, AttributeError):
         return frozenset()
+
+
+@dataclass(frozen=True)
+class BuildRules:
+    """How this torch's BUILD applies a state to an instance of an allowlisted class.
+
+    torch 2.13 calls ``inst.__setstate__(state)`` when the instance has one, else does what
+    pickle's ``load_build`` does: splits a ``(state, slotstate)`` pair, updates ``__dict__``
+    only with a truthy state and ``setattr``s each slot; it also builds instances of torch's
+    own allowlisted classes.  torch 2.4 and 2.5 do ``inst.__dict__.update(state)`` whatever
+    the state is (an instance with ``__slots__`` has no ``__dict__``: AttributeError, raised
+    through ``torch.load`` as it is) and build only user-allowlisted classes.  Read from the
+    running torch's source; without one, torch 2.13's rules.
+    """
+
+    #: ``if hasattr(inst, "__setstate__"): inst.__setstate__(state)``.
+    calls_setstate: bool = True
+    #: A ``(state, slotstate)`` pair is split and the slots are set one by one.
+    splits_slotstate: bool = True
+    #: ``if state: inst.__dict__.update(state)`` (an empty or None state is skipped).
+    skips_falsy_state: bool = True
+    #: Instances of torch's own allowlisted classes may be built, not only user-allowlisted ones.
+    torch_types_buildable: bool = True
+
+
+def build_rules_from_source(source: str) -> Optional[BuildRules]:
+    """The :class:`BuildRules` of the ``BUILD`` branch of ``Unpickler.load``'s *source*, or None."""
+    m = re.search(r"key\[0\] == BUILD\[0\]:(?P<body>.*?)(?:\n\s*elif key\[0\] ==|\Z)", source, re.S)
+    if m is None or "__dict__" not in m.group("body"):
+        return None
+    body = m.group("body")
+    return BuildRules(
+        calls_setstate=bool(re.search(r"hasattr\(inst, [\"']__setstate__[\"']\)", body)),
+        splits_slotstate="slotstate" in body,
+        skips_falsy_state=bool(re.search(r"\n\s*if state:", body)),
+        torch_types_buildable="_get_allowed_globals().values()" in body,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def build_rules() -> BuildRules:
+    """This torch's :class:`BuildRules`, read from ``Unpickler.load``; torch 2.13's without its source."""
+    source = _unpickler_source()
+    rules = build_rules_from_source(source) if source is not None else None
+    return rules if rules is not None else BuildRules()

@@ -194,7 +194,8 @@ class Check:
     """One thing torch's weights-only unpickler verifies, in the order it meets them.
 
     ``kind`` is ``"global"`` (the name must be allowlisted), ``"type"`` (BUILD on an
-    instance of this type: the type must be allowlisted), ``"append"`` / ``"appends"``
+    instance of this type: the type must be allowlisted), ``"build"`` (then BUILD applies
+    a state of ``shape``: see :mod:`.build_state`), ``"append"`` / ``"appends"``
     (APPEND / APPENDS onto an instance of this type: whether it passes depends on what is
     allowlisted, see :func:`append_refused`; ``message`` is torch's refusal) or
     ``"refused"`` (never loads, whatever is allowlisted; ``message`` is torch's reason).
@@ -203,6 +204,9 @@ class Check:
     kind: str
     name: str = ""
     message: str = ""
+    #: For ``"build"`` (BUILD on an instance of ``name``, which passed its ``"type"`` check): the
+    #: shape of the state (:func:`.build_state.state_shape`), which this torch may fail to apply.
+    shape: Any = None
 
 
 @dataclass
@@ -222,11 +226,11 @@ class ScanState:
     #: stream): later pickles and opcodes no longer add weights-only checks.
     weights_only_live: bool = True
 
-    def check(self, kind: str, name: str = "", message: str = "") -> None:
-        key = (kind, name, message)
+    def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> None:
+        key = (kind, name, message, shape)
         if key not in self.seen:
             self.seen.add(key)
-            self.checks.append(Check(kind, name, message))
+            self.checks.append(Check(kind, name, message, shape))
 
     def merge(self, other: "ScanState") -> None:
         """Add the facts of a scan done on its own (a cached one) after this one's."""
@@ -242,7 +246,7 @@ class ScanState:
             self.weights_only_live = self.weights_only_live and other.weights_only_live
             return
         for c in other.checks:
-            self.check(c.kind, c.name, c.message)
+            self.check(c.kind, c.name, c.message, c.shape)
         self.globals |= other.globals
         for name, via in other.full_load_globals.items():
             self.full_load_globals.setdefault(name, via)
