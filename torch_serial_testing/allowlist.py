@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
-from .checkpoint import Checkpoint, scan_checkpoint
 from .errors import RoundTripConfigError
 from .names import name_problem, quote_name, show_name
 from .snippet import safe_globals_snippet
@@ -272,6 +271,8 @@ def required_globals(
             f"(checkpoint=...) or a file (path=...); got {', '.join(sorted(given)) or 'nothing'}"
         )
     (kind, value), = given.items()
+    from .checkpoint import Checkpoint, scan_checkpoint  # the scan, imported where one is made
+
     if kind == "obj":
         info = Checkpoint.save(value).info
     elif kind == "path":
@@ -314,6 +315,7 @@ def _torch_allowed_type_names() -> frozenset[str]:
 
 def _scan_ambiguous(value: Any) -> Any:
     """Scan a positional str (path) or bytes (checkpoint); say how to mean the object instead."""
+    from .checkpoint import scan_checkpoint
     from .errors import CheckpointFormatError
 
     as_object = (

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from . import allowlist
 from .allowlist import SafeGlobal, safe_globals_snippet
-from .checkpoint import Checkpoint
 from .errors import AllowlistError, RoundTripConfigError
 from .names import show_name
 from .snippet import refusal_notes, suggestible
+
+if TYPE_CHECKING:  # the round-trip machinery is imported on the first round trip
+    from .checkpoint import Checkpoint
 
 __all__ = ["Declaration", "check_declared", "refuse_local", "LATER_ALLOWLISTED", "local_class_message"]
 
