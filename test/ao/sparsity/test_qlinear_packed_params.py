@@ -253,6 +253,11 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
 
     # -- upstream's checks, on the module as built -----------------------------------
 
+    # Upstream compared these with pytorch's assertEqual; here every value is compared exactly with
+    # assertRoundTripEqual (type included: the packed ints, the flag, the lists from .tolist()).
+    # Exact is at least as strict as assertEqual's float tolerance, and pytorch's assertEqual
+    # costs about 0.1 ms per call even on two ints -- more than a round trip of this module.
+
     def check_packed_state(self, lin, bias, weight, zero_points, per_tensor, rows, cols, weights):
         (
             _version,
@@ -269,23 +274,23 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
             input_channels_,
         ) = packed_state(lin)[0]
         self.assertRoundTripEqual(bias, bias_)
-        self.assertEqual(out_block, ROW_BLOCK_SIZE)
-        self.assertEqual(in_block, COL_BLOCK_SIZE)
-        self.assertEqual(weight_scales_.tolist(), [SCALES[0]] if per_tensor else list(SCALES))
-        self.assertEqual(weight_zero_points_.tolist(), [zero_points[0]] if per_tensor else zero_points)
-        self.assertEqual(quantization_scheme_, per_tensor)
-        self.assertEqual(row_block_indices_.tolist(), rows)
-        self.assertEqual(col_block_indices_.tolist(), cols)
-        self.assertEqual(weights_.tolist(), [v + PACKED_WEIGHT_OFFSET for v in weights])
-        self.assertEqual(output_channels_, weight.shape[0])
-        self.assertEqual(input_channels_, weight.shape[1])
+        self.assertRoundTripEqual(out_block, ROW_BLOCK_SIZE)
+        self.assertRoundTripEqual(in_block, COL_BLOCK_SIZE)
+        self.assertRoundTripEqual(weight_scales_.tolist(), [SCALES[0]] if per_tensor else list(SCALES))
+        self.assertRoundTripEqual(weight_zero_points_.tolist(), [zero_points[0]] if per_tensor else zero_points)
+        self.assertRoundTripEqual(quantization_scheme_, per_tensor)
+        self.assertRoundTripEqual(row_block_indices_.tolist(), rows)
+        self.assertRoundTripEqual(col_block_indices_.tolist(), cols)
+        self.assertRoundTripEqual(weights_.tolist(), [v + PACKED_WEIGHT_OFFSET for v in weights])
+        self.assertRoundTripEqual(output_channels_, weight.shape[0])
+        self.assertRoundTripEqual(input_channels_, weight.shape[1])
 
     def check_unpacked(self, lin, bias, weight):
         weight_, bias_, out_block, in_block = lin._weight_bias()
         self.assertRoundTripEqual(torch.dequantize(weight), torch.dequantize(weight_))
         self.assertRoundTripEqual(bias, bias_)
-        self.assertEqual(out_block, ROW_BLOCK_SIZE)
-        self.assertEqual(in_block, COL_BLOCK_SIZE)
+        self.assertRoundTripEqual(out_block, ROW_BLOCK_SIZE)
+        self.assertRoundTripEqual(in_block, COL_BLOCK_SIZE)
 
     def check_same_output(self, lin, lin2, in_features):
         """Upstream compares outputs under qnnpack only: fbgemm has no sparse dynamic kernel."""
