@@ -301,7 +301,8 @@ def required_globals(
     allowed = torch_allowlist()
     # Types BUILD is applied to count too (numpy.dtypes.Float64DType never appears as a GLOBAL).
     needed = set(info.globals) | set(getattr(info, "type_checks", ()))
-    return sorted(g for g in needed if g not in allowed and g not in _torch_allowed_type_names())
+    type_names = _torch_allowed_type_names()
+    return sorted(g for g in needed if g not in allowed and g not in type_names)
 
 
 def _torch_allowed_type_names() -> frozenset[str]:
