@@ -26,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from . import allowlist, engines
@@ -175,13 +175,25 @@ def _entry_name(entry: Any) -> str:
         return repr(entry)
 
 
-@dataclass
 class ImportRegistrations:
     """What modules imported during one test registered with ``add_safe_globals``."""
 
-    kept: list[Any] = field(default_factory=list)
-    #: (name, importing module, why refused) for every dangerous entry that was not registered.
-    refused: list[tuple[str, str, str]] = field(default_factory=list)
+    __slots__ = ("kept", "refused")
+
+    def __init__(self) -> None:
+        self.kept: list[Any] = []
+        #: (name, importing module, why refused) for every dangerous entry that was not registered.
+        self.refused: list[tuple[str, str, str]] = []
+
+    def __repr__(self) -> str:
+        return f"ImportRegistrations(kept={self.kept!r}, refused={self.refused!r})"
+
+    def __eq__(self, other: object) -> bool:  # as the dataclass it was: GlobalState compares it by value
+        if other.__class__ is not ImportRegistrations:
+            return NotImplemented
+        return (self.kept, self.refused) == (other.kept, other.refused)  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
 
 _recorders: list[ImportRegistrations] = []

@@ -351,9 +351,10 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
                 params2 = self.round_trip_state_dict(lin._packed_params, factory=make_packed_params)
                 self.assertRoundTripEqual(lin._packed_params._weight_bias(), params2._weight_bias())
                 self.assertRoundTripEqual(serialized, params2._packed_params.__getstate__())
-                lin2, _ = make_linear(weight)
-                lin2._packed_params = params2
-                self.check_same_output(lin, lin2, weight.shape[1])
+                if self.qengine == "qnnpack":  # outputs are compared under qnnpack only (check_same_output)
+                    lin2, _ = make_linear(weight)
+                    lin2._packed_params = params2
+                    self.check_same_output(lin, lin2, weight.shape[1])
 
     def modules_per_engine(self):
         """One ``Linear`` per supported engine, with that engine's zero points (per_tensor_small)."""
