@@ -258,7 +258,8 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
     # Exact is at least as strict as assertEqual's float tolerance, and pytorch's assertEqual
     # costs about 0.1 ms per call even on two ints -- more than a round trip of this module.
 
-    def check_packed_state(self, lin, bias, weight, zero_points, per_tensor, rows, cols, weights):
+    def check_packed_state(self, state, bias, weight, zero_points, per_tensor, rows, cols, weights):
+        """*state* is ``packed_state(lin)`` of the module as built."""
         (
             _version,
             bias_,
@@ -272,7 +273,7 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
             weights_,
             output_channels_,
             input_channels_,
-        ) = packed_state(lin)[0]
+        ) = state[0]
         self.assertRoundTripEqual(bias, bias_)
         self.assertRoundTripEqual(out_block, ROW_BLOCK_SIZE)
         self.assertRoundTripEqual(in_block, COL_BLOCK_SIZE)
@@ -314,7 +315,7 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
             with self.subTest(case=name):
                 lin, bias = make_linear(weight)
                 serialized = packed_state(lin)
-                self.check_packed_state(lin, bias, weight, zero_points, per_tensor, rows, cols, weights)
+                self.check_packed_state(serialized, bias, weight, zero_points, per_tensor, rows, cols, weights)
                 self.check_unpacked(lin, bias, weight)
 
                 lin2 = self.round_trip(lin)  # an expected rejection ends this subtest here, as a pass
