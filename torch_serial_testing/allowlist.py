@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
-from .checkpoint import Checkpoint, scan_checkpoint
 from .errors import RoundTripConfigError
 from .names import name_problem, quote_name, show_name
 from .snippet import safe_globals_snippet
@@ -272,6 +271,8 @@ def required_globals(
             f"(checkpoint=...) or a file (path=...); got {', '.join(sorted(given)) or 'nothing'}"
         )
     (kind, value), = given.items()
+    from .checkpoint import Checkpoint, scan_checkpoint  # the scan, imported where one is made
+
     if kind == "obj":
         info = Checkpoint.save(value).info
     elif kind == "path":
@@ -300,7 +301,8 @@ def required_globals(
     allowed = torch_allowlist()
     # Types BUILD is applied to count too (numpy.dtypes.Float64DType never appears as a GLOBAL).
     needed = set(info.globals) | set(getattr(info, "type_checks", ()))
-    return sorted(g for g in needed if g not in allowed and g not in _torch_allowed_type_names())
+    type_names = _torch_allowed_type_names()
+    return sorted(g for g in needed if g not in allowed and g not in type_names)
 
 
 def _torch_allowed_type_names() -> frozenset[str]:
@@ -314,6 +316,7 @@ def _torch_allowed_type_names() -> frozenset[str]:
 
 def _scan_ambiguous(value: Any) -> Any:
     """Scan a positional str (path) or bytes (checkpoint); say how to mean the object instead."""
+    from .checkpoint import scan_checkpoint
     from .errors import CheckpointFormatError
 
     as_object = (

@@ -19,22 +19,24 @@ import pickle
 import sys
 import unittest
 import warnings
-from typing import Any, Callable, ClassVar, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, Sequence
 
-from . import allowlist, load_modes
+from . import allowlist
 from .allowlist import SafeGlobal, as_safe_globals, normalize_safe_globals
 from .casespec import CaseSpec
 from .names import show_name
-from .checkpoint import Checkpoint
-from .comparison import assert_round_trip_equal
 from .declarations import Declaration, check_declared, local_class_message, refuse_local
 from .engines import override_qengine, validate_qengines
 from .errors import ConflictingEnvironmentError, LeakedGlobalStateError, RoundTripConfigError, dimension
 from .golden import stable_names
 from .isolation import GlobalState, deferred_interrupts, run_all
-from .load_modes import LoadMode
+from .modes import LoadMode, mode_skip_reason
 from .outcomes import ExpectedRejection, not_instantiated, rejection_outside_subtest, required_args
 from .torch_warnings import quiet_torch_internals
+
+if TYPE_CHECKING:
+    from . import load_modes
+    from .checkpoint import Checkpoint
 
 __all__ = ["SerializationRoundTripTestCase", "ExpectedRejection", "CaseSpec", "REPORT_ENV"]
 
@@ -362,6 +364,8 @@ class SerializationRoundTripTestCase:
 
     @staticmethod
     def _save(obj: Any) -> Checkpoint:
+        from .checkpoint import Checkpoint  # the round-trip machinery: imported on the first round trip
+
         try:
             with quiet_torch_internals():
                 return Checkpoint.save(obj)
@@ -390,9 +394,11 @@ class SerializationRoundTripTestCase:
                 "dimensions with round_trip_dims(load_modes=()) / no_round_trip_dims) give it back "
                 "its load modes"
             )
-        unavailable = load_modes.mode_skip_reason(resolved)
+        unavailable = mode_skip_reason(resolved)
         if unavailable:  # before judging the declaration: the mode cannot run here at all
             raise unittest.SkipTest(unavailable)
+        from . import load_modes  # imported on the first round trip, with the scan and the prediction
+
         switches = load_modes.WeightsOnlySwitches.from_environ()
         if switches.conflict:  # the environment breaks every load: that, not the declaration, is the news
             raise ConflictingEnvironmentError(switches.conflict_message())
@@ -453,6 +459,8 @@ class SerializationRoundTripTestCase:
 
         The knobs (as in ``torch.testing.assert_close``) are those of :func:`assert_round_trip_equal`.
         """
+        from .comparison import assert_round_trip_equal
+
         assert_round_trip_equal(
             expected, actual, rtol=rtol, atol=atol, allow_subclasses=allow_subclasses,
             check_requires_grad=check_requires_grad, check_dtype=check_dtype, check_device=check_device,

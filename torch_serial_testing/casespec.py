@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .load_modes import LoadMode
+from .modes import LoadMode
 
 __all__ = ["CaseSpec"]
 

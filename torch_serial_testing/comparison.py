@@ -11,7 +11,6 @@ point(s) and axis all match: a round trip must not change a single bit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Optional
 
 __all__ = ["assert_round_trip_equal", "RoundTripMismatch"]
@@ -29,17 +28,26 @@ class RoundTripMismatch(AssertionError):
 _EXACT_SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 
-@dataclass(frozen=True)
 class _Checks:
     """Which properties count, as in ``torch.testing.assert_close`` (all strict by default)."""
 
-    rtol: Optional[float] = None
-    atol: Optional[float] = None
-    allow_subclasses: bool = False
-    check_requires_grad: bool = True
-    check_dtype: bool = True
-    check_device: bool = True
-    check_layout: bool = True
+    __slots__ = ("rtol", "atol", "allow_subclasses", "check_requires_grad", "check_dtype", "check_device",
+                 "check_layout")
+
+    def __init__(self, rtol: Optional[float] = None, atol: Optional[float] = None, allow_subclasses: bool = False,
+                 check_requires_grad: bool = True, check_dtype: bool = True, check_device: bool = True,
+                 check_layout: bool = True) -> None:
+        self.rtol = rtol
+        self.atol = atol
+        self.allow_subclasses = allow_subclasses
+        self.check_requires_grad = check_requires_grad
+        self.check_dtype = check_dtype
+        self.check_device = check_device
+        self.check_layout = check_layout
+
+
+#: The default, exact checks (most calls): built once.
+_EXACT = _Checks()
 
 
 def assert_round_trip_equal(
@@ -72,8 +80,12 @@ def assert_round_trip_equal(
     """
     if (rtol is None) != (atol is None):
         raise ValueError("pass rtol and atol together (or neither, for exact comparison)")
-    checks = _Checks(rtol, atol, bool(allow_subclasses), bool(check_requires_grad), bool(check_dtype),
-                     bool(check_device), bool(check_layout))
+    if (rtol is None and not allow_subclasses and check_requires_grad and check_dtype and check_device
+            and check_layout):
+        checks = _EXACT
+    else:
+        checks = _Checks(rtol, atol, bool(allow_subclasses), bool(check_requires_grad), bool(check_dtype),
+                         bool(check_device), bool(check_layout))
     _compare(expected, actual, "", checks)
 
 
@@ -176,7 +188,7 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
 def _compare_quantized(e: Any, a: Any, path: str) -> None:
     import torch
 
-    exact = _Checks()
+    exact = _EXACT
     if e.qscheme() != a.qscheme():
         raise RoundTripMismatch(path, f"qscheme {a.qscheme()} != expected {e.qscheme()}")
     if e.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):

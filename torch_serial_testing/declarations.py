@@ -13,15 +13,16 @@ their validation and escaping.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
 from . import allowlist
 from .allowlist import SafeGlobal, safe_globals_snippet
-from .checkpoint import Checkpoint
 from .errors import AllowlistError, RoundTripConfigError
 from .names import show_name
 from .snippet import refusal_notes, suggestible
+
+if TYPE_CHECKING:  # the round-trip machinery is imported on the first round trip
+    from .checkpoint import Checkpoint
 
 __all__ = ["Declaration", "check_declared", "refuse_local", "LATER_ALLOWLISTED", "local_class_message"]
 
@@ -34,17 +35,31 @@ LATER_ALLOWLISTED = frozenset({"builtins.set"})
 _REFS = re.compile(r"safe_globals\(\[(.*)\]\)")
 
 
-@dataclass(frozen=True)
 class Declaration:
     """Where the globals being judged were declared.
 
     *attribute* is a class attribute name (``safe_globals``, ``state_dict_safe_globals``) or
-    None for a ``safe_globals=`` argument of *method*.
+    None for a ``safe_globals=`` argument of *method*.  A plain class (one is made per round
+    trip; a dataclass would cost its generated methods' compilation at import).
     """
 
-    owner: str
-    attribute: Optional[str]
-    method: str = "round_trip"
+    __slots__ = ("owner", "attribute", "method")
+
+    def __init__(self, owner: str, attribute: Optional[str], method: str = "round_trip") -> None:
+        self.owner = owner
+        self.attribute = attribute
+        self.method = method
+
+    def __repr__(self) -> str:
+        return f"Declaration(owner={self.owner!r}, attribute={self.attribute!r}, method={self.method!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not Declaration:
+            return NotImplemented
+        return (self.owner, self.attribute, self.method) == (other.owner, other.attribute, other.method)  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((self.owner, self.attribute, self.method))
 
     @property
     def label(self) -> str:

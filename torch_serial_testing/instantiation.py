@@ -36,7 +36,7 @@ from .case import CaseSpec, SerializationRoundTripTestCase, _ends_on_rejection
 from .devices import _aliases, _is_device_type, class_suffix, device_skip_reason, resolve_devices
 from .engines import describe_engine_change, engine_state, override_qengine, qengine_skip_reason, validate_qengines
 from .errors import RoundTripConfigError, dimension
-from .load_modes import LoadMode, mode_skip_reason
+from .modes import LoadMode, mode_skip_reason
 
 __all__ = ["instantiate_round_trip_tests", "cross_engine", "round_trip_dims", "no_round_trip_dims"]
 

@@ -26,9 +26,8 @@ import os
 import signal
 import sys
 import threading
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
 
 from . import allowlist, engines
 from .errors import RoundTripConfigError
@@ -37,45 +36,59 @@ from .names import show_name
 __all__ = ["GlobalState", "deferred_interrupts", "run_all", "judge_registry_entry"]
 
 
-@contextmanager
-def deferred_interrupts() -> Iterator[None]:
+class deferred_interrupts:  # noqa: N801 - used as ``with deferred_interrupts():``, like a function
     """Hold SIGINT's Python handler back for the block; deliver a signal that arrived after it.
 
     Python runs signal handlers in the main thread only, so elsewhere this is a no-op.
     Nested blocks hand the signal outwards; the outermost calls the real handler.
+
+    A class rather than a generator, and ``_signal``'s functions rather than ``signal``'s
+    (which convert every handler to an enum member, raising and catching a ``ValueError`` for a
+    Python function): every engine switch and state snapshot of every test opens one.
     """
-    global _held_depth
-    if _held_depth or threading.current_thread() is not threading.main_thread():
-        # Inside an outer block of the main thread (its handler already holds SIGINT back and
-        # delivers it when that block ends), or in another thread: nothing to install.
-        yield
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except (ValueError, OSError):  # pragma: no cover - no signal support here
-        previous = None
-    if not callable(previous):  # SIG_IGN / SIG_DFL / installed from C: nothing runs in Python
-        yield
-        return
-    received: list[tuple[int, Any]] = []
 
-    def hold(signum: int, frame: Any) -> None:
-        received.append((signum, frame))
+    __slots__ = ("_previous", "_received")
 
-    try:
-        signal.signal(signal.SIGINT, hold)
-    except (ValueError, OSError):  # pragma: no cover - e.g. a subinterpreter
-        yield
-        return
-    _held_depth += 1
-    try:
-        yield
-    finally:
+    def __enter__(self) -> None:
+        global _held_depth
+        self._previous: Any = None
+        if _held_depth or threading.current_thread() is not threading.main_thread():
+            # Inside an outer block of the main thread (its handler already holds SIGINT back and
+            # delivers it when that block ends), or in another thread: nothing to install.
+            return
+        try:
+            previous = _signals.getsignal(signal.SIGINT)
+        except (ValueError, OSError):  # pragma: no cover - no signal support here
+            return
+        if not callable(previous):  # SIG_IGN / SIG_DFL / installed from C: nothing runs in Python
+            return
+        self._received: list[tuple[int, Any]] = []
+        try:
+            _signals.signal(signal.SIGINT, self._hold)
+        except (ValueError, OSError):  # pragma: no cover - e.g. a subinterpreter
+            return
+        self._previous = previous
+        _held_depth += 1
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        self._received.append((signum, frame))
+
+    def __exit__(self, *exc: Any) -> None:
+        global _held_depth
+        previous = self._previous
+        if previous is None:
+            return
+        self._previous = None
         _held_depth -= 1
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            previous(*received[0])
+        _signals.signal(signal.SIGINT, previous)
+        if self._received:
+            previous(*self._received[0])
 
+
+try:  # the C functions under signal.signal / signal.getsignal, without the enum conversion
+    import _signal as _signals
+except ImportError:  # pragma: no cover - an implementation without CPython's _signal
+    _signals = signal  # type: ignore[assignment]
 
 #: How many deferred_interrupts blocks of the main thread are open (only the outermost installs).
 _held_depth = 0
@@ -106,8 +119,20 @@ def run_all(steps: Sequence[Callable[[], None]]) -> None:
 
 
 def _watched_env() -> dict[str, Optional[str]]:
+    """Every ``TORCH_FORCE_*`` variable and its value (read twice per test)."""
     env = os.environ
-    return {k: env.get(k) for k in [k for k in env if k.startswith("TORCH_FORCE_")]}  # keys first: decode few values
+    data, encode, decode = (getattr(env, a, None) for a in ("_data", "encodekey", "decodekey"))
+    if isinstance(data, dict) and callable(encode) and callable(decode):
+        # CPython's os.environ: match the prefix on the stored keys, decode only the matches
+        # (iterating os.environ decodes every key of the environment).
+        prefix = encode(_WATCHED_PREFIX)
+        names = [decode(k) for k in data if k.startswith(prefix)]
+    else:  # pragma: no cover - another os.environ implementation
+        names = [k for k in env if k.startswith(_WATCHED_PREFIX)]
+    return {k: env.get(k) for k in names}
+
+
+_WATCHED_PREFIX = "TORCH_FORCE_"
 
 
 def _serialization_config() -> Optional[dict[str, Any]]:
@@ -150,13 +175,25 @@ def _entry_name(entry: Any) -> str:
         return repr(entry)
 
 
-@dataclass
 class ImportRegistrations:
     """What modules imported during one test registered with ``add_safe_globals``."""
 
-    kept: list[Any] = field(default_factory=list)
-    #: (name, importing module, why refused) for every dangerous entry that was not registered.
-    refused: list[tuple[str, str, str]] = field(default_factory=list)
+    __slots__ = ("kept", "refused")
+
+    def __init__(self) -> None:
+        self.kept: list[Any] = []
+        #: (name, importing module, why refused) for every dangerous entry that was not registered.
+        self.refused: list[tuple[str, str, str]] = []
+
+    def __repr__(self) -> str:
+        return f"ImportRegistrations(kept={self.kept!r}, refused={self.refused!r})"
+
+    def __eq__(self, other: object) -> bool:  # as the dataclass it was: GlobalState compares it by value
+        if other.__class__ is not ImportRegistrations:
+            return NotImplemented
+        return (self.kept, self.refused) == (other.kept, other.refused)  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
 
 
 _recorders: list[ImportRegistrations] = []

@@ -6,15 +6,25 @@ weights-only unpickler handles).  ``inspect.getsource`` would do, but it first l
 module owning the code by walking every entry of ``sys.modules`` -- thousands once torch is
 imported, about 20 ms per process.  A function's code object already names its file and first
 line, so this reads those lines (through ``linecache``, as ``inspect`` does) and cuts the
-block with ``inspect.getblock``: the same text, without the walk.
+block where ``inspect.getblock`` would: the same text, without the walk.
+
+``inspect.getblock`` finds the end with Python's pure-Python tokenizer, several milliseconds
+for a long function such as ``Unpickler.load``, and three rules read that one function.  So a
+function's text is read once per process, and where the code object records where every
+instruction ends (Python >= 3.11) the end comes from there: the last line any instruction of
+the function (or of a function nested in it) covers, taken only when every later line up to
+the next statement indented no deeper than the ``def`` is blank or a comment indented no deeper
+than the ``def`` (which getblock leaves out too).  Anything else after it (a comment indented
+like the body, a ``pass``, a closing bracket on its own line) is left to ``inspect.getblock``.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import types
-from typing import Any
+from typing import Any, Iterator, Optional
 
 __all__ = ["source_of"]
 
@@ -31,7 +41,67 @@ def source_of(obj: Any) -> str:
     code = getattr(fn, "__code__", None)
     if code is None:
         raise TypeError(f"{obj!r} is not a function")
+    text = _code_source(code)
+    if text is None:
+        raise OSError(f"no source for {getattr(fn, '__qualname__', fn)!r}")
+    return text
+
+
+@functools.lru_cache(maxsize=32)
+def _code_source(code: types.CodeType) -> Optional[str]:
+    """The block of lines *code* was compiled from (None: its file's lines are unavailable)."""
     lines = linecache.getlines(code.co_filename)
     if len(lines) < code.co_firstlineno:
-        raise OSError(f"no source for {getattr(fn, '__qualname__', fn)!r}")
-    return "".join(inspect.getblock(lines[code.co_firstlineno - 1:]))
+        return None
+    lines = lines[code.co_firstlineno - 1:]
+    end = _block_end(lines, code)
+    return "".join(lines[:end] if end is not None else inspect.getblock(lines))
+
+
+def _block_end(lines: list[str], code: types.CodeType) -> Optional[int]:
+    """How many of *lines* (starting at *code*'s first line) ``inspect.getblock`` keeps, or None
+    when that cannot be told from *code*'s instruction positions alone (see the module docstring)."""
+    if code.co_name == "<lambda>":
+        return None  # getblock ends a lambda at its first line's end
+    last = _last_line(code)
+    if last is None:
+        return None
+    end = last - code.co_firstlineno + 1
+    if end < 1 or end > len(lines):
+        return None
+    base = _indent(lines[0])
+    if _indent(lines[end - 1]) <= base:
+        return None  # the last line covered is not in the body (a body of a docstring alone)
+    for line in lines[end:]:
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if _indent(line) > base:
+            return None  # a comment getblock may keep, or a line of the block no instruction covers
+        if not stripped.startswith("#"):  # the next statement outside the block
+            return end
+        # a comment indented no deeper than the def is not the block's: look further
+    return end
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+def _last_line(code: types.CodeType) -> Optional[int]:
+    """The last source line any instruction of *code* or its nested code covers (None before 3.11)."""
+    if not hasattr(code, "co_positions"):
+        return None
+    last = None
+    for c in _codes(code):
+        for _start, stop, _col, _end_col in c.co_positions():
+            if stop is not None and (last is None or stop > last):
+                last = stop
+    return last
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
