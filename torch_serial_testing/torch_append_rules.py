@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .torch_source import parsed
+
 __all__ = ["APPEND_TARGETS", "AppendRule", "append_rules_from_source"]
 
 #: What an APPEND / APPENDS target can be, as torch's target check tells them apart: exactly a
@@ -67,7 +69,7 @@ def append_rules_from_source(source: str) -> Optional[dict[str, AppendRule]]:
     import ast
 
     try:
-        tree = ast.parse(source)
+        tree = parsed(source)
     except SyntaxError:
         return None
     methods = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}

@@ -26,7 +26,7 @@ import linecache
 import types
 from typing import Any, Iterator, Optional
 
-__all__ = ["source_of"]
+__all__ = ["parsed", "source_of"]
 
 
 def source_of(obj: Any) -> str:
@@ -105,3 +105,13 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _codes(const)
+
+
+@functools.lru_cache(maxsize=4)
+def parsed(source: str) -> Any:
+    """``ast.parse(source)``, once per text: several rules are read from the same torch module
+    (its unpickler's persistent-id and append checks), and parsing it is most of their cost.
+    Raises ``SyntaxError`` like ``ast.parse``; callers only read the tree."""
+    import ast
+
+    return ast.parse(source)

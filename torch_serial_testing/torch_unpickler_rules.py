@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .torch_append_rules import APPEND_TARGETS, AppendRule, append_rules_from_source
-from .torch_source import source_of
+from .torch_source import parsed, source_of
 
 __all__ = [
     "WEIGHTS_ONLY_OPCODES",
@@ -134,7 +134,7 @@ def persid_refused_from_source(source: str) -> Optional[frozenset[str]]:
     import ast
 
     try:
-        tree = ast.parse(source)
+        tree = parsed(source)
     except SyntaxError:
         return None
     for node in ast.walk(tree):
