@@ -59,7 +59,8 @@ class TestTorchsOwnRegistrations(unittest.TestCase):
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
         registered, own, complete = json.loads(proc.stdout.strip().splitlines()[-1])
-        self.assertTrue(registered, "torch registered nothing itself: the test would show nothing")
+        if not registered:  # torch 2.4/2.5 register nothing themselves: nothing to recognize (2.6 on: NJT)
+            self.skipTest(f"torch {torch.__version__} registers no safe globals itself: nothing to recognize as its own")
         self.assertEqual(sorted(set(registered) - set(own)), [])
         self.assertTrue(complete)
 
