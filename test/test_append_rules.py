@@ -145,8 +145,13 @@ class TestModelAgreesWithTorchOnAppendTargets(unittest.TestCase):
                         # allowlisted: torch refuses exactly when no allowlist helps, for the blocker's reason
                         blocker = Checkpoint.from_bytes(data).info.weights_only_blocker
                         self.assertEqual(blocker is None, loaded, f"blocker {blocker!r} / torch: {message[-300:]}")
-                        if blocker is not None:
+                        if blocker is not None and exp.rejection == blocker:
                             self.assertIn(blocker, message)
+                        elif blocker is not None:
+                            # an earlier check fails first on this torch: 2.4/2.5's BUILD of the
+                            # slotted FrameSummary items, before the APPEND onto their StackSummary
+                            self.assertNotEqual(exp.error_type, "UnpicklingError")
+                            self.assertIn(exp.rejection, message)
         self.assertEqual(compared, 26)
 
     def test_a_deque_is_refused_whatever_is_allowlisted(self) -> None:
