@@ -263,3 +263,48 @@ class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+
+class Alpha:
+    """Two classes whose names have the same length: their checkpoints have the same size."""
+
+
+class Omega:
+    pass
+
+
+class TestRememberedScans(unittest.TestCase):
+    """Small checkpoints' scans are remembered by content: never the facts of other bytes."""
+
+    @staticmethod
+    def saved(obj: object) -> bytes:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        return buf.getvalue()
+
+    def test_identical_bytes_share_a_scan(self) -> None:
+        data = self.saved({"x": Alpha()})
+        self.assertIs(Checkpoint.from_bytes(data).info, Checkpoint.from_bytes(bytes(bytearray(data))).info)
+
+    def test_a_shared_key_is_a_miss(self) -> None:
+        from unittest import mock
+
+        from torch_serial_testing import checkpoint as ck
+
+        a, b = self.saved({"x": Alpha()}), self.saved({"x": Omega()})
+        self.assertEqual(len(a), len(b))  # the same size: only the key's tail could tell them apart
+        self.assertNotEqual(a, b)
+        saved_cache = dict(ck._small_infos)
+        try:
+            with mock.patch.object(ck, "_TAIL", 0):  # an empty tail: every key of this size collides
+                ck._small_infos.clear()
+                info_a = Checkpoint.from_bytes(a).info
+                info_b = Checkpoint.from_bytes(b).info
+                self.assertIn(f"{__name__}.Alpha", info_a.globals)
+                self.assertIn(f"{__name__}.Omega", info_b.globals)
+                self.assertNotIn(f"{__name__}.Alpha", info_b.globals)
+                self.assertIn(f"{__name__}.Alpha", Checkpoint.from_bytes(a).info.globals)
+        finally:
+            ck._small_infos.clear()
+            ck._small_infos.update(saved_cache)

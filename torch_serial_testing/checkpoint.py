@@ -171,32 +171,36 @@ class Checkpoint:
         return f"<Checkpoint {kind} {self.nbytes} bytes>"
 
 
-# Facts of recently scanned small checkpoints, keyed by their exact bytes: a test file saves the
+# Facts of recently scanned small checkpoints, keyed by their content: a test file saves the
 # same module once per load mode and engine, and torch.save writes byte-identical archives for it.
 # The facts depend only on the bytes, the limits and whether numpy is imported (numpy's dtype
 # classes); CheckpointInfo is frozen, so one instance is shared.  Failed scans are not kept.
+# The key is the size and the last 256 bytes -- for a zip archive its central directory, which
+# holds every record's CRC-32 and size -- cheaper to hash than all the bytes; a hit counts only
+# when the remembered bytes equal these (one memcmp), so two archives sharing a tail just miss.
 _SMALL_CHECKPOINT = 64 * 1024
 _SMALL_ENTRIES = 64
-_small_infos: dict[tuple[bytes, int, bool], tuple[ScanLimits, CheckpointInfo]] = {}
+_TAIL = 256
+_small_infos: dict[tuple[int, bytes, int, bool], tuple[bytes, ScanLimits, CheckpointInfo]] = {}
 _small_lock = threading.Lock()
 
 
 def _small_checkpoint_info(buffer: io.BytesIO) -> Optional[CheckpointInfo]:
     """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones."""
+    limits = default_scan_limits()
     with buffer.getbuffer() as view:
         if view.nbytes > _SMALL_CHECKPOINT:
             return None
-        data = bytes(view)
-    limits = default_scan_limits()
-    key = (data, id(limits), "numpy" in sys.modules)
+        data = bytes(view)  # a memcpy; comparing bytes is a memcmp (a memoryview compares item by item)
+    key = (len(data), data[max(0, len(data) - _TAIL):], id(limits), "numpy" in sys.modules)
     known = _small_infos.get(key)
-    if known is not None and known[0] is limits:
-        return known[1]
+    if known is not None and known[1] is limits and data == known[0]:
+        return known[2]
     info = _scan(io.BytesIO(data), 0, limits)
     with _small_lock:
         if len(_small_infos) >= _SMALL_ENTRIES:
             _small_infos.pop(next(iter(_small_infos)), None)
-        _small_infos[key] = (limits, info)  # the limits are kept: their id stays theirs
+        _small_infos[key] = (data, limits, info)  # the limits are kept: their id stays theirs
     return info
 
 
