@@ -201,7 +201,11 @@ def as_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
     by the identity of its items (the cache keeps them alive, so an id is never reused while
     cached); a refused one is never cached and raises again on every call.
     """
-    if type(safe_globals) is not tuple and type(safe_globals) is not list:
+    if type(safe_globals) is tuple:  # immutable: the same tuple is the same declaration
+        known = _ACCEPTED_TUPLES.get(id(safe_globals))
+        if known is not None and known[0] is safe_globals:
+            return known[1]
+    elif type(safe_globals) is not list:
         return normalize_safe_globals(safe_globals)  # any other form: validated (or refused) every time
     items = tuple(safe_globals)
     key = tuple(map(id, items))
@@ -212,12 +216,17 @@ def as_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
     with _declarations_lock:
         if len(_ACCEPTED_DECLARATIONS) >= 256:
             _ACCEPTED_DECLARATIONS.clear()
+            _ACCEPTED_TUPLES.clear()
         _ACCEPTED_DECLARATIONS[key] = (items, result)
+        if type(safe_globals) is tuple:
+            _ACCEPTED_TUPLES[id(safe_globals)] = (safe_globals, result)  # kept alive: its id stays its own
     return result
 
 
 #: id-tuple of a declaration's items -> (the items, their accepted SafeGlobal entries).
 _ACCEPTED_DECLARATIONS: dict[tuple[int, ...], tuple[tuple[Any, ...], tuple[SafeGlobal, ...]]] = {}
+#: id(tuple) -> (the tuple, its accepted entries): the mixin passes the same tuple on every load.
+_ACCEPTED_TUPLES: dict[int, tuple[tuple[Any, ...], tuple[SafeGlobal, ...]]] = {}
 _declarations_lock = threading.Lock()
 
 

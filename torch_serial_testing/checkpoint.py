@@ -187,12 +187,11 @@ _small_lock = threading.Lock()
 
 def _small_checkpoint_info(buffer: io.BytesIO) -> Optional[CheckpointInfo]:
     """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones."""
+    if len(buffer.getbuffer()) > _SMALL_CHECKPOINT:  # the view is released at once (no reference kept)
+        return None
     limits = default_scan_limits()
-    with buffer.getbuffer() as view:
-        if view.nbytes > _SMALL_CHECKPOINT:
-            return None
-        data = bytes(view)  # a memcpy; comparing bytes is a memcmp (a memoryview compares item by item)
-    key = (len(data), data[max(0, len(data) - _TAIL):], id(limits), "numpy" in sys.modules)
+    data = buffer.getvalue()  # at most a memcpy; comparing bytes is a memcmp (a memoryview compares item by item)
+    key = (len(data), data[-_TAIL:], id(limits), "numpy" in sys.modules)
     known = _small_infos.get(key)
     if known is not None and known[1] is limits and data == known[0]:
         return known[2]

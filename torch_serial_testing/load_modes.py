@@ -33,7 +33,7 @@ from .allowlist import as_safe_globals, registered_globals, registry_lock, resto
 from .checkpoint import Checkpoint
 from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from .modes import LoadMode, mode_skip_reason
-from .prediction import Expectation, _as_checkpoint, _predict, declared_entries, declared_names, predict
+from .prediction import Expectation, _as_checkpoint, _decision, _expected, declared_entries, declared_names, predict
 from .replaced_loader import FORCE_NO_NOTICE, replacement_notes, torch_load_replacement, watch_stdout
 from .switches import (
     FORCE_NO_WO,
@@ -72,6 +72,8 @@ __all__ = [
 ]
 
 _FORCE_NO_WARNING = FORCE_NO_NOTICE
+#: What a load without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment observes: nothing.
+_UNOBSERVED = Observation()
 
 
 @dataclass
@@ -122,7 +124,8 @@ def load(
             raise unittest.SkipTest(reason)
     safe_globals = as_safe_globals(safe_globals)
     with registry_lock:
-        expectation = _predict(mode, checkpoint, declared_entries(safe_globals), None)
+        decision = _decision(mode, None)  # the environment is read once per load
+        expectation = _expected(mode, checkpoint, declared_entries(safe_globals), decision)
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
             raise UnsafeLoadRefused(
                 f"refusing a weights_only=False load ({expectation.reason}) of bytes this process did "
@@ -150,7 +153,7 @@ def load(
         # warnings would be recorded here and their -W error ignored (see thread_warnings).
         # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment;
         # without the variable there is nothing to observe (a replaced loader is always watched).
-        observing = expectation.replaced_by is not None or FORCE_NO_WO in os.environ
+        observing = expectation.replaced_by is not None or decision.force_no_set
         # torch's safe_globals context exit drops entries registered before it (and a replaced
         # loader may register its own): the registry is restored after those loads.
         preserve = mode is LoadMode.SAFE_GLOBALS or expectation.replaced_by is not None
@@ -160,13 +163,33 @@ def load(
                 with observe_force_no_warning() as observed, watch_stdout(watch) as printed:
                     value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation)
             else:
-                observed, printed = Observation(), None
+                observed, printed = _UNOBSERVED, None
                 value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation)
         finally:
             if snapshot is not None:
                 restore_registry(snapshot)
     notice_printed = bool(_FORCE_NO_WARNING.search(printed.getvalue())) if printed is not None else False
-    return _verify(expectation, value, error, observed.seen, notice_printed, registered)
+    result = _verify(expectation, value, error, observed.seen, notice_printed, registered)
+    if error is not None:
+        _drop_tracebacks(error)
+    return result
+
+
+def _drop_tracebacks(error: BaseException) -> None:
+    """Detach a judged rejection (and the exceptions chained to it) from the frames it was raised in.
+
+    A traceback's frames link to their callers' frames, and those hold the result that holds the
+    error: every rejected load would leave a reference cycle (torch's unpickler, the buffer, the
+    callers' locals) for the garbage collector.  The rejection is already judged, its message kept.
+    """
+    seen: set[int] = set()
+    stack: list[Optional[BaseException]] = [error]
+    while stack:
+        e = stack.pop()
+        if e is not None and id(e) not in seen:  # each exception once, even in a cyclic chain
+            seen.add(id(e))
+            e.__traceback__ = None
+            stack += (e.__cause__, e.__context__)
 
 
 def _torch_load(
@@ -203,7 +226,8 @@ def _torch_load(
 
 def _is_error_type(error: BaseException, type_name: str) -> bool:
     """Whether *error* is a *type_name* (by class name, subclasses included)."""
-    return any(c.__name__ == type_name for c in type(error).__mro__)
+    cls = type(error)
+    return cls.__name__ == type_name or any(c.__name__ == type_name for c in cls.__mro__)
 
 
 def _torch_spellings(name: str) -> tuple[str, ...]:

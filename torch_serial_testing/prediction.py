@@ -31,7 +31,8 @@ from .pickle_scan import Check, class_repr, special_global_messages
 from .unpickler_model import append_refused
 from .torch_unpickler_rules import build_rules, message_drops_builtins_prefix, torch_refuses_torchscript_weights_only
 from .replaced_loader import torch_load_replacement
-from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, torch_default_weights_only
+from . import switches as switches_module
+from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, switch_values, torch_default_weights_only
 
 __all__ = ["Expectation", "declared_entries", "declared_names", "predict"]
 
@@ -196,42 +197,84 @@ def _predict(
     mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], environ: Optional[Mapping[str, str]]
 ) -> Expectation:
     """:func:`predict` once its arguments are checked (load() calls this with its own checked ones)."""
-    switches = WeightsOnlySwitches.from_environ(environ)
-    weights_only, warns, reason = _decide(mode, switches)
+    return _expected(mode, checkpoint, declared, _decision(mode, environ))
+
+
+class Decision:
+    """The effective ``weights_only`` of one load mode here and now, and what it was read from."""
+
+    __slots__ = ("weights_only", "warns", "reason", "replaced_by", "force_no_set", "full")
+
+    def __init__(self, weights_only: bool, warns: bool, reason: str, replaced_by: Optional[str],
+                 force_no_set: bool, full: Expectation) -> None:
+        self.weights_only = weights_only
+        self.warns = warns
+        self.reason = reason
+        self.replaced_by = replaced_by
+        #: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is in the environment (any value: torch may warn).
+        self.force_no_set = force_no_set
+        #: The expectation of a full load under this decision (nothing the checkpoint names matters).
+        self.full = full
+
+
+def _decision(mode: LoadMode, environ: Optional[Mapping[str, str]]) -> Decision:
+    """torch.load's precedence for *mode* (:func:`_decide`), remembered by everything it reads.
+
+    Asked on every load: the two switches' values, how this torch reads them, ``torch.load``
+    (replaced or not) and torch's default are read every time; the rest only when one changed.
+    """
+    import torch
+
+    readings = switches_module.torch_switch_readings()
+    values = switch_values(environ)
+    key = (mode, *values, id(readings), torch.load,
+           getattr(torch.serialization, "_default_to_weights_only", None), torch.__version__)
+    hit = _decisions.get(key)
+    if hit is not None and hit[0] is readings:
+        return hit[1]
+    weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_values(values, environ))
     replaced = torch_load_replacement()
-    if weights_only and not torch_refuses_torchscript_weights_only() and checkpoint.format == "torchscript":
+    decision = Decision(weights_only, warns, reason, replaced, values[1] is not None,
+                        Expectation(mode, False, warns, True, (), reason, replaced))
+    if len(_decisions) >= 256:
+        _decisions.clear()
+    _decisions[key] = (readings, decision)  # keeps the readings alive: their id stays theirs
+    return decision
+
+
+#: (mode, switch values, id(readings), torch.load, torch's default function, version) -> (readings, decision).
+_decisions: dict[tuple[Any, ...], tuple[Any, Decision]] = {}
+
+
+def _expected(
+    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], decision: Decision
+) -> Expectation:
+    """The expectation of loading *checkpoint* under *decision*."""
+    if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
+        return decision.full
+    reason = decision.reason
+    if not torch_refuses_torchscript_weights_only() and checkpoint.format == "torchscript":
         # This torch hands a TorchScript archive to torch.jit.load whatever weights_only says.
-        weights_only = False
         reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
-    if not weights_only:  # a full load: nothing the checkpoint names can stop it
-        key = (mode._value_, warns, reason, replaced)  # everything the expectation is made of
-        full = _expectations.get(key)
-        if full is None:
-            full = _remember(key, (None, None, Expectation(mode, weights_only, warns, True, (), reason, replaced)))
-        return full[2]
+        return Expectation(mode, False, decision.warns, True, (), reason, decision.replaced_by)
     info = checkpoint.info
     # Under the registry lock: no library round trip is inside its safe_globals context now.
     with registry_lock:
         allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else ())
     # The same facts, the same allowed set, the same decision: the same prediction.
-    key = (mode._value_, warns, reason, replaced, id(info), id(allowed))
+    key = (id(decision), id(info), id(allowed))
     hit = _expectations.get(key)
-    if hit is not None and hit[0] is info and hit[1] is allowed:
-        return hit[2]
-    expectation = _expect(mode, weights_only, warns, reason, replaced, info, *allowed)
-    _remember(key, (info, allowed, expectation))  # keeps info and allowed alive: ids stay theirs
+    if hit is not None and hit[0] is info and hit[1] is allowed and hit[2] is decision:
+        return hit[3]
+    expectation = _expect(mode, True, decision.warns, reason, decision.replaced_by, info, *allowed)
+    if len(_expectations) >= 256:
+        _expectations.clear()
+    _expectations[key] = (info, allowed, decision, expectation)  # keeps them alive: ids stay theirs
     return expectation
 
 
-#: Predictions by what they are made of: (mode, warns, reason, torch.load's replacement[, id(info), id(allowed)]).
-_expectations: dict[tuple[Any, ...], tuple[Any, Any, Expectation]] = {}
-
-
-def _remember(key: tuple[Any, ...], entry: tuple[Any, Any, Expectation]) -> tuple[Any, Any, Expectation]:
-    if len(_expectations) >= 256:
-        _expectations.clear()
-    _expectations[key] = entry
-    return entry
+#: (id(decision), id(info), id(allowed)) -> (info, allowed, decision, the expectation).
+_expectations: dict[tuple[int, int, int], tuple[Any, Any, Decision, Expectation]] = {}
 
 
 def _expect(
@@ -354,14 +397,14 @@ def _allowed(
     process-wide registry and the declaration are the same.
     """
     import torch
-    from torch import _weights_only_unpickler as wou
 
     try:
+        registry = torch.serialization.get_safe_globals()
         key: Any = (
-            id(wou._get_allowed_globals()),
+            id(torch._weights_only_unpickler._get_allowed_globals()),
             torch_allowlist,
             registered_globals,
-            frozenset(torch.serialization.get_safe_globals()),
+            frozenset(registry) if registry else None,
             tuple(declared),
         )
         hit = _allowed_cache.get(key)

@@ -182,13 +182,19 @@ class WeightsOnlySwitches:
 
     @classmethod
     def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "WeightsOnlySwitches":
-        env = os.environ if environ is None else environ
-        values = (env.get(FORCE_WO), env.get(FORCE_NO_WO))
+        return cls.from_values(switch_values(environ), environ)
+
+    @classmethod
+    def from_values(cls, values: tuple[Any, Any], environ: Optional[Mapping[str, str]] = None) -> "WeightsOnlySwitches":
+        """The switches of *values*, read from *environ* by :func:`switch_values` (one read, one answer)."""
         readings = torch_switch_readings()
         known = _switches_by_values.get(values)
         if known is not None and known[0] is readings:  # read on every load: same values, same reading
             return known[1]
-        raw = {FORCE_WO: values[0], FORCE_NO_WO: values[1]}
+        env = os.environ if environ is None else environ
+        decode = env.decodevalue if type(env) is os._Environ else None  # the values read above, as text
+        raw = {name: decode(v) if decode is not None and v is not None else v
+               for name, v in zip((FORCE_WO, FORCE_NO_WO), values)}
         # A torch before 2.6 does not read TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (so it neither
         # warns nor refuses both switches): there it is never set, whatever its spelling.
         switches = cls(is_truthy(raw[FORCE_WO], FORCE_WO), is_truthy(raw[FORCE_NO_WO], FORCE_NO_WO), raw)
@@ -209,8 +215,30 @@ class WeightsOnlySwitches:
         )
 
 
-#: (TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD) values -> their reading.
-_switches_by_values: dict[tuple[Optional[str], Optional[str]], tuple[Any, WeightsOnlySwitches]] = {}
+def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Any]:
+    """The two switches' raw values (None when unset), read on every load.
+
+    ``os.environ`` itself is read through its underlying mapping with the names encoded once:
+    ``os.environ.get`` encodes the name, and for an unset variable (the usual case) raises and
+    catches KeyError twice.  The values are then the platform's (bytes on POSIX);
+    :meth:`WeightsOnlySwitches.from_values` decodes them as ``os.environ`` does.
+    """
+    env = os.environ if environ is None else environ
+    if type(env) is os._Environ:
+        encode = env.encodekey
+        keys = _encoded_names.get(encode)
+        if keys is None:
+            keys = _encoded_names[encode] = (encode(FORCE_WO), encode(FORCE_NO_WO))
+        data = env._data
+        return data.get(keys[0]), data.get(keys[1])
+    return env.get(FORCE_WO), env.get(FORCE_NO_WO)
+
+
+#: os.environ's key encoder -> the two switch names encoded by it.
+_encoded_names: dict[Any, tuple[Any, Any]] = {}
+
+#: The two switches' values (as :func:`switch_values` reads them) -> their reading.
+_switches_by_values: dict[tuple[Any, Any], tuple[Any, WeightsOnlySwitches]] = {}
 
 
 def torch_reads_force_no_weights_only() -> bool:
