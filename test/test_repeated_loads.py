@@ -11,7 +11,7 @@ import torch
 
 import torch_serial_testing as tst
 from roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet
-from torch_serial_testing import Checkpoint, LoadMode, load_modes, prediction, switches
+from torch_serial_testing import Checkpoint, LoadMode, decision, load_modes, switches
 from torch_serial_testing.allowlist import as_safe_globals
 from torch_serial_testing.errors import RoundTripConfigError
 
@@ -72,10 +72,10 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
     def test_force_no_presence_is_observed(self):
         # Any value of TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD makes the load watch for torch's warning.
         with clean_env():
-            self.assertFalse(prediction._decision(LoadMode.DEFAULT, None).force_no_set)
+            self.assertFalse(decision.decide(LoadMode.DEFAULT, None).force_no_set)
         with clean_env(**{NO_WO: ""}):
-            self.assertTrue(prediction._decision(LoadMode.DEFAULT, None).force_no_set)
-        self.assertTrue(prediction._decision(LoadMode.DEFAULT, {NO_WO: "0"}).force_no_set)
+            self.assertTrue(decision.decide(LoadMode.DEFAULT, None).force_no_set)
+        self.assertTrue(decision.decide(LoadMode.DEFAULT, {NO_WO: "0"}).force_no_set)
 
     def test_torch_load_replaced_between_loads(self):
         ckpt = Checkpoint.save({"t": torch.ones(2)})

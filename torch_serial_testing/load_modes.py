@@ -23,7 +23,6 @@ text, never turned into skips or failures.
 
 from __future__ import annotations
 
-import os
 import pickle
 import unittest
 from dataclasses import dataclass
@@ -33,7 +32,8 @@ from .allowlist import as_safe_globals, registered_globals, registry_lock, resto
 from .checkpoint import Checkpoint
 from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from .modes import LoadMode, mode_skip_reason
-from .prediction import Expectation, _as_checkpoint, _decision, _expected, declared_entries, declared_names, predict
+from .decision import decide
+from .prediction import Expectation, _as_checkpoint, _expected, declared_entries, declared_names, predict
 from .replaced_loader import FORCE_NO_NOTICE, replacement_notes, torch_load_replacement, watch_stdout
 from .switches import (
     FORCE_NO_WO,
@@ -124,7 +124,7 @@ def load(
             raise unittest.SkipTest(reason)
     safe_globals = as_safe_globals(safe_globals)
     with registry_lock:
-        decision = _decision(mode, None)  # the environment is read once per load
+        decision = decide(mode)  # the environment is read once per load
         expectation = _expected(mode, checkpoint, declared_entries(safe_globals), decision)
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
             raise UnsafeLoadRefused(

@@ -1,7 +1,7 @@
 """What torch *should* do with one load, here and now: :func:`predict`.
 
 The effective ``weights_only`` comes from torch's own precedence (explicit argument,
-the ``TORCH_FORCE_*`` switches, the version default; see :mod:`.switches`).  With
+the ``TORCH_FORCE_*`` switches, the version default; see :mod:`.decision`).  With
 ``weights_only=True`` the checks the scan recorded (:attr:`CheckpointInfo.checks`)
 are replayed in torch's order against what is allowed -- torch's allowlist, the
 process-wide registry, the declared globals -- and the first one that fails is the
@@ -24,15 +24,13 @@ from .allowlist import (
 )
 from .build_state import build_failure
 from .checkpoint import Checkpoint
-from .errors import ConflictingEnvironmentError, RoundTripConfigError
+from .errors import RoundTripConfigError
 from .modes import LoadMode
 from .names import show_name
 from .pickle_scan import Check, class_repr, special_global_messages
 from .unpickler_model import append_refused
 from .torch_unpickler_rules import build_rules, message_drops_builtins_prefix, torch_refuses_torchscript_weights_only
-from .replaced_loader import torch_load_replacement
-from . import switches as switches_module
-from .switches import FORCE_NO_WO, FORCE_WO, WeightsOnlySwitches, switch_values, torch_default_weights_only
+from .decision import Decision, decide
 
 __all__ = ["Expectation", "declared_entries", "declared_names", "predict"]
 
@@ -80,22 +78,6 @@ class Expectation:
             if notes:
                 why += ", which " + "; ".join(notes)
         return f"{self.mode.value}: {verb} as expected ({why})"
-
-
-def _decide(mode: LoadMode, switches: WeightsOnlySwitches) -> tuple[bool, bool, str]:
-    """(effective weights_only, torch warns, reason) with torch.load's own precedence."""
-    explicit = mode.explicit_weights_only
-    if switches.conflict:
-        raise ConflictingEnvironmentError(switches.conflict_message())
-    if switches.force_weights_only:
-        over = " over explicit weights_only=False" if explicit is False else ""
-        return True, False, f"weights_only=True forced by {FORCE_WO}={switches.raw[FORCE_WO]}{over}"
-    if explicit is not None:
-        return explicit, False, f"weights_only={explicit} explicit"
-    if switches.force_no_weights_only:
-        return False, True, f"weights_only=False forced by {FORCE_NO_WO}={switches.raw[FORCE_NO_WO]}"
-    default, why = torch_default_weights_only()
-    return default, False, f"weights_only={default} {why}"
 
 
 def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
@@ -197,53 +179,7 @@ def _predict(
     mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], environ: Optional[Mapping[str, str]]
 ) -> Expectation:
     """:func:`predict` once its arguments are checked (load() calls this with its own checked ones)."""
-    return _expected(mode, checkpoint, declared, _decision(mode, environ))
-
-
-class Decision:
-    """The effective ``weights_only`` of one load mode here and now, and what it was read from."""
-
-    __slots__ = ("weights_only", "warns", "reason", "replaced_by", "force_no_set", "full")
-
-    def __init__(self, weights_only: bool, warns: bool, reason: str, replaced_by: Optional[str],
-                 force_no_set: bool, full: Expectation) -> None:
-        self.weights_only = weights_only
-        self.warns = warns
-        self.reason = reason
-        self.replaced_by = replaced_by
-        #: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is in the environment (any value: torch may warn).
-        self.force_no_set = force_no_set
-        #: The expectation of a full load under this decision (nothing the checkpoint names matters).
-        self.full = full
-
-
-def _decision(mode: LoadMode, environ: Optional[Mapping[str, str]]) -> Decision:
-    """torch.load's precedence for *mode* (:func:`_decide`), remembered by everything it reads.
-
-    Asked on every load: the two switches' values, how this torch reads them, ``torch.load``
-    (replaced or not) and torch's default are read every time; the rest only when one changed.
-    """
-    import torch
-
-    readings = switches_module.torch_switch_readings()
-    values = switch_values(environ)
-    key = (mode, *values, id(readings), torch.load,
-           getattr(torch.serialization, "_default_to_weights_only", None), torch.__version__)
-    hit = _decisions.get(key)
-    if hit is not None and hit[0] is readings:
-        return hit[1]
-    weights_only, warns, reason = _decide(mode, WeightsOnlySwitches.from_values(values, environ))
-    replaced = torch_load_replacement()
-    decision = Decision(weights_only, warns, reason, replaced, values[1] is not None,
-                        Expectation(mode, False, warns, True, (), reason, replaced))
-    if len(_decisions) >= 256:
-        _decisions.clear()
-    _decisions[key] = (readings, decision)  # keeps the readings alive: their id stays theirs
-    return decision
-
-
-#: (mode, switch values, id(readings), torch.load, torch's default function, version) -> (readings, decision).
-_decisions: dict[tuple[Any, ...], tuple[Any, Decision]] = {}
+    return _expected(mode, checkpoint, declared, decide(mode, environ))
 
 
 def _expected(
@@ -251,7 +187,11 @@ def _expected(
 ) -> Expectation:
     """The expectation of loading *checkpoint* under *decision*."""
     if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
-        return decision.full
+        full = decision.full
+        if full is None:
+            full = decision.full = Expectation(mode, False, decision.warns, True, (), decision.reason,
+                                               decision.replaced_by)
+        return full
     reason = decision.reason
     if not torch_refuses_torchscript_weights_only() and checkpoint.format == "torchscript":
         # This torch hands a TorchScript archive to torch.jit.load whatever weights_only says.
