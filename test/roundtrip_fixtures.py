@@ -56,6 +56,13 @@ WRAPPER_GLOBALS = sorted(
 )
 
 
+def clean_env(**extra: str):
+    """``os.environ`` without any TORCH_FORCE_* switch, plus *extra*, for a ``with`` block."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    env.update(extra)
+    return mock.patch.dict(os.environ, env, clear=True)
+
+
 def tiny_qlinear(bias: float = 1.0):
     """The seed module: a sparse dynamic quantized Linear (needs three globals), packed by qnnpack."""
     from torch.ao.nn.sparse.quantized.dynamic.linear import Linear

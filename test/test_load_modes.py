@@ -1,6 +1,5 @@
 """Load modes: torch's weights_only rules, predictions, and real torch agreeing with them."""
 
-import os
 import pickle
 import unittest
 import warnings
@@ -10,6 +9,7 @@ import torch
 
 import torch_serial_testing as tst
 from roundtrip_fixtures import (
+    clean_env,
     torch_sets,
     DEFAULT_REASON,
     DEFAULT_WEIGHTS_ONLY,
@@ -30,12 +30,6 @@ from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripCo
 
 WO, NO_WO = load_modes.FORCE_WO, load_modes.FORCE_NO_WO
 TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)  # TinyNet, and set where torch's allowlist lacks it
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
-    env.update(extra)
-    return mock.patch.dict(os.environ, env, clear=True)
 
 
 class TestLoadModeNames(unittest.TestCase):

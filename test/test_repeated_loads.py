@@ -10,18 +10,12 @@ from unittest import mock
 import torch
 
 import torch_serial_testing as tst
-from roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet
+from roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet, clean_env
 from torch_serial_testing import Checkpoint, LoadMode, decision, load_modes, switches
 from torch_serial_testing.allowlist import as_safe_globals
 from torch_serial_testing.errors import RoundTripConfigError
 
 WO, NO_WO = switches.FORCE_WO, switches.FORCE_NO_WO
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
-    env.update(extra)
-    return mock.patch.dict(os.environ, env, clear=True)
 
 
 class TestSwitchValues(unittest.TestCase):

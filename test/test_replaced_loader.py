@@ -31,6 +31,7 @@ from torch_serial_testing.errors import ConflictingEnvironmentError, UnexpectedL
 from npu_backend import fake_torch_npu
 from python_compat import failure_ids, verbose_ids
 from roundtrip_fixtures import (
+    clean_env,
     DEFAULT_REASON, DEFAULT_WEIGHTS_ONLY, READS_FORCE_NO_WEIGHTS_ONLY, TINY_GLOBALS, TINY_SAFE_GLOBALS, TinyNet,
 )
 from test_flagship_environments import (
@@ -50,12 +51,6 @@ REWORDED_NOTE = re.compile(
     r"worded the rejection itself \(UnpicklingError raised in npu_backend\.fake_torch_npu\.load, ending "
     r"'\[ERROR\] \S+ \(PID:\d+, Device:-1, RankID:-1\) ERR00010 PTA system call failed'\)"
 )
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
-    env.update(extra)
-    return mock.patch.dict(os.environ, env, clear=True)
 
 
 class FakeInstalled(unittest.TestCase):
