@@ -11,7 +11,7 @@ import torch
 
 import torch_serial_testing as tst
 from roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet, clean_env
-from torch_serial_testing import Checkpoint, LoadMode, decision, load_modes, switches
+from torch_serial_testing import Checkpoint, LoadMode, decision, environ, load_modes, switches
 from torch_serial_testing.allowlist import as_safe_globals
 from torch_serial_testing.errors import RoundTripConfigError
 
@@ -38,6 +38,17 @@ class TestSwitchValues(unittest.TestCase):
                 raw = switches.WeightsOnlySwitches.from_environ().raw
                 self.assertEqual(raw, {WO: value, NO_WO: value})
                 self.assertEqual(raw, switches.WeightsOnlySwitches.from_environ(dict(os.environ)).raw)
+
+    def test_stored_environ_only_for_os_environ(self):
+        self.assertIsNone(environ.stored_environ({WO: "1"}))
+        stored = environ.stored_environ(os.environ)
+        if stored is None:  # not CPython's os.environ: read through its public interface
+            return
+        data, encode, decode = stored
+        with clean_env(**{WO: "1"}):
+            self.assertIn(encode(WO), data)
+            self.assertEqual(decode(encode(WO)), WO)
+        self.assertNotIn(encode(WO), data)
 
     def test_any_mapping(self):
         self.assertEqual(switches.switch_values({WO: "y"}), ("y", None))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from . import allowlist, engines
+from .environ import stored_environ
 from .errors import RoundTripConfigError
 from .names import show_name
 
@@ -121,10 +122,9 @@ def run_all(steps: Sequence[Callable[[], None]]) -> None:
 def _watched_env() -> dict[str, Optional[str]]:
     """Every ``TORCH_FORCE_*`` variable and its value (read twice per test)."""
     env = os.environ
-    data, encode, decode = (getattr(env, a, None) for a in ("_data", "encodekey", "decodekey"))
-    if isinstance(data, dict) and callable(encode) and callable(decode):
-        # CPython's os.environ: match the prefix on the stored keys, decode only the matches
-        # (iterating os.environ decodes every key of the environment).
+    stored = stored_environ(env)
+    if stored is not None:  # match the prefix on the stored keys, decode only the matches
+        data, encode, decode = stored
         prefix = encode(_WATCHED_PREFIX)
         names = [decode(k) for k in data if k.startswith(prefix)]
     else:  # pragma: no cover - another os.environ implementation

@@ -206,7 +206,7 @@ def _expected(
     hit = _expectations.get(key)
     if hit is not None and hit[0] is info and hit[1] is allowed and hit[2] is decision:
         return hit[3]
-    expectation = _expect(mode, True, decision.warns, reason, decision.replaced_by, info, *allowed)
+    expectation = _expect(mode, decision.warns, reason, decision.replaced_by, info, *allowed)
     if len(_expectations) >= 256:
         _expectations.clear()
     _expectations[key] = (info, allowed, decision, expectation)  # keeps them alive: ids stay theirs
@@ -218,7 +218,7 @@ _expectations: dict[tuple[int, int, int], tuple[Any, Any, Decision, Expectation]
 
 
 def _expect(
-    mode: LoadMode, weights_only: bool, warns: bool, reason: str, replaced: Optional[str], info: Any,
+    mode: LoadMode, warns: bool, reason: str, replaced: Optional[str], info: Any,
     names: frozenset[str], types: frozenset[str], classes: Mapping[str, Any],
     user_classes: Optional[dict[str, bool]] = None,
 ) -> Expectation:
@@ -229,7 +229,7 @@ def _expect(
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in names}))
     return Expectation(
         mode,
-        weights_only,
+        True,
         warns,
         rejection is None,
         missing,

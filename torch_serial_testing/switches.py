@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from .environ import stored_environ
+
 __all__ = [
     "TRUE_VALUES",
     "FORCE_WO",
@@ -192,7 +194,7 @@ class WeightsOnlySwitches:
         if known is not None and known[0] is readings:  # read on every load: same values, same reading
             return known[1]
         env = os.environ if environ is None else environ
-        decode = env.decodevalue if type(env) is os._Environ else None  # the values read above, as text
+        decode = env.decodevalue if stored_environ(env) is not None else None  # the values read above, as text
         raw = {name: decode(v) if decode is not None and v is not None else v
                for name, v in zip((FORCE_WO, FORCE_NO_WO), values)}
         # A torch before 2.6 does not read TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (so it neither
@@ -218,20 +220,19 @@ class WeightsOnlySwitches:
 def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Any]:
     """The two switches' raw values (None when unset), read on every load.
 
-    ``os.environ`` itself is read through its underlying mapping with the names encoded once:
-    ``os.environ.get`` encodes the name, and for an unset variable (the usual case) raises and
-    catches KeyError twice.  The values are then the platform's (bytes on POSIX);
+    ``os.environ`` is read through its stored mapping (:mod:`.environ`) with the names encoded
+    once; the values are then the platform's (bytes on POSIX), and
     :meth:`WeightsOnlySwitches.from_values` decodes them as ``os.environ`` does.
     """
     env = os.environ if environ is None else environ
-    if type(env) is os._Environ:
-        encode = env.encodekey
-        keys = _encoded_names.get(encode)
-        if keys is None:
-            keys = _encoded_names[encode] = (encode(FORCE_WO), encode(FORCE_NO_WO))
-        data = env._data
-        return data.get(keys[0]), data.get(keys[1])
-    return env.get(FORCE_WO), env.get(FORCE_NO_WO)
+    stored = stored_environ(env)
+    if stored is None:
+        return env.get(FORCE_WO), env.get(FORCE_NO_WO)
+    data, encode, _decode = stored
+    keys = _encoded_names.get(encode)
+    if keys is None:
+        keys = _encoded_names[encode] = (encode(FORCE_WO), encode(FORCE_NO_WO))
+    return data.get(keys[0]), data.get(keys[1])
 
 
 #: os.environ's key encoder -> the two switch names encoded by it.
