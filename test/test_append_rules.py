@@ -261,6 +261,104 @@ class TestAppendRulesFromSource(unittest.TestCase):
         )
 
 
+def excerpt_module(source: str, name: str) -> Any:
+    """*source* imported as a module from a file of its own, so its functions have source to read."""
+    import importlib.util
+    import os
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="tst-excerpt-")
+    path = os.path.join(directory, f"{name}.py")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class TestRulesReadFromLoadAlone(unittest.TestCase):
+    """``container_rules`` parses ``Unpickler.load`` (and a method its branch calls) instead of the
+    whole module: the same rules as the module path, on every torch shape, or the module path."""
+
+    def test_each_torch_shape(self) -> None:
+        from torch_serial_testing.torch_append_rules import UnpicklerMethods, append_rules_from_tree
+        from torch_serial_testing.torch_source import function_tree
+
+        for label, source in (("2.13", TORCH_213), ("2.14.1", TORCH_2141)):
+            with self.subTest(torch=label):
+                module = excerpt_module(source, f"wou_excerpt_{label.replace('.', '_')}")
+                tree = function_tree(module.Unpickler.load)
+                self.assertIsNotNone(tree)
+                from_load = append_rules_from_tree(tree, UnpicklerMethods(module.Unpickler))
+                self.assertIsNotNone(from_load)
+                self.assertEqual(from_load, append_rules_from_source(source))
+
+    def test_a_method_that_is_not_there_is_not_guessed(self) -> None:
+        from torch_serial_testing.torch_append_rules import UnpicklerMethods, append_rules_from_tree
+        from torch_serial_testing.torch_source import function_tree
+
+        module = excerpt_module(TORCH_2141.replace("def _check_append_target", "def _renamed"), "wou_excerpt_renamed")
+        methods = UnpicklerMethods(module.Unpickler)
+        self.assertNotIn("_check_append_target", methods)
+        self.assertIn("_renamed", methods)
+        self.assertEqual(list(methods), ["load", "_renamed"])
+        self.assertIsNone(append_rules_from_tree(function_tree(module.Unpickler.load), methods))
+
+    def test_this_torch_load_alone_and_module_agree(self) -> None:
+        from torch import _weights_only_unpickler as wou
+
+        from torch_serial_testing.torch_append_rules import UnpicklerMethods, append_rules_from_tree
+        from torch_serial_testing.torch_source import function_tree, source_of
+        from torch_serial_testing.torch_unpickler_rules import persid_refused_from_source, persid_refused_from_tree
+
+        tree = function_tree(wou.Unpickler.load)
+        module_source = source_of(wou)
+        self.assertEqual(persid_refused_from_tree(tree), persid_refused_from_source(module_source))
+        self.assertIsNotNone(persid_refused_from_tree(tree), "this torch's persistent-id check is not in load")
+        self.assertEqual(
+            append_rules_from_tree(tree, UnpicklerMethods(wou.Unpickler)), append_rules_from_source(module_source)
+        )
+
+    def test_falls_back_to_the_module_when_load_does_not_tell(self) -> None:
+        # A torch whose checks sit in a module-level function load does not call: load alone
+        # tells nothing, so the module is read too, and its rules are the ones found.
+        moved = textwrap.dedent('''
+            def elsewhere(list_obj, key):
+                if key[0] == APPEND[0]:
+                    if type(list_obj) is not list:
+                        raise UnpicklingError(f"Can only append to lists, but got {type(list_obj)}")
+                elif key[0] == APPENDS[0]:
+                    if type(list_obj) is not list:
+                        raise UnpicklingError(f"Can only extend lists, but got {type(list_obj)}")
+
+
+            class Unpickler:
+                def load(self):
+                    while True:
+                        if key[0] == BUILD[0]:
+                            pass
+        ''')
+        module = excerpt_module(moved, "wou_excerpt_moved")
+        calls = []
+
+        def reader(fn: Any) -> str:
+            from torch_serial_testing.torch_source import source_of
+
+            calls.append(getattr(fn, "__name__", fn))
+            return source_of(fn)
+
+        torch_unpickler_rules.container_rules.cache_clear()
+        self.addCleanup(torch_unpickler_rules.container_rules.cache_clear)
+        with mock.patch("torch._weights_only_unpickler", module, create=True), \
+                mock.patch.object(torch_unpickler_rules, "source_of", side_effect=reader):
+            rules = torch_unpickler_rules.container_rules()
+        self.assertIn("load", calls)
+        self.assertIn("wou_excerpt_moved", calls)  # the module was read too: load alone did not tell
+        self.assertEqual(rules.append, AppendRule(EVERY_OTHER, "Can only append to lists, but got "))
+        self.assertEqual(rules.appends, AppendRule(EVERY_OTHER, "Can only extend lists, but got "))
+
+
 class TestOtherTorchsRulesReplayedHere(unittest.TestCase):
     """Predictions follow the rules read, whichever torch runs: 2.13's and 2.14.1's on this one."""
 

@@ -160,5 +160,62 @@ class SourceOfTest(unittest.TestCase):
             source_of(fn)
 
 
+class StatementsTest(unittest.TestCase):
+    """torch_source.statements: ast.walk's statements, in its order, without the expressions."""
+
+    SHAPES = textwrap.dedent('''
+        import os
+        class C:
+            def m(self, x):
+                if x:
+                    try:
+                        y = 1
+                    except ValueError:
+                        raise
+                    else:
+                        pass
+                    finally:
+                        del y
+                elif x is None:
+                    for i in x:
+                        continue
+                    else:
+                        return [lambda: 1 for _ in ()]
+                while x:
+                    with open(x) as f:
+                        break
+                match x:
+                    case [a, *rest] if a:
+                        return rest
+                    case _:
+                        async def g():
+                            async with x:
+                                pass
+                return x
+        def top():
+            def inner():
+                nonlocal_value = 1
+            return inner
+    ''')
+
+    def check(self, source: str) -> None:
+        import ast
+
+        tree = ast.parse(source)
+        kinds = (ast.stmt, ast.excepthandler, ast.match_case)
+        expected = [node for node in ast.walk(tree) if isinstance(node, kinds)]
+        found = [node for node in torch_source.statements(tree) if node is not tree]
+        self.assertEqual([type(n).__name__ for n in found], [type(n).__name__ for n in expected])
+        self.assertEqual(found, expected)
+
+    def test_every_kind_of_block(self) -> None:
+        self.check(self.SHAPES)
+
+    def test_torch_unpickler_module(self) -> None:
+        from torch import _weights_only_unpickler as wou
+
+        self.check(source_of(wou))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -86,15 +86,16 @@ def switch_readings_from_source(source: str) -> dict[str, SwitchReading]:
 
     tree = ast.parse(textwrap.dedent(source))
     lists: dict[str, tuple[str, ...]] = {}
-    for node in ast.walk(tree):
+    compares = []
+    for node in ast.walk(tree):  # one walk: the lists a comparison names may be assigned after it
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             values = _str_sequence(node.value)
             if values is not None:
                 lists.setdefault(node.targets[0].id, values)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In):
+            compares.append(node)
     found: dict[str, SwitchReading] = {}
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In)):
-            continue
+    for node in compares:
         transforms: list[str] = []
         expr = node.left
         while (

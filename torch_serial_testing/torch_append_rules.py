@@ -10,12 +10,13 @@ condition evaluated for one sample target per kind, so whichever torch runs, the
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
-from .torch_source import parsed
+from .torch_source import function_tree, parsed, statements
 
-__all__ = ["APPEND_TARGETS", "AppendRule", "append_rules_from_source"]
+__all__ = ["APPEND_TARGETS", "AppendRule", "UnpicklerMethods", "append_rules_from_source", "append_rules_from_tree"]
 
 #: What an APPEND / APPENDS target can be, as torch's target check tells them apart: exactly a
 #: ``list``, a ``list`` subclass, or any other type; "allowlisted_" when the type is in the user
@@ -72,9 +73,15 @@ def append_rules_from_source(source: str) -> Optional[dict[str, AppendRule]]:
         tree = parsed(source)
     except SyntaxError:
         return None
-    methods = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+    methods = {node.name: node for node in statements(tree) if isinstance(node, ast.FunctionDef)}
+    return append_rules_from_tree(tree, methods)
+
+
+def append_rules_from_tree(tree: Any, methods: Mapping[str, Any]) -> Optional[dict[str, AppendRule]]:
+    """:func:`append_rules_from_source` of parsed source (the module, or ``Unpickler.load``
+    alone), with *methods* giving the ``def`` of a method a branch calls by its name."""
     rules: dict[str, AppendRule] = {}
-    for node in ast.walk(tree):
+    for node in statements(tree):
         opcode = _opcode_branch(node)
         if opcode not in ("APPEND", "APPENDS") or opcode in rules:
             continue
@@ -89,6 +96,45 @@ def append_rules_from_source(source: str) -> Optional[dict[str, AppendRule]]:
     return rules if len(rules) == 2 else None
 
 
+class UnpicklerMethods(Mapping[str, Any]):
+    """The ``def`` of each method of a class, parsed from that method's source on first use:
+    ``Unpickler.load``'s APPEND branch may call one (``self._check_append_target``, torch 2.14.1).
+    *reader* gives a function's source (see :func:`.torch_source.function_tree`)."""
+
+    def __init__(self, cls: type, reader: Optional[Callable[[Any], str]] = None) -> None:
+        self._cls = cls
+        self._reader = reader
+        self._defs: dict[str, Any] = {}
+
+    def __getitem__(self, name: str) -> Any:
+        import ast
+
+        if name not in self._defs:
+            fn = self._cls.__dict__.get(name)
+            tree = None
+            if isinstance(fn, types.FunctionType):
+                tree = function_tree(fn, self._reader) if self._reader is not None else function_tree(fn)
+            self._defs[name] = next(
+                (node for node in statements(tree) if isinstance(node, ast.FunctionDef) and node.name == name), None
+            ) if tree is not None else None
+        if self._defs[name] is None:
+            raise KeyError(name)
+        return self._defs[name]
+
+    def __contains__(self, name: object) -> bool:
+        try:
+            self[name]  # type: ignore[index]
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(name for name in vars(self._cls) if name in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def _opcode_branch(node: Any) -> Optional[str]:
     """``X`` for the branch ``if key[0] == X[0]:`` of ``Unpickler.load``, else None."""
     import ast
@@ -101,7 +147,7 @@ def _opcode_branch(node: Any) -> Optional[str]:
     return None
 
 
-def _refusal_in(body: list[Any], methods: dict[str, Any]) -> Optional[tuple[Any, str, frozenset[str]]]:
+def _refusal_in(body: list[Any], methods: Mapping[str, Any]) -> Optional[tuple[Any, str, frozenset[str]]]:
     """(test, message prefix, names the target goes by) of the first ``if <test>: raise`` in *body*,
     looking into a ``self.<method>(...)`` it calls; None when there is none of the expected shape."""
     import ast

@@ -24,9 +24,9 @@ import functools
 import inspect
 import linecache
 import types
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
-__all__ = ["parsed", "source_of"]
+__all__ = ["function_tree", "parsed", "source_of", "statements"]
 
 
 def source_of(obj: Any) -> str:
@@ -105,6 +105,38 @@ def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _codes(const)
+
+
+def function_tree(fn: Any, reader: Callable[[Any], str] = source_of) -> Optional[Any]:
+    """The parsed source of one function alone (dedented), or None when it cannot be read.
+
+    A rule that lives in one function (``Unpickler.load``) is read from that function's text:
+    parsing all of ``torch/_weights_only_unpickler.py`` instead costs four times as much.
+    *reader* gives the text (:func:`source_of` unless a caller reads source its own way)."""
+    import textwrap
+
+    try:
+        return parsed(textwrap.dedent(reader(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def statements(tree: Any) -> Iterator[Any]:
+    """The statements under *tree* (and its except handlers and match cases), in ``ast.walk``'s
+    order, without visiting a single expression node: the rules look for ``if``/``def``
+    statements, and ``ast.walk`` over every node of a module costs more than parsing it."""
+    import ast
+    from collections import deque
+
+    kinds = (ast.stmt, ast.excepthandler, ast.match_case)
+    todo = deque([tree])
+    while todo:
+        node = todo.popleft()
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if type(value) is list and value and isinstance(value[0], kinds):
+                todo.extend(value)
+        yield node
 
 
 @functools.lru_cache(maxsize=4)

@@ -17,8 +17,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .torch_append_rules import APPEND_TARGETS, AppendRule, append_rules_from_source
-from .torch_source import parsed, source_of
+from .torch_append_rules import (
+    APPEND_TARGETS,
+    AppendRule,
+    UnpicklerMethods,
+    append_rules_from_source,
+    append_rules_from_tree,
+)
+from .torch_source import function_tree, parsed, source_of, statements
 
 __all__ = [
     "WEIGHTS_ONLY_OPCODES",
@@ -29,6 +35,7 @@ __all__ = [
     "APPEND_TARGETS",
     "append_rules_from_source",
     "persid_refused_from_source",
+    "persid_refused_from_tree",
     "special_global_messages",
     "name_fixups_need_protocol_2",
     "message_drops_builtins_prefix",
@@ -131,13 +138,18 @@ def persid_refused_from_source(source: str) -> Optional[frozenset[str]]:
     only of ``type(pid)`` / ``isinstance(pid, ...)`` comparisons with ``tuple`` and ``int``,
     ``not``, ``and`` and ``or``: nothing else of torch's code runs.
     """
-    import ast
-
     try:
         tree = parsed(source)
     except SyntaxError:
         return None
-    for node in ast.walk(tree):
+    return persid_refused_from_tree(tree)
+
+
+def persid_refused_from_tree(tree: Any) -> Optional[frozenset[str]]:
+    """:func:`persid_refused_from_source` of parsed source (a module or one function)."""
+    import ast
+
+    for node in statements(tree):
         if not isinstance(node, ast.If) or not any(
             isinstance(stmt, ast.Raise) and _PERSID_TYPE_MESSAGE in ast.dump(stmt) for stmt in node.body
         ):
@@ -183,8 +195,17 @@ def container_rules() -> ContainerRules:
         source = source_of(wou)
     except (ImportError, AttributeError, OSError, TypeError):
         return ContainerRules()
-    persid_refused = persid_refused_from_source(source)
-    appends = append_rules_from_source(source) or {}
+    # Both checks live in Unpickler.load (or a method it calls) on every torch read so far: read
+    # from that function alone, and from the whole module only when it does not tell.
+    load_tree = function_tree(wou.Unpickler.load, source_of)
+    persid_refused = persid_refused_from_tree(load_tree) if load_tree is not None else None
+    if persid_refused is None:
+        persid_refused = persid_refused_from_source(source)
+    appends = None
+    if load_tree is not None:
+        appends = append_rules_from_tree(load_tree, UnpicklerMethods(wou.Unpickler, source_of))
+    if appends is None:
+        appends = append_rules_from_source(source) or {}
     return ContainerRules(
         setitem_checked="collections.Counter, but got" in source,
         append_checked="Can only append to lists" in source,
