@@ -7,7 +7,8 @@
                 ``torch.save`` + ``torch.load`` a test would write, per load mode, for the
                 flagship's small sparse quantized Linear and a 256 MiB float module.
 ``flagship``    ``python -m unittest test_qlinear_packed_params`` vs ``python -m unittest`` of an
-                empty pytorch ``TestCase`` file (whole processes).
+                empty pytorch ``TestCase`` file (whole processes), and vs its plain-torch twin
+                (:mod:`flagship_plain`, the same tests without the library: the library's share).
 
 Timing: ``torch.utils.benchmark`` (``Timer.blocked_autorange``, ``Compare``) in process; wall and
 CPU time of child processes otherwise (:mod:`timing`).  Tables and notes: :mod:`report`.  No
@@ -100,9 +101,13 @@ def main(argv: list[str] | None = None) -> int:
         pairs += timing.all_round_trips(rounds, min_run_time)
     if "flagship" in only:
         log(f"[flagship] {rounds} interleaved rounds ...")
-        pair, summary = timing.time_flagship(rounds)
-        pairs.append(pair)
+        flagship_pairs, summary = timing.time_flagship(rounds)
+        pairs += flagship_pairs
         notes.append(f"The flagship run: {summary}.")
+        notes.append("The flagship's plain-torch twin (``bench/flagship_plain.py``) runs the same tests -- its "
+                     "builders and checks taken from the flagship file, the same saves and loads per mode -- "
+                     "without the library, so the flagship's time over the twin is the library's share "
+                     "(informational; issue 16's target is against the empty file).")
     if "import" in only or "flagship" in only:
         notes.append("Whole processes import byte-compiled code on both sides: the library's and the test files' "
                      "``.pyc`` are written first (``compileall``), as ``pip install`` does for torch.")

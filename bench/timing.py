@@ -206,27 +206,44 @@ def time_processes(label: str, sub_label: str, library: tuple[list[str], str], p
     """Interleaved whole-process runs of two commands (each ``(argv, cwd)``); one warm-up each.
 
     Returns the pair and each command's last stderr (a test runner's summary is there)."""
-    commands = {LIBRARY: library, PLAIN: plain}
-    wall: dict[str, list[float]] = {LIBRARY: [], PLAIN: []}
-    cpu: dict[str, list[float]] = {LIBRARY: [], PLAIN: []}
+    runs, last = run_interleaved({LIBRARY: library, PLAIN: plain}, rounds, env)
+    return pair_of(runs, LIBRARY, PLAIN, label, sub_label, {LIBRARY: library, PLAIN: plain}), last
+
+
+def run_interleaved(commands: dict[str, tuple[list[str], str]], rounds: int,
+                    env: dict[str, str]) -> tuple[dict[str, tuple[list[float], list[float]]], dict[str, str]]:
+    """Whole-process runs of each command, *rounds* times, in an order rotated every round so
+    that drift hits all alike; one uncounted warm-up each.  Returns ``{name: (walls, cpus)}`` and
+    each command's last stderr."""
+    runs: dict[str, tuple[list[float], list[float]]] = {who: ([], []) for who in commands}
     last: dict[str, str] = {}
+    names = list(commands)
     for who, (cmd, cwd) in commands.items():  # warm the page cache; not counted
         _, _, code, err = run_process(cmd, cwd, env)
         if code != 0:
             raise RuntimeError(f"{' '.join(cmd)} (in {cwd}) exited {code}:\n{err[-2000:]}")
     for r in range(rounds):
-        order = (LIBRARY, PLAIN) if r % 2 == 0 else (PLAIN, LIBRARY)
+        shift = r % len(names)
+        order = names[shift:] + names[:shift]
+        if (r // len(names)) % 2:
+            order.reverse()
         for who in order:
             cmd, cwd = commands[who]
             w, c, code, err = run_process(cmd, cwd, env)
             if code != 0:
                 raise RuntimeError(f"{' '.join(cmd)} (in {cwd}) exited {code}:\n{err[-2000:]}")
-            wall[who].append(w)
-            cpu[who].append(c)
+            runs[who][0].append(w)
+            runs[who][1].append(c)
             last[who] = err
-    ms = {who: _measurement(wall[who], label, sub_label, who, " ".join(commands[who][0])) for who in commands}
-    cpu_ratio = _median(cpu[LIBRARY]) / _median(cpu[PLAIN])
-    return Pair(ms[LIBRARY], ms[PLAIN], cpu_ratio), last
+    return runs, last
+
+
+def pair_of(runs: dict[str, tuple[list[float], list[float]]], library: str, plain: str, label: str,
+            sub_label: str, commands: dict[str, tuple[list[str], str]]) -> Pair:
+    """The :class:`Pair` of two commands' runs from :func:`run_interleaved`."""
+    ms = {who: _measurement(runs[name][0], label, sub_label, who, " ".join(commands[name][0]))
+          for who, name in ((LIBRARY, library), (PLAIN, plain))}
+    return Pair(ms[LIBRARY], ms[PLAIN], _median(runs[library][1]) / _median(runs[plain][1]))
 
 
 def _median(xs: list[float]) -> float:
@@ -269,18 +286,35 @@ if __name__ == "__main__":
 """
 
 
-def time_flagship(rounds: int) -> tuple[Pair, str]:
-    """The flagship file vs an empty pytorch TestCase file, both under ``python -m unittest``."""
+PLAIN_TWIN_DIR = HERE
+PLAIN_TWIN_MODULE = "flagship_plain"
+TWIN_LABEL = "test file vs its plain-torch twin (whole process)"
+
+
+def time_flagship(rounds: int) -> tuple[list[Pair], str]:
+    """The flagship file vs an empty pytorch TestCase file (issue 16's target), and vs its plain-torch
+    twin (:mod:`flagship_plain`: the same tests without the library), all three interleaved and
+    under ``python -m unittest``."""
     py = sys.executable
     with tempfile.TemporaryDirectory(prefix="tst-bench-") as cwd:
         with open(os.path.join(cwd, "test_empty.py"), "w", encoding="utf-8") as fh:
             fh.write(EMPTY_TEST_FILE)
-        byte_compile(os.path.dirname(tst.__file__), FLAGSHIP_DIR, os.path.join(cwd, "test_empty.py"))
-        pair, last = time_processes("test file (whole process)", f"{FLAGSHIP_MODULE} vs empty TestCase file",
-                                    ([py, "-m", "unittest", FLAGSHIP_MODULE], FLAGSHIP_DIR),
-                                    ([py, "-m", "unittest", "test_empty"], cwd), rounds, process_env())
-    summary = [line for line in last.get(LIBRARY, "").splitlines() if line.startswith(("Ran ", "OK", "FAILED"))]
-    return pair, " ".join(summary)
+        byte_compile(os.path.dirname(tst.__file__), FLAGSHIP_DIR, os.path.join(cwd, "test_empty.py"),
+                     os.path.join(PLAIN_TWIN_DIR, PLAIN_TWIN_MODULE + ".py"))
+        commands = {
+            "flagship": ([py, "-m", "unittest", FLAGSHIP_MODULE], FLAGSHIP_DIR),
+            "empty": ([py, "-m", "unittest", "test_empty"], cwd),
+            "twin": ([py, "-m", "unittest", PLAIN_TWIN_MODULE], PLAIN_TWIN_DIR),
+        }
+        runs, last = run_interleaved(commands, rounds, process_env())
+    pairs = [
+        pair_of(runs, "flagship", "empty", "test file (whole process)", f"{FLAGSHIP_MODULE} vs empty TestCase file",
+                commands),
+        pair_of(runs, "flagship", "twin", TWIN_LABEL, f"{FLAGSHIP_MODULE} vs {PLAIN_TWIN_MODULE}", commands),
+    ]
+    summary = " ".join(line for line in last.get("flagship", "").splitlines() if line.startswith(("Ran ", "OK", "FAILED")))
+    twin = " ".join(line for line in last.get("twin", "").splitlines() if line.startswith(("Ran ", "OK", "FAILED")))
+    return pairs, f"{summary}; its plain-torch twin: {twin}"
 
 
 def all_round_trips(rounds: int, min_run_time: float) -> list[Pair]:

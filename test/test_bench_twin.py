@@ -1,0 +1,64 @@
+"""bench/flagship_plain.py stays the flagship's twin: the same tests, green, without the library.
+
+The benchmark reads the flagship's time over this file as the library's share (issue 16), which
+is only true while both run the same tests and the twin never imports the library.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import unittest
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+FLAGSHIP_DIR = os.path.join(ROOT, "test", "ao", "sparsity")
+
+
+def _sparse_linear_missing() -> bool:
+    try:
+        from torch.ao.nn.sparse.quantized.dynamic.linear import Linear  # noqa: F401
+    except ImportError:
+        return True
+    return False
+
+
+def _ids(directory: str, module: str) -> set[str]:
+    """Test method names of *module* as ``unittest`` collects them, from a child process."""
+    code = (
+        "import sys, unittest; sys.path.insert(0, sys.argv[1]);"
+        "suite = unittest.defaultTestLoader.loadTestsFromName(sys.argv[2]);"
+        "stack = [suite]; out = []\n"
+        "while stack:\n"
+        "    s = stack.pop()\n"
+        "    if isinstance(s, unittest.TestSuite): stack.extend(s)\n"
+        "    else: out.append(s.id().rsplit('.', 1)[1])\n"
+        "print('\\n'.join(sorted(out)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, directory, module], capture_output=True, text=True,
+                          cwd=directory, env={**os.environ, "PYTHONPATH": ROOT}, timeout=600)
+    if proc.returncode != 0:
+        raise AssertionError(f"collecting {module} failed:\n{proc.stderr[-3000:]}")
+    return set(proc.stdout.split())
+
+
+@unittest.skipIf(_sparse_linear_missing(), "this torch has no sparse quantized Linear (the flagship skips too)")
+@unittest.skipUnless(hasattr(torch.serialization, "safe_globals"),
+                     "torch < 2.5 has no safe_globals context: the flagship skips that mode, the twin would not")
+class TestFlagshipPlainTwin(unittest.TestCase):
+    def test_same_tests_as_the_flagship(self) -> None:
+        flagship = _ids(FLAGSHIP_DIR, "test_qlinear_packed_params")
+        twin = _ids(BENCH, "flagship_plain")
+        self.assertEqual(len(twin), 20)
+        self.assertEqual(twin, flagship)
+
+    def test_green_without_the_library(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "flagship_plain"], capture_output=True,
+                              text=True, cwd=BENCH, env=env, timeout=600)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn("Ran 20 tests", proc.stderr)
+        self.assertNotIn("skipped", proc.stderr)
