@@ -75,7 +75,8 @@ def _from_flagship() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 F, CHECKS = _from_flagship()
-globals().update({k: v for k, v in F.items() if k.isupper()})
+ROW_BLOCK_SIZE, COL_BLOCK_SIZE, DTYPE = F["ROW_BLOCK_SIZE"], F["COL_BLOCK_SIZE"], F["DTYPE"]
+ENGINES, CROSS_SCALES = F["ENGINES"], F["CROSS_SCALES"]
 Linear = sys.modules["torch.ao.nn.sparse.quantized.dynamic.linear"].Linear
 LinearPackedParams = sys.modules["torch.ao.nn.sparse.quantized.linear"].LinearPackedParams
 
