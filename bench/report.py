@@ -63,6 +63,21 @@ def text_summary(pairs: Sequence[Pair]) -> str:
     return "\n".join(lines)
 
 
+def instructions_note(counts: dict[str, int]) -> str:
+    """The callgrind counts of the flagship, its twin and the empty file, and the library's share."""
+    flagship, twin, empty = counts["flagship"], counts["twin"], counts["empty"]
+    over_empty = flagship - empty
+    share = flagship - twin
+    return (
+        "Instructions (``valgrind --tool=callgrind``; importing the test module and running its tests, after "
+        "torch, ``common_utils`` and ``torch._dynamo``): flagship "
+        f"{flagship / 1e6:.0f}M, its plain-torch twin {twin / 1e6:.0f}M, the empty file {empty / 1e6:.0f}M.  "
+        f"The library's share is {share / 1e6:.0f}M ({share / flagship:.0%} of the flagship's, "
+        f"{share / over_empty:.0%} of its cost over the empty file); the twin's own torch work is "
+        f"{(twin - empty) / 1e6:.0f}M."
+    )
+
+
 def loadavg() -> Optional[float]:
     try:
         return os.getloadavg()[0]

@@ -9,6 +9,8 @@
 ``flagship``    ``python -m unittest test_qlinear_packed_params`` vs ``python -m unittest`` of an
                 empty pytorch ``TestCase`` file (whole processes), and vs its plain-torch twin
                 (:mod:`flagship_plain`, the same tests without the library: the library's share).
+``instructions`` the same three files in instructions executed (``valgrind --tool=callgrind``,
+                :mod:`instructions`), which machine load does not change; skipped without valgrind.
 
 Timing: ``torch.utils.benchmark`` (``Timer.blocked_autorange``, ``Compare``) in process; wall and
 CPU time of child processes otherwise (:mod:`timing`).  Tables and notes: :mod:`report`.  No
@@ -19,6 +21,7 @@ test asserts a time::
     python bench/run.py --only round_trip --rounds 5
     python bench/run.py --readme           # also copy the results into README's Benchmarks section
     python bench/run.py --profile-flagship # where the flagship file's time goes (cProfile)
+    python bench/run.py --only instructions  # the test files in instructions (valgrind), seconds
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(1, os.path.dirname(HERE))  # the checkout's library, pip-installed or not
 
+import instructions  # noqa: E402
 import report  # noqa: E402
 import timing  # noqa: E402
 
-BENCHMARKS = ("import", "round_trip", "flagship")
+BENCHMARKS = ("import", "round_trip", "flagship", "instructions")
 RESULTS = os.path.join(HERE, "RESULTS.rst")
 README = os.path.join(os.path.dirname(HERE), "README.rst")
 START, END = ".. bench-results-start", ".. bench-results-end"
@@ -61,6 +65,28 @@ def profile_flagship(top: int) -> None:
     profiler.disable()
     log(f"flagship: {result.testsRun} tests, {len(result.failures) + len(result.errors)} failed")
     pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(top)
+
+
+def count_instructions() -> str:
+    """The flagship, its plain-torch twin and the empty file in instructions (callgrind), as an RST note."""
+    import concurrent.futures
+
+    why_not = instructions.available()
+    if why_not is not None:
+        log(f"[instructions] skipped: {why_not}")
+        return f"Instruction counts: not taken ({why_not})."
+    log("[instructions] callgrind: the flagship, its plain-torch twin and the empty file ...")
+    env = timing.process_env()
+    with timing.empty_test_dir() as empty_dir:
+        files = {
+            "flagship": (timing.FLAGSHIP_DIR, timing.FLAGSHIP_MODULE),
+            "twin": (timing.PLAIN_TWIN_DIR, timing.PLAIN_TWIN_MODULE),
+            "empty": (empty_dir, "test_empty"),
+        }
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            futures = {who: pool.submit(instructions.count, d, m, env) for who, (d, m) in files.items()}
+            counts = {who: f.result() for who, f in futures.items()}
+    return report.instructions_note(counts)
 
 
 def replace_readme_block(text: str) -> None:
@@ -116,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                      "scan of the identical bytes (as a test file's modes and engines do); the \"first scan\" row "
                      "clears that memory before every round trip (informational, no target).")
     load_end = report.loadavg()
+    if "instructions" in only:  # after the timings: valgrind's load would disturb them, not its own counts
+        notes.append(count_instructions())
     report.print_compare(pairs)
     print(report.text_summary(pairs))
     command = "python bench/run.py" + (" --quick" if args.quick else "") + (f" --rounds {args.rounds}" if args.rounds else "")

@@ -291,14 +291,21 @@ PLAIN_TWIN_MODULE = "flagship_plain"
 TWIN_LABEL = "test file vs its plain-torch twin (whole process)"
 
 
+@contextlib.contextmanager
+def empty_test_dir() -> Iterator[str]:
+    """A temporary directory holding ``test_empty.py`` (:data:`EMPTY_TEST_FILE`)."""
+    with tempfile.TemporaryDirectory(prefix="tst-bench-") as cwd:
+        with open(os.path.join(cwd, "test_empty.py"), "w", encoding="utf-8") as fh:
+            fh.write(EMPTY_TEST_FILE)
+        yield cwd
+
+
 def time_flagship(rounds: int) -> tuple[list[Pair], str]:
     """The flagship file vs an empty pytorch TestCase file (issue 16's target), and vs its plain-torch
     twin (:mod:`flagship_plain`: the same tests without the library), all three interleaved and
     under ``python -m unittest``."""
     py = sys.executable
-    with tempfile.TemporaryDirectory(prefix="tst-bench-") as cwd:
-        with open(os.path.join(cwd, "test_empty.py"), "w", encoding="utf-8") as fh:
-            fh.write(EMPTY_TEST_FILE)
+    with empty_test_dir() as cwd:
         byte_compile(os.path.dirname(tst.__file__), FLAGSHIP_DIR, os.path.join(cwd, "test_empty.py"),
                      os.path.join(PLAIN_TWIN_DIR, PLAIN_TWIN_MODULE + ".py"))
         commands = {
