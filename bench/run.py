@@ -126,8 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"[round_trip] {rounds} interleaved blocked_autorange rounds per mode ...")
         pairs += timing.all_round_trips(rounds, min_run_time)
     if "flagship" in only:
-        log(f"[flagship] {rounds} interleaved rounds ...")
-        flagship_pairs, summary = timing.time_flagship(rounds)
+        # Whole test files vary by several percent run to run (IQR ~5% of 2.5 s here) and the target's
+        # margin is of that size: twice the rounds, as the three files share each round.
+        log(f"[flagship] {2 * rounds} interleaved rounds of three files ...")
+        flagship_pairs, summary = timing.time_flagship(2 * rounds)
         pairs += flagship_pairs
         notes.append(f"The flagship run: {summary}.")
         notes.append("The flagship's plain-torch twin (``bench/flagship_plain.py``) runs the same tests -- its "
