@@ -26,6 +26,13 @@ def _sparse_linear_missing() -> bool:
     return False
 
 
+def _env() -> dict[str, str]:
+    """The children's environment: no switch or device filter (the twin runs the CPU tests, unfiltered)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE_", "PYTORCH_TESTING_DEVICE_"))}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def _ids(directory: str, module: str) -> set[str]:
     """Test method names of *module* as ``unittest`` collects them, from a child process."""
     code = (
@@ -39,7 +46,7 @@ def _ids(directory: str, module: str) -> set[str]:
         "print('\\n'.join(sorted(out)))"
     )
     proc = subprocess.run([sys.executable, "-c", code, directory, module], capture_output=True, text=True,
-                          cwd=directory, env={**os.environ, "PYTHONPATH": ROOT}, timeout=600)
+                          cwd=directory, env=_env(), timeout=600)
     if proc.returncode != 0:
         raise AssertionError(f"collecting {module} failed:\n{proc.stderr[-3000:]}")
     return set(proc.stdout.split())
@@ -56,9 +63,8 @@ class TestFlagshipPlainTwin(unittest.TestCase):
         self.assertEqual(twin, flagship)
 
     def test_green_without_the_library(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
         proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "flagship_plain"], capture_output=True,
-                              text=True, cwd=BENCH, env=env, timeout=600)
+                              text=True, cwd=BENCH, env=_env(), timeout=600)
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertIn("Ran 20 tests", proc.stderr)
         self.assertNotIn("skipped", proc.stderr)
