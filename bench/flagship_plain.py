@@ -29,7 +29,11 @@ import unittest
 import warnings
 from typing import Any
 
+import functools
+
 import torch
+from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
+from torch.ao.nn.sparse.quantized.linear import LinearPackedParams
 from torch.testing._internal.common_utils import TestCase
 
 FLAGSHIP = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "test", "ao", "sparsity",
@@ -40,7 +44,7 @@ FLAGSHIP_NAMES = {
     "ROW_BLOCK_SIZE", "COL_BLOCK_SIZE", "DTYPE", "ENGINES", "SMALL_WEIGHT_ROWS", "SCALES", "CROSS_SCALES",
     "WIDE_IN_FEATURES", "PACKED_WEIGHT_OFFSET", "ROW_BLOCK_INDICES_POS", "COL_BLOCK_INDICES_POS",
     "small_weight_fp32", "wide_weight_fp32", "zero_points_for", "weight_cases", "_weight_cases", "make_linear",
-    "packed_state", "make_packed_params", "with_int32_block_indices",
+    "packed_state", "make_packed_params", "with_int32_block_indices", "QUANTIZED_CREATION_DEPRECATION",
 }
 FLAGSHIP_CHECKS = {"check_packed_state", "check_unpacked", "check_same_output"}
 
@@ -57,11 +61,6 @@ def _from_flagship() -> tuple[dict[str, Any], dict[str, Any]]:
             return {t.id for t in node.targets if isinstance(t, ast.Name)}
         return set()
 
-    from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
-    from torch.ao.nn.sparse.quantized.linear import LinearPackedParams
-
-    import functools
-
     namespace: dict[str, Any] = {"torch": torch, "functools": functools, "Linear": Linear,
                                  "LinearPackedParams": LinearPackedParams}
     body = [node for node in tree.body if defines(node) & FLAGSHIP_NAMES]
@@ -77,15 +76,13 @@ def _from_flagship() -> tuple[dict[str, Any], dict[str, Any]]:
 F, CHECKS = _from_flagship()
 ROW_BLOCK_SIZE, COL_BLOCK_SIZE, DTYPE = F["ROW_BLOCK_SIZE"], F["COL_BLOCK_SIZE"], F["DTYPE"]
 ENGINES, CROSS_SCALES = F["ENGINES"], F["CROSS_SCALES"]
-Linear = sys.modules["torch.ao.nn.sparse.quantized.dynamic.linear"].Linear
-LinearPackedParams = sys.modules["torch.ao.nn.sparse.quantized.linear"].LinearPackedParams
+QUANTIZED_CREATION_DEPRECATION = F["QUANTIZED_CREATION_DEPRECATION"]
 
 MODES = ("weights_only_false", "safe_globals", "default")
 # A hand-written test knows its torch: from 2.6 the bare torch.load is weights-only and rejects
 # the full module (its classes are not allowlisted); before 2.6 the allowlist lacks builtins.set.
 DEFAULT_REJECTS_MODULE = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 6)
 SAFE_GLOBALS = [Linear, LinearPackedParams, torch.ScriptObject] + ([] if DEFAULT_REJECTS_MODULE else [set])
-QUANTIZED_CREATION_DEPRECATION = r".*quantized tensor creation functions.*"
 
 
 def save(obj: Any) -> io.BytesIO:

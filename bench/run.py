@@ -78,11 +78,7 @@ def count_instructions() -> str:
     log("[instructions] callgrind: the flagship, its plain-torch twin and the empty file ...")
     env = timing.process_env()
     with timing.empty_test_dir() as empty_dir:
-        files = {
-            "flagship": (timing.FLAGSHIP_DIR, timing.FLAGSHIP_MODULE),
-            "twin": (timing.PLAIN_TWIN_DIR, timing.PLAIN_TWIN_MODULE),
-            "empty": (empty_dir, "test_empty"),
-        }
+        files = timing.test_files(empty_dir)
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
             futures = {who: pool.submit(instructions.count, d, m, env) for who, (d, m) in files.items()}
             counts = {who: f.result() for who, f in futures.items()}

@@ -300,28 +300,37 @@ def empty_test_dir() -> Iterator[str]:
         yield cwd
 
 
+def test_files(empty_dir: str) -> dict[str, tuple[str, str]]:
+    """The three files the flagship benchmarks compare, each as (directory, module)."""
+    return {
+        "flagship": (FLAGSHIP_DIR, FLAGSHIP_MODULE),
+        "empty": (empty_dir, "test_empty"),
+        "twin": (PLAIN_TWIN_DIR, PLAIN_TWIN_MODULE),
+    }
+
+
+def _runner_summary(stderr: str) -> str:
+    """unittest's closing lines (``Ran N tests in ...``, ``OK``)."""
+    return " ".join(line for line in stderr.splitlines() if line.startswith(("Ran ", "OK", "FAILED")))
+
+
 def time_flagship(rounds: int) -> tuple[list[Pair], str]:
     """The flagship file vs an empty pytorch TestCase file (issue 16's target), and vs its plain-torch
     twin (:mod:`flagship_plain`: the same tests without the library), all three interleaved and
     under ``python -m unittest``."""
     py = sys.executable
     with empty_test_dir() as cwd:
-        byte_compile(os.path.dirname(tst.__file__), FLAGSHIP_DIR, os.path.join(cwd, "test_empty.py"),
-                     os.path.join(PLAIN_TWIN_DIR, PLAIN_TWIN_MODULE + ".py"))
-        commands = {
-            "flagship": ([py, "-m", "unittest", FLAGSHIP_MODULE], FLAGSHIP_DIR),
-            "empty": ([py, "-m", "unittest", "test_empty"], cwd),
-            "twin": ([py, "-m", "unittest", PLAIN_TWIN_MODULE], PLAIN_TWIN_DIR),
-        }
+        files = test_files(cwd)
+        byte_compile(os.path.dirname(tst.__file__), *(os.path.join(d, m + ".py") for d, m in files.values()))
+        commands = {who: ([py, "-m", "unittest", module], directory) for who, (directory, module) in files.items()}
         runs, last = run_interleaved(commands, rounds, process_env())
     pairs = [
         pair_of(runs, "flagship", "empty", "test file (whole process)", f"{FLAGSHIP_MODULE} vs empty TestCase file",
                 commands),
         pair_of(runs, "flagship", "twin", TWIN_LABEL, f"{FLAGSHIP_MODULE} vs {PLAIN_TWIN_MODULE}", commands),
     ]
-    summary = " ".join(line for line in last.get("flagship", "").splitlines() if line.startswith(("Ran ", "OK", "FAILED")))
-    twin = " ".join(line for line in last.get("twin", "").splitlines() if line.startswith(("Ran ", "OK", "FAILED")))
-    return pairs, f"{summary}; its plain-torch twin: {twin}"
+    summary = _runner_summary(last.get("flagship", ""))
+    return pairs, f"{summary}; its plain-torch twin: {_runner_summary(last.get('twin', ''))}"
 
 
 def all_round_trips(rounds: int, min_run_time: float) -> list[Pair]:

@@ -14,7 +14,7 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from .torch_source import function_tree, parsed, statements
+from .torch_source import function_tree, parsed, source_of, statements
 
 __all__ = ["APPEND_TARGETS", "AppendRule", "UnpicklerMethods", "append_rules_from_source", "append_rules_from_tree"]
 
@@ -101,7 +101,7 @@ class UnpicklerMethods(Mapping[str, Any]):
     ``Unpickler.load``'s APPEND branch may call one (``self._check_append_target``, torch 2.14.1).
     *reader* gives a function's source (see :func:`.torch_source.function_tree`)."""
 
-    def __init__(self, cls: type, reader: Optional[Callable[[Any], str]] = None) -> None:
+    def __init__(self, cls: type, reader: Callable[[Any], str] = source_of) -> None:
         self._cls = cls
         self._reader = reader
         self._defs: dict[str, Any] = {}
@@ -111,9 +111,7 @@ class UnpicklerMethods(Mapping[str, Any]):
 
         if name not in self._defs:
             fn = self._cls.__dict__.get(name)
-            tree = None
-            if isinstance(fn, types.FunctionType):
-                tree = function_tree(fn, self._reader) if self._reader is not None else function_tree(fn)
+            tree = function_tree(fn, self._reader) if isinstance(fn, types.FunctionType) else None
             self._defs[name] = next(
                 (node for node in statements(tree) if isinstance(node, ast.FunctionDef) and node.name == name), None
             ) if tree is not None else None
