@@ -5,8 +5,8 @@ from __future__ import annotations
 import unittest
 from typing import Sequence
 
-from torch_serial_testing.devices import EXCEPT_FOR, ONLY_FOR, resolve_devices
-from torch_serial_testing.errors import RoundTripConfigError
+from torch_serial_testing.torch_facts.devices import EXCEPT_FOR, ONLY_FOR, resolve_devices
+from torch_serial_testing.core.errors import RoundTripConfigError
 
 
 def _pytorch_filters_alias_backend_name() -> bool:

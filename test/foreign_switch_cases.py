@@ -25,7 +25,9 @@ from typing import Iterator
 
 import torch
 
-from torch_serial_testing import SerializationRoundTripTestCase, engines, instantiate_round_trip_tests
+from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
+
+from torch_serial_testing.torch_facts import engines
 
 warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
 

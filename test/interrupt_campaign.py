@@ -45,8 +45,14 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from torch_serial_testing import allowlist, engines, load_modes, thread_warnings  # noqa: E402
-from torch_serial_testing.case import SerializationRoundTripTestCase  # noqa: E402
+from torch_serial_testing.torch_facts import registry as allowlist  # noqa: E402
+
+from torch_serial_testing.torch_facts import engines
+
+from torch_serial_testing.loading import load as load_modes
+
+from torch_serial_testing.torch_facts import loader as thread_warnings
+from torch_serial_testing.testing.case import SerializationRoundTripTestCase# noqa: E402
 
 from isolation_fixtures import Gate, READS_FORCE_NO, clean_env, process_state, run_tests  # noqa: E402
 from test_interrupts import _interrupted_class  # noqa: E402

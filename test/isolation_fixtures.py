@@ -17,9 +17,14 @@ from unittest import mock
 
 import torch
 
-from torch_serial_testing import engines, isolation, load_modes
-from torch_serial_testing.allowlist import normalize_safe_globals, qualified_name
-from torch_serial_testing import thread_warnings
+from torch_serial_testing.torch_facts import engines
+
+from torch_serial_testing.testing import isolation
+
+from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.policy.declared import normalize_safe_globals
+from torch_serial_testing.core.names import qualified_name
+from torch_serial_testing.torch_facts import loader as thread_warnings
 
 _hook: Optional[Callable[[], None]] = None
 

@@ -24,9 +24,11 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import Checkpoint, predict
-from torch_serial_testing import pickle_scan, torch_unpickler_rules, unpickler_model
-from torch_serial_testing.allowlist import restore_registry, snapshot_registry
-from torch_serial_testing.torch_unpickler_rules import APPEND_TARGETS, AppendRule, ContainerRules, append_rules_from_source
+from torch_serial_testing.scan import walker as pickle_scan
+from torch_serial_testing.torch_facts import unpickler as torch_unpickler_rules
+from torch_serial_testing.scan import model as unpickler_model
+from torch_serial_testing.torch_facts.registry import restore_registry, snapshot_registry
+from torch_serial_testing.torch_facts.unpickler import APPEND_TARGETS, AppendRule, ContainerRules, append_rules_from_source
 
 
 class Items(list):
@@ -251,7 +253,7 @@ class TestAppendRulesFromSource(unittest.TestCase):
     def test_this_torch(self) -> None:
         from torch import _weights_only_unpickler as wou
 
-        from torch_serial_testing.torch_source import source_of
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import source_of
 
         rules = append_rules_from_source(source_of(wou))
         self.assertIsNotNone(rules, "this torch's APPEND/APPENDS checks were not understood")
@@ -282,8 +284,8 @@ class TestRulesReadFromLoadAlone(unittest.TestCase):
     whole module: the same rules as the module path, on every torch shape, or the module path."""
 
     def test_each_torch_shape(self) -> None:
-        from torch_serial_testing.torch_append_rules import UnpicklerMethods, append_rules_from_tree
-        from torch_serial_testing.torch_source import function_tree
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_append_rules import UnpicklerMethods, append_rules_from_tree
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import function_tree
 
         for label, source in (("2.13", TORCH_213), ("2.14.1", TORCH_2141)):
             with self.subTest(torch=label):
@@ -295,8 +297,8 @@ class TestRulesReadFromLoadAlone(unittest.TestCase):
                 self.assertEqual(from_load, append_rules_from_source(source))
 
     def test_a_method_that_is_not_there_is_not_guessed(self) -> None:
-        from torch_serial_testing.torch_append_rules import UnpicklerMethods, append_rules_from_tree
-        from torch_serial_testing.torch_source import function_tree
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_append_rules import UnpicklerMethods, append_rules_from_tree
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import function_tree
 
         module = excerpt_module(TORCH_2141.replace("def _check_append_target", "def _renamed"), "wou_excerpt_renamed")
         methods = UnpicklerMethods(module.Unpickler)
@@ -308,9 +310,9 @@ class TestRulesReadFromLoadAlone(unittest.TestCase):
     def test_this_torch_load_alone_and_module_agree(self) -> None:
         from torch import _weights_only_unpickler as wou
 
-        from torch_serial_testing.torch_append_rules import UnpicklerMethods, append_rules_from_tree
-        from torch_serial_testing.torch_source import function_tree, source_of
-        from torch_serial_testing.torch_unpickler_rules import persid_refused_from_source, persid_refused_from_tree
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_append_rules import UnpicklerMethods, append_rules_from_tree
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import function_tree, source_of
+        from torch_serial_testing.torch_facts.unpickler import persid_refused_from_source, persid_refused_from_tree
 
         tree = function_tree(wou.Unpickler.load)
         module_source = source_of(wou)
@@ -343,7 +345,7 @@ class TestRulesReadFromLoadAlone(unittest.TestCase):
         calls = []
 
         def reader(fn: Any) -> str:
-            from torch_serial_testing.torch_source import source_of
+            from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import source_of
 
             calls.append(getattr(fn, "__name__", fn))
             return source_of(fn)

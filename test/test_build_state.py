@@ -20,11 +20,12 @@ import torch
 
 import torch_serial_testing as tst
 from torch_serial_testing import Checkpoint, predict
-from torch_serial_testing import build_state, prediction
-from torch_serial_testing.allowlist import allowlisted
-from torch_serial_testing.build_state import build_failure, state_shape
-from torch_serial_testing.errors import UnexpectedLoadOutcome
-from torch_serial_testing.torch_unpickler_rules import BuildRules, build_rules, build_rules_from_source
+from torch_serial_testing.scan import build_state
+from torch_serial_testing.loading import prediction
+from torch_serial_testing.torch_facts.registry import allowlisted
+from torch_serial_testing.scan.build_state import build_failure, state_shape
+from torch_serial_testing.core.errors import UnexpectedLoadOutcome
+from torch_serial_testing.torch_facts.unpickler import BuildRules, build_rules, build_rules_from_source
 
 from roundtrip_fixtures import assert_mode_skips_here
 
@@ -276,7 +277,7 @@ class TestRulesAndShapes(unittest.TestCase):
 
     def test_the_running_torch_is_read(self) -> None:
         from torch import _weights_only_unpickler as wou
-        from torch_serial_testing.torch_source import source_of
+        from torch_serial_testing.UNKNOWN_torch_source import source_of
 
         self.assertEqual(build_rules(), build_rules_from_source(source_of(wou.Unpickler.load)))
 

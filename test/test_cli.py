@@ -22,10 +22,14 @@ import warnings
 
 import torch
 
-from torch_serial_testing import Checkpoint, cli, load_modes
-from torch_serial_testing.allowlist import preserved_registry, torch_allowlist
-from torch_serial_testing.engines import override_qengine
-from torch_serial_testing.load_modes import torch_default_weights_only
+from torch_serial_testing import Checkpoint
+
+from torch_serial_testing import cli
+
+from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.torch_facts.registry import preserved_registry, torch_allowlist
+from torch_serial_testing.torch_facts.engines import override_qengine
+from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
 
 from hostile_checkpoints import DANGEROUS_GLOBALS, build_all, legacy_tar
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP
@@ -530,7 +534,7 @@ class TestDoctor(CLITestBase):
         ])
 
     def test_near_miss_names_and_no_false_alarms(self):
-        from torch_serial_testing.doctor import near_miss_switches
+        from torch_serial_testing.cli.doctor import near_miss_switches
 
         typos = {
             "TORCH_FORCE_WEIGHTS_ONLY": cli.FORCE_WO, "TORCH_FORCE_WEIGHT_ONLY_LOAD": cli.FORCE_WO,

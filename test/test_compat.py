@@ -11,8 +11,10 @@ from unittest import mock
 import torch
 
 from roundtrip_fixtures import MODE_SKIPS, RUNNABLE_MODES, SAFE_GLOBALS_SKIP, TINY_SAFE_GLOBALS, TinyNet
-from torch_serial_testing import Checkpoint, LoadMode, engines, instantiate_round_trip_tests, load_modes
-from torch_serial_testing.allowlist import normalize_safe_globals
+from torch_serial_testing import Checkpoint, LoadMode, instantiate_round_trip_tests
+from torch_serial_testing.torch_facts import engines
+from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.policy.declared import normalize_safe_globals
 from python_compat import decorator_skipped, expected_tests_run
 from subprocess_env import child_env
 from test_instantiation import make_generic, run

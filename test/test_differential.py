@@ -22,9 +22,9 @@ import torch
 
 from roundtrip_fixtures import TinyNet
 from torch_serial_testing import Checkpoint, CheckpointInfo, load, predict, required_globals
-from torch_serial_testing import load_modes
-from torch_serial_testing import switches as switch_module
-from torch_serial_testing.errors import CheckpointFormatError, RoundTripConfigError
+from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.torch_facts import load_call as switch_module
+from torch_serial_testing.core.errors import CheckpointFormatError, RoundTripConfigError
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.differential import corpus, oracle, worker  # noqa: E402
@@ -104,7 +104,7 @@ class TestSwitchReadings(unittest.TestCase):
             self.assertEqual((exp.weights_only, exp.loads), (True, False))
 
     def test_doctor_names_this_torchs_spellings(self) -> None:
-        from torch_serial_testing import doctor
+        from torch_serial_testing.cli import doctor
 
         readings = load_modes.switch_readings_from_source(TORCH_28_LIKE)
         problems: list[str] = []

@@ -16,7 +16,9 @@ from typing import Any
 
 import torch
 
-from torch_serial_testing import SerializationRoundTripTestCase, cross_engine, engines, instantiate_round_trip_tests
+from torch_serial_testing import SerializationRoundTripTestCase, cross_engine, instantiate_round_trip_tests
+
+from torch_serial_testing.torch_facts import engines
 
 from isolation_fixtures import process_state, run_tests
 

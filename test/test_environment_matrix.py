@@ -30,8 +30,10 @@ from torch_serial_testing import (
     LoadMode,
     predict,
 )
-from torch_serial_testing.allowlist import normalize_safe_globals, torch_allowlist
-from torch_serial_testing.load_modes import TRUE_VALUES, WeightsOnlySwitches, torch_default_weights_only
+from torch_serial_testing.policy.declared import normalize_safe_globals
+from torch_serial_testing.torch_facts.registry import torch_allowlist
+from torch_serial_testing.loading.load import TRUE_VALUES
+from torch_serial_testing.torch_facts.load_call import WeightsOnlySwitches, torch_default_weights_only
 
 from roundtrip_fixtures import MODE_SKIPS, torch_sets
 import subprocess_env

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from torch_serial_testing.allowlist import torch_allowlist
-from torch_serial_testing.load_modes import torch_default_weights_only
+from torch_serial_testing.torch_facts.registry import torch_allowlist
+from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
 
 from roundtrip_fixtures import MODE_SKIPS
 from python_compat import expected_tests_run

@@ -21,7 +21,7 @@ import textwrap
 import unittest
 import xml.etree.ElementTree as ET
 
-from torch_serial_testing import engines
+from torch_serial_testing.torch_facts import engines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,7 +29,7 @@ DRIVER = textwrap.dedent("""
     import io, json, random, sys, unittest
     sys.path.insert(0, {here!r})
     import foreign_switch_cases as cases
-    from torch_serial_testing import engines
+    from torch_serial_testing.torch_facts import engines
 
     def flat(suite):
         for item in suite:

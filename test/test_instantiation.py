@@ -26,8 +26,8 @@ from torch_serial_testing import (
     no_round_trip_dims,
     round_trip_dims,
 )
-from torch_serial_testing import devices
-from torch_serial_testing.devices import resolve_devices
+from torch_serial_testing.torch_facts import devices
+from torch_serial_testing.torch_facts.devices import resolve_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -171,7 +171,7 @@ class TestDimensions(unittest.TestCase):
         # Renaming privateuse1 is irreversible, so it runs in a subprocess.
         code = textwrap.dedent("""
             import torch, types
-            from torch_serial_testing import devices
+            from torch_serial_testing.torch_facts import devices
             print(devices.class_suffix("privateuse1"))
             torch.utils.rename_privateuse1_backend("npu")
             mod = types.ModuleType("torch.npu"); mod.is_available = lambda: True; torch._register_device_module("npu", mod)

@@ -289,7 +289,7 @@ class TestInterruptInEachRestoreStep(StateCase):
     def test_warning_observation_restore(self) -> None:
         if not READS_FORCE_NO:
             self.skipTest(f"torch {torch.__version__} does not read {NO_WO} (torch < 2.6)")
-        from torch_serial_testing import load_modes
+        from torch_serial_testing.loading import load as load_modes
 
         for when in ("before", "after"):
             with self.subTest(when=when), clean_env(**{NO_WO: "1"}):

@@ -29,8 +29,10 @@ from torch_serial_testing import (
     SerializationRoundTripTestCase,
     engines,
 )
-from torch_serial_testing import load_modes
-from torch_serial_testing.allowlist import normalize_safe_globals, qualified_name, snapshot_registry
+from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.policy.declared import normalize_safe_globals
+from torch_serial_testing.core.names import qualified_name
+from torch_serial_testing.torch_facts.registry import snapshot_registry
 
 from roundtrip_fixtures import MODE_SKIPS, SAFE_GLOBALS_SKIP, assert_mode_skips_here
 from subprocess_env import child_env

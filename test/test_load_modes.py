@@ -24,9 +24,12 @@ from roundtrip_fixtures import (
     assert_mode_skips_here,
     default_outcome,
 )
-from torch_serial_testing import Checkpoint, LoadMode, load_modes, prediction
-from torch_serial_testing.allowlist import normalize_safe_globals, preserved_registry
-from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
+from torch_serial_testing import Checkpoint, LoadMode
+from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.loading import prediction
+from torch_serial_testing.policy.declared import normalize_safe_globals
+from torch_serial_testing.torch_facts.registry import preserved_registry
+from torch_serial_testing.core.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
 
 WO, NO_WO = load_modes.FORCE_WO, load_modes.FORCE_NO_WO
 TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)  # TinyNet, and set where torch's allowlist lacks it
@@ -141,7 +144,7 @@ class TestOpcodes(unittest.TestCase):
                 self.assertEqual(Checkpoint.save(obj).info.unsupported_opcodes, ())
 
     def test_opcode_set_read_from_torch_source_with_fallback(self):
-        from torch_serial_testing import checkpoint
+        from torch_serial_testing.scan import checkpoint
 
         checkpoint.weights_only_opcodes.cache_clear()
         try:

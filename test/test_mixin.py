@@ -31,9 +31,9 @@ from torch_serial_testing import (
     RoundTripConfigError,
     SerializationRoundTripTestCase,
 )
-from torch_serial_testing.case import REPORT_ENV
-from torch_serial_testing.checkpoint import Checkpoint
-from torch_serial_testing.allowlist import allowlisted
+from torch_serial_testing.testing.case import REPORT_ENV
+from torch_serial_testing.scan.checkpoint import Checkpoint
+from torch_serial_testing.torch_facts.registry import allowlisted
 
 from subprocess_env import child_env
 

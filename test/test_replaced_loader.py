@@ -26,7 +26,7 @@ import torch
 
 import torch_serial_testing as tst
 from torch_serial_testing import Checkpoint
-from torch_serial_testing.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
+from torch_serial_testing.core.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
 
 from npu_backend import fake_torch_npu
 from python_compat import failure_ids, verbose_ids

@@ -45,9 +45,9 @@ from torch_serial_testing import (  # noqa: E402
     required_globals,
     scan_checkpoint,
 )
-from torch_serial_testing.allowlist import SafeGlobal, normalize_safe_globals  # noqa: E402
-from torch_serial_testing.load_modes import torch_default_weights_only  # noqa: E402
-from torch_serial_testing.torch_unpickler_rules import torch_refuses_torchscript_weights_only  # noqa: E402
+from torch_serial_testing.policy.declared import SafeGlobal, normalize_safe_globals# noqa: E402
+from torch_serial_testing.torch_facts.load_call import torch_default_weights_only# noqa: E402
+from torch_serial_testing.torch_facts.unpickler import torch_refuses_torchscript_weights_only# noqa: E402
 
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP, assert_mode_skips_here  # noqa: E402
 from subprocess_env import child_env  # noqa: E402

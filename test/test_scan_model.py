@@ -25,8 +25,9 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import Checkpoint, predict, required_globals, scan_checkpoint
-from torch_serial_testing.allowlist import allowlisted, torch_allowlist
-from torch_serial_testing.pickle_scan import numpy_dtype_class, special_global_messages, weights_only_opcodes
+from torch_serial_testing.torch_facts.registry import allowlisted, torch_allowlist
+from torch_serial_testing.scan.model import numpy_dtype_class
+from torch_serial_testing.scan.walker import special_global_messages, weights_only_opcodes
 
 try:
     import numpy as np
@@ -298,7 +299,7 @@ class TestBuiltinsSpelling(unittest.TestCase):
     """torch >= 2.7 names ``builtins.frozenset`` as ``frozenset`` in its refusal; torch 2.4 to 2.6 in full."""
 
     def setUp(self) -> None:
-        from torch_serial_testing import torch_unpickler_rules as rules
+        from torch_serial_testing.torch_facts import unpickler as rules
 
         self.rule = rules.message_drops_builtins_prefix
         # every rule read from torch's source: a scan under the mocked source below must not
@@ -313,7 +314,7 @@ class TestBuiltinsSpelling(unittest.TestCase):
     def test_this_torch(self) -> None:
         from torch import _weights_only_unpickler as wou
 
-        from torch_serial_testing.torch_source import source_of
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import source_of
 
         self.assertEqual(self.rule(), "builtins_name" in source_of(wou.Unpickler.load))
         exp = predict("default", Checkpoint.save({"frozen": frozenset([1]), "n": 1}))
@@ -343,7 +344,7 @@ class TestDerivedFromTorch(unittest.TestCase):
         special = special_global_messages()
         from torch import _weights_only_unpickler as wou
 
-        from torch_serial_testing.torch_source import source_of
+        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import source_of
 
         source = source_of(wou.Unpickler.load)
         # Every refusal read is one this torch's unpickler makes: its global and the start of its
@@ -454,7 +455,7 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
     ''')
 
     def rules(self, source: str):
-        from torch_serial_testing import unpickler_model
+        from torch_serial_testing.scan import model as unpickler_model
 
         unpickler_model.container_rules.cache_clear()
         self.addCleanup(unpickler_model.container_rules.cache_clear)
@@ -482,7 +483,7 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
         self.assertEqual(rules.persid_refused, {"other"})
 
     def test_persistent_id_check_is_never_run_beyond_type_tests(self) -> None:
-        from torch_serial_testing.torch_unpickler_rules import persid_refused_from_source
+        from torch_serial_testing.torch_facts.unpickler import persid_refused_from_source
 
         hostile = self.TORCH_213_LIKE.replace("type(pid) is not int", "__import__('os').system('false')")
         self.assertIsNone(persid_refused_from_source(hostile))
@@ -492,7 +493,9 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
         self.assertEqual(rules.persid_refused, {"other"})
 
     def test_predictions_follow_the_rules(self) -> None:
-        from torch_serial_testing import pickle_scan, torch_unpickler_rules, unpickler_model
+        from torch_serial_testing.scan import walker as pickle_scan
+        from torch_serial_testing.torch_facts import unpickler as torch_unpickler_rules
+        from torch_serial_testing.scan import model as unpickler_model
 
         data = {"d": DictSub(a=1)}
         torch_rules = unpickler_model.container_rules()

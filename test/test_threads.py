@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
-from torch_serial_testing import Checkpoint, load_modes
-from torch_serial_testing.allowlist import snapshot_registry
+from torch_serial_testing import Checkpoint
+
+from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.torch_facts.registry import snapshot_registry
 
 from isolation_fixtures import (
     import_registering_modules,

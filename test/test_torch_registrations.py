@@ -20,8 +20,10 @@ from unittest import mock
 
 import torch
 
-from torch_serial_testing import replaced_loader, torch_registrations
-from torch_serial_testing.allowlist import restore_registry, snapshot_registry
+from torch_serial_testing import torch_registrations
+
+from torch_serial_testing.torch_facts import loader as replaced_loader
+from torch_serial_testing.torch_facts.registry import restore_registry, snapshot_registry
 
 from subprocess_env import child_env
 
@@ -49,8 +51,8 @@ class TestTorchsOwnRegistrations(unittest.TestCase):
                     importlib.import_module(name)
                 except Exception:
                     pass
-            from torch_serial_testing.allowlist import registered_globals
-            from torch_serial_testing.torch_registrations import torch_registered_names
+            from torch_serial_testing.torch_facts.registry import registered_globals
+            from torch_serial_testing.UNKNOWN_UNKNOWN_torch_registrations import torch_registered_names
             own, complete = torch_registered_names()
             print(json.dumps([sorted(registered_globals()), sorted(own), complete]))
         ''')
@@ -82,7 +84,7 @@ class TestTheNote(unittest.TestCase):
         self.addCleanup(restore_registry, snap)
 
     def test_lists_only_what_was_added_beyond_torchs_own(self) -> None:
-        from torch_serial_testing.allowlist import registered_globals
+        from torch_serial_testing.torch_facts.registry import registered_globals
 
         torch.serialization.add_safe_globals([Mine, torch.nn.Linear])
         note = note_of(sorted(registered_globals()))
@@ -91,7 +93,7 @@ class TestTheNote(unittest.TestCase):
         self.assertEqual(note, NOTE + ", ".join(listed))
 
     def test_nothing_added_no_note(self) -> None:
-        from torch_serial_testing.allowlist import registered_globals
+        from torch_serial_testing.torch_facts.registry import registered_globals
 
         own, _complete = torch_registrations.torch_registered_names()
         registered = sorted(n for n in registered_globals() if n in own)

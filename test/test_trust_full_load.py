@@ -21,10 +21,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402,F401
 
-from torch_serial_testing import Checkpoint, cli  # noqa: E402
-from torch_serial_testing.inspection import inspect_report  # noqa: E402
-from torch_serial_testing.names import pickle_forms  # noqa: E402
-from torch_serial_testing.trust import judge_name  # noqa: E402
+from torch_serial_testing import Checkpoint  # noqa: E402
+
+from torch_serial_testing import cli
+from torch_serial_testing.cli.inspection import inspect_report# noqa: E402
+from torch_serial_testing.core.names import pickle_forms# noqa: E402
+from torch_serial_testing.policy.trust import judge_name# noqa: E402
 
 from test_trust_policy import _call_checkpoint  # noqa: E402
 

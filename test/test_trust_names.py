@@ -31,11 +31,12 @@ from torch_serial_testing import (  # noqa: E402
     refusal_notes,
     safe_globals_snippet,
 )
-from torch_serial_testing.allowlist import normalize_safe_globals, preserved_registry  # noqa: E402
-from torch_serial_testing.doctor import doctor_report, format_doctor  # noqa: E402
-from torch_serial_testing.inspection import format_inspect, inspect_report  # noqa: E402
-from torch_serial_testing.names import escape_text, name_problem, show_name  # noqa: E402
-from torch_serial_testing.trust import judge_name  # noqa: E402
+from torch_serial_testing.policy.declared import normalize_safe_globals# noqa: E402
+from torch_serial_testing.torch_facts.registry import preserved_registry
+from torch_serial_testing.cli.doctor import doctor_report, format_doctor# noqa: E402
+from torch_serial_testing.cli.inspection import format_inspect, inspect_report# noqa: E402
+from torch_serial_testing.core.names import escape_text, name_problem, show_name# noqa: E402
+from torch_serial_testing.policy.trust import judge_name# noqa: E402
 
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 

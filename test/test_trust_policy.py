@@ -28,9 +28,10 @@ from torch_serial_testing import (  # noqa: E402
     judge_global,
     required_globals,
 )
-from torch_serial_testing.allowlist import normalize_safe_globals, torch_allowlist_objects  # noqa: E402
-from torch_serial_testing.inspection import format_inspect, inspect_report  # noqa: E402
-from torch_serial_testing.trust import judge_name  # noqa: E402
+from torch_serial_testing.policy.declared import normalize_safe_globals# noqa: E402
+from torch_serial_testing.torch_facts.registry import torch_allowlist_objects
+from torch_serial_testing.cli.inspection import format_inspect, inspect_report# noqa: E402
+from torch_serial_testing.policy.trust import judge_name# noqa: E402
 
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 

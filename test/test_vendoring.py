@@ -32,7 +32,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import torch_serial_testing
-from torch_serial_testing import vendor as vendor_mod
+from torch_serial_testing.cli import vendor as vendor_mod
 
 from test_flagship_environments import skipped_tests
 

@@ -5,6 +5,12 @@ module to memory and reloads it in every load mode -- ``weights_only=False``,
 ``weights_only=True`` inside ``safe_globals``, and the bare default -- per
 quantized engine and device, and asserts in each generated test exactly what
 torch should do in the current environment.
+
+Layers, each importing only those before it: ``core`` (errors, names, modes,
+limits), ``torch_facts`` (what this torch does, asked by probes; the only layer
+touching torch's private API), ``scan`` and ``policy`` (reading checkpoints
+statically; which globals may be trusted), ``loading`` (prediction and the load
+that asserts it), ``testing`` (the mixin and generated tests), ``cli``.
 """
 
 from __future__ import annotations
@@ -12,14 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .aggregation import import_round_trip_tests
-from .allowlist import dangerous_reason, qualified_name, required_globals, safe_globals_snippet
-from .snippet import refusal_notes
-from .trust import UnsafeCallable, judge_global
-from .case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
-from .devices import available_device_types
-from .engines import override_qengine, supported_qengines
-from .errors import (
+from .core.errors import (
     AllowlistError,
     CheckpointFormatError,
     ConflictingEnvironmentError,
@@ -28,42 +27,39 @@ from .errors import (
     UnexpectedLoadOutcome,
     UnsafeLoadRefused,
 )
-from .instantiation import cross_engine, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims
-from .isolation import GlobalState
-from .modes import LoadMode
-# Eager although only a scan needs it: importing the submodule later would rebind the package's
-# ``scan_limits`` (the function) to the module of the same name.
-from .scan_limits import ScanLimits, scan_limits
+from .core.limits import ScanLimits, scan_limits
+from .core.modes import LoadMode
+from .core.names import qualified_name
+from .loading.required import required_globals
+from .policy.snippet import refusal_notes, safe_globals_snippet
+from .policy.trust import UnsafeCallable, dangerous_reason, judge_global
+from .testing.aggregation import import_round_trip_tests
+from .testing.case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
+from .testing.instantiation import cross_engine, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims
+from .testing.isolation import GlobalState
+from .torch_facts.devices import available_device_types
+from .torch_facts.engines import override_qengine, supported_qengines
 
-# What only a round trip or a scan needs (the opcode walk, the unpickler model, the prediction,
-# the loader, the comparison) is imported on first use, here or by the mixin's first round trip:
-# ``import torch_serial_testing`` and defining test classes stay cheap.  Name -> its module.
+# What only a round trip or a scan needs (the opcode walk, the prediction, the loader, the
+# comparison) is imported on first use, here or by the mixin's first round trip: ``import
+# torch_serial_testing`` and defining test classes stay cheap.  Name -> its module.
 _ON_FIRST_USE = {
-    "Checkpoint": "checkpoint",
-    "CheckpointInfo": "checkpoint",
-    "scan_checkpoint": "checkpoint",
-    "RoundTripMismatch": "comparison",
-    "assert_round_trip_equal": "comparison",
-    "Expectation": "load_modes",
-    "LoadResult": "load_modes",
-    "load": "load_modes",
-    "predict": "load_modes",
-    "round_trip": "load_modes",
+    "Checkpoint": "scan.checkpoint",
+    "CheckpointInfo": "scan.checkpoint",
+    "scan_checkpoint": "scan.checkpoint",
+    "RoundTripMismatch": "testing.comparison",
+    "assert_round_trip_equal": "testing.comparison",
+    "Expectation": "loading.prediction",
+    "predict": "loading.prediction",
+    "LoadResult": "loading.load",
+    "load": "loading.load",
+    "round_trip": "loading.load",
 }
-
-#: Submodules the package imported eagerly before, still reachable as attributes
-#: (``torch_serial_testing.load_modes``) without importing them first.
-_SUBMODULES_ON_FIRST_USE = frozenset([
-    "checkpoint", "comparison", "load_modes", "pickle_scan", "prediction", "replaced_loader", "switches",
-    "thread_warnings", "torch_source", "torch_unpickler_rules", "unpickler_model",
-])
 
 
 def __getattr__(name: str) -> Any:
     module = _ON_FIRST_USE.get(name)
     if module is None:
-        if name in _SUBMODULES_ON_FIRST_USE:
-            return importlib.import_module(f".{name}", __name__)  # binds the package attribute too
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later lookups are plain attribute reads

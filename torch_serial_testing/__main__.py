@@ -1,4 +1,4 @@
-"""``python -m torch_serial_testing {doctor,inspect}``: see :mod:`torch_serial_testing.cli`."""
+"""``python -m torch_serial_testing {doctor,inspect,vendor}``: see :mod:`torch_serial_testing.cli`."""
 
 import sys
 

@@ -93,7 +93,7 @@ from torch_serial_testing import (
     qualified_name,
     supported_qengines,
 )
-from torch_serial_testing.allowlist import torch_allowlist
+from torch_serial_testing.torch_facts.registry import torch_allowlist
 
 try:  # what upstream test files use; plain unittest when it cannot be imported
     from torch.testing._internal.common_utils import TestCase, run_tests

@@ -1,0 +1,104 @@
+"""The CLI's contract with scripts: exit codes and the ``--json`` schema, written once.
+
+``--help`` prints :func:`exit_codes_help` of this table; the subcommands return these codes.
+
+JSON (``--json``; schema 1; keys are stable, values ``null`` when unknown).  Common: ``schema``
+(int, 1), ``command`` ("doctor"/"inspect"), ``status`` (string), ``exit_code`` (int),
+``torch`` ({``version``, ``cuda``, ``hip``, ``git_version``, ``debug``}),
+``torch_load_replaced_by`` (string or null).
+
+doctor: ``status`` "ok" | "attention" | "error"; ``problems`` (list of strings: why status is
+not "ok"); ``default_weights_only`` ({``value``: bool or null when every load fails,
+``reason``, ``warns``: bool, ``torch_default``: bool, ``torch_default_reason``});
+``environment`` (keyed by TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD,
+TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD, each {``raw``: string or
+null, ``value``: the value torch uses -- bool for the three switches, float seconds (or
+"inf"/"nan") for the wait limit --, ``effect``: string}); ``backend_entry_points`` (list of
+"name = target" in entry-point group ``torch.backends``); ``safe_globals`` (sorted names
+registered process-wide); ``quantized_engines`` ({``supported``: list, ``current``: string});
+``devices`` ({``available``: list, ``privateuse1_backend``: string or null}).
+
+inspect: ``status`` "loads" | "needs_allowlist" | "needs_opt_in" | "needs_trusted_loader" |
+"dangerous" | "unloadable" | "unreadable" | "environment_error"; ``checkpoint`` (the
+argument); ``nbytes`` (int or null); ``format`` ("zip" | "torchscript" | "legacy" | "tar" |
+null); ``error`` (string or null: why it is unreadable or every load fails); ``globals`` (every
+global the pickle names); ``required_globals`` (those beyond torch's allowlist);
+``dangerous`` (denylisted, or the policy cannot tell what it is), ``malformed`` (not a dotted
+Python name), ``unknown`` (absent here) and ``needs_opt_in`` (verified, but not a class)
+(lists of {``name``, ``reason``}); ``notes`` (one line per global the snippet leaves out, and
+why); ``safe_globals`` ({``given``, ``unused``}); ``modes`` (keyed by weights_only_false,
+safe_globals, default, each {``weights_only``: bool or null, ``outcome``: "loads" |
+"rejected" | "unsafe" | "error", ``missing``: list, ``summary``: the text line}); ``snippet``
+(string or null).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any, Sequence
+
+__all__ = ["SCHEMA_VERSION", "EXIT_OK", "EXIT_ATTENTION", "EXIT_DANGEROUS", "EXIT_USAGE", "EXIT_CODES",
+           "exit_codes_help", "torch_info"]
+
+SCHEMA_VERSION = 1
+EXIT_OK = 0
+EXIT_ATTENTION = 1
+EXIT_DANGEROUS = 2
+EXIT_USAGE = 3
+
+#: What each exit code means, per subcommand (argparse's own 2 for usage errors is remapped to 3).
+EXIT_CODES: dict[int, dict[str, str]] = {
+    EXIT_OK: {
+        "inspect": "loads weights-only here (with the --safe-global names given)",
+        "doctor": "environment OK: torch.load does what its call site says",
+        "vendor": "done, or (--check) the copy is current",
+    },
+    EXIT_ATTENTION: {
+        "inspect": "needs action first: allowlisting the listed classes, an explicit UnsafeCallable opt-in "
+                   "for a needed global that is not a class, or (TorchScript, legacy .tar) a loader only "
+                   "for trusted files",
+        "doctor": "attention: a TORCH_FORCE_* switch is active or set to a spelling torch ignores, a "
+                  "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
+                  "not weights-only, or backend autoload is off for installed backends or set to "
+                  "something other than 0 or 1",
+        "vendor": "--check: the copy is not current (listed)",
+    },
+    EXIT_DANGEROUS: {
+        "inspect": "dangerous or unloadable input: a DANGEROUS or malformed global, a global this torch "
+                   "lacks, unreadable / truncated / not a checkpoint, or both TORCH_FORCE_* switches set "
+                   "(every torch.load fails)",
+        "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError)",
+        "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
+    },
+    EXIT_USAGE: {"all": "usage error (bad arguments, unknown subcommand)"},
+}
+
+
+def exit_codes_help(commands: Sequence[str], width: int = 100) -> str:
+    """The ``exit codes:`` block of ``--help`` for *commands*, from :data:`EXIT_CODES`."""
+    label = max(len(c) for c in commands) + 2
+    lines = ["exit codes:"]
+    for code, meanings in EXIT_CODES.items():
+        first = True
+        for command, text in meanings.items():
+            if command != "all" and command not in commands:
+                continue
+            head = f"  {code}  " if first else " " * 5
+            prefix = head + ("" if command == "all" else f"{command + ':':<{label}}")
+            lines.extend(textwrap.wrap(text, width, initial_indent=prefix, subsequent_indent=" " * len(prefix)))
+            first = False
+    return "\n".join(lines) + "\n"
+
+
+def torch_info() -> dict[str, Any]:
+    """The ``torch`` object of every report: this interpreter's torch build."""
+    import torch
+
+    version = getattr(torch, "version", None)
+    return {
+        "version": torch.__version__,
+        "cuda": getattr(version, "cuda", None),
+        "hip": getattr(version, "hip", None),
+        "git_version": getattr(version, "git_version", None),
+        "debug": getattr(version, "debug", None),
+    }

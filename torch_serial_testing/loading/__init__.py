@@ -1,0 +1,1 @@
+"""What torch should do with one load here and now, and the load that asserts it."""

@@ -1,0 +1,334 @@
+"""What torch *should* do with one load, here and now: :func:`predict`.
+
+The effective ``weights_only`` is what torch's own ``torch.load`` decides for the mode's call
+in this environment (:func:`~..torch_facts.load_call.decide`, asked of torch).  With
+``weights_only=True`` the checks the scan recorded (:attr:`CheckpointInfo.checks`)
+are replayed in torch's order against what is allowed -- torch's allowlist, the
+process-wide registry, the declared globals -- and the first one that fails is the
+rejection torch will raise.  Nothing is loaded or refused here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from ..core.errors import RoundTripConfigError
+from ..core.modes import LoadMode
+from ..core.names import show_name, torch_key
+from ..policy.declared import declared_entries
+from ..scan.build_state import build_failure
+from ..scan.checkpoint import Checkpoint
+from ..scan.model import Check, class_repr, container_refused, loaded_class
+from ..torch_facts.load_call import Decision, decide
+from ..torch_facts.probes import ProbeFailed
+from ..torch_facts.records import torchscript_refusal
+from ..torch_facts.registry import (
+    registered_globals,
+    registry_lock,
+    torch_allowed_type_names,
+    torch_allowlist,
+    torch_allowlist_objects,
+)
+from ..torch_facts.unpickler import UnpicklerRules, global_refusal, unpickler_rules
+
+__all__ = ["Expectation", "declared_names", "predict"]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What torch should do with one load, and why."""
+
+    mode: LoadMode
+    weights_only: bool
+    warns: bool
+    loads: bool
+    missing: tuple[str, ...]
+    reason: str
+    replaced_by: Optional[str] = None
+    unsupported_opcodes: tuple[str, ...] = ()
+    #: torch's reason when no allowlist can make this checkpoint load weights-only (see
+    #: CheckpointInfo.weights_only_blocker); None when allowlisting can help, or not weights-only.
+    blocker: Optional[str] = None
+    #: The text torch's rejection must contain: the first check the weights-only unpickler fails.
+    rejection: Optional[str] = None
+    #: The exception torch raises when it rejects: UnpicklingError from the weights-only unpickler,
+    #: RuntimeError for a TorchScript or legacy tar archive refused before any unpickling.
+    error_type: str = "UnpicklingError"
+    #: Why the outcome cannot be predicted here (a probe of this torch failed), else None.
+    unknown: Optional[str] = None
+
+    def summary(self, loaded: Optional[bool] = None, notes: Sequence[str] = (), warned: Optional[bool] = None) -> str:
+        """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``.
+
+        *notes* are the ways a replaced ``torch.load`` reported differently from torch's own
+        (see :func:`load`); *warned* is what was observed when it differs from the prediction.
+        """
+        loaded = self.loads if loaded is None else loaded
+        verb = "loaded" if loaded else "rejected"
+        why = self.reason
+        if self.unknown:
+            return f"{self.mode.value}: {verb}, not predicted ({why}; {self.unknown})"
+        if not loaded and self.missing:
+            why += f"; {', '.join(map(show_name, self.missing))} not allowlisted"  # names are data: escaped
+        if not loaded and self.unsupported_opcodes:
+            why += f"; opcode {', '.join(self.unsupported_opcodes)} not supported by the weights-only unpickler"
+        if not loaded and self.blocker and not self.unsupported_opcodes:
+            why += f"; cannot load weights-only: {self.blocker}"
+        if self.warns if warned is None else warned:
+            why += "; torch warned"
+        if self.replaced_by:
+            why += f"; torch.load is replaced by {self.replaced_by}"
+            if notes:
+                why += ", which " + "; ".join(notes)
+        return f"{self.mode.value}: {verb} as expected ({why})"
+
+
+def declared_names(safe_globals: Any) -> tuple[str, ...]:
+    """The names torch matches *safe_globals* by (see :func:`declared_entries`)."""
+    return tuple(name for _obj, name in declared_entries(safe_globals))
+
+
+def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    if isinstance(checkpoint, LoadMode) or (isinstance(checkpoint, str) and not os.path.exists(checkpoint)):
+        try:
+            LoadMode.parse(checkpoint)
+        except RoundTripConfigError:
+            pass
+        else:
+            raise RoundTripConfigError(
+                f"{caller}() got the load mode {str(checkpoint)!r} where the checkpoint goes: the order is "
+                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)")
+            )
+    if caller == "predict":
+        # Predicting never unpickles, so any checkpoint form scan_checkpoint reads will do.
+        return Checkpoint.from_buffer(checkpoint)
+    raise TypeError(
+        f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
+        "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
+    )
+
+
+def predict(
+    mode: LoadMode | str,
+    checkpoint: Any,
+    safe_globals: Sequence[Any] = (),
+    environ: Optional[Mapping[str, str]] = None,
+) -> Expectation:
+    """What torch should do loading *checkpoint* in *mode*, here and now.
+
+    With ``weights_only=True`` the checkpoint's scanned checks (:attr:`CheckpointInfo.checks`)
+    are replayed in torch's order against what is allowed: the first one that fails is the
+    rejection torch raises; a :attr:`CheckpointInfo.weights_only_blocker` means no allowlist helps.
+
+    *checkpoint* is a :class:`Checkpoint` or anything :func:`scan_checkpoint` reads (bytes, a
+    buffer, a path); *safe_globals* takes objects, ``'module.Name'`` strings and
+    ``(obj, 'module.Name')`` tuples.  It only predicts: nothing is refused or loaded.
+    """
+    if isinstance(mode, Checkpoint):
+        raise RoundTripConfigError(
+            "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
+        )
+    return _predict(LoadMode.parse(mode), _as_checkpoint(checkpoint, "predict"), declared_entries(safe_globals), environ)
+
+
+def _predict(
+    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], environ: Optional[Mapping[str, str]]
+) -> Expectation:
+    """:func:`predict` once its arguments are checked (load() calls this with its own checked ones)."""
+    return _expected(mode, checkpoint, declared, decide(mode, environ))
+
+
+def _expected(
+    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], decision: Decision
+) -> Expectation:
+    """The expectation of loading *checkpoint* under *decision*."""
+    if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
+        full = decision.full
+        if full is None:
+            full = decision.full = Expectation(mode, False, decision.warns, True, (), decision.reason,
+                                               decision.replaced_by)
+        return full
+    reason = decision.reason
+    if checkpoint.format == "torchscript":
+        try:
+            dispatched = torchscript_refusal() is None
+        except ProbeFailed as e:
+            return Expectation(mode, True, decision.warns, False, (), reason, decision.replaced_by, unknown=str(e))
+        if dispatched:  # this torch hands a TorchScript archive to torch.jit.load whatever weights_only says
+            reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
+            return Expectation(mode, False, decision.warns, True, (), reason, decision.replaced_by)
+    info = checkpoint.info
+    try:
+        rules = unpickler_rules()
+    except ProbeFailed as e:
+        return Expectation(mode, True, decision.warns, False, (), reason, decision.replaced_by, unknown=str(e))
+    # Under the registry lock: no library round trip is inside its safe_globals context now.
+    with registry_lock:
+        allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else (), rules)
+    # The same facts, the same allowed set, the same decision: the same prediction.
+    key = (id(decision), id(info), id(allowed))
+    hit = _expectations.get(key)
+    if hit is not None and hit[0] is info and hit[1] is allowed and hit[2] is decision:
+        return hit[3]
+    expectation = _expect(mode, decision, reason, info, rules, allowed)
+    if len(_expectations) >= 256:
+        _expectations.clear()
+    _expectations[key] = (info, allowed, decision, expectation)  # keeps them alive: ids stay theirs
+    return expectation
+
+
+#: (id(decision), id(info), id(allowed)) -> (info, allowed, decision, the expectation).
+_expectations: dict[tuple[int, int, int], tuple[Any, Any, Decision, Expectation]] = {}
+
+
+class _Allowed:
+    """What a weights-only load accepts here: global names, the types BUILD accepts, those types'
+    objects by name, and the user-allowlisted objects by name (for container target checks)."""
+
+    __slots__ = ("names", "types", "classes", "user")
+
+    def __init__(self, names: frozenset[str], types: frozenset[str], classes: dict[str, Any],
+                 user: dict[str, Any]) -> None:
+        self.names = names
+        self.types = types
+        self.classes = classes
+        self.user = user
+
+
+def _expect(mode: LoadMode, decision: Decision, reason: str, info: Any, rules: UnpicklerRules,
+            allowed: _Allowed) -> Expectation:
+    """A weights-only load: replay the checkpoint's checks against what is allowed."""
+    missing, rejection, build, unknown = _replay(info.checks, allowed, rules)
+    error_type = build[0] if build else None
+    # Globals past the point where torch stops (an unsupported opcode...) are still reported.
+    missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in allowed.names}))
+    return Expectation(
+        mode,
+        True,
+        decision.warns,
+        rejection is None and unknown is None,
+        missing,
+        reason,
+        decision.replaced_by,
+        info.unsupported_opcodes,
+        info.weights_only_blocker or (build[1] if build else None),
+        rejection,
+        "RuntimeError" if info.format in ("torchscript", "tar") else error_type or "UnpicklingError",
+        unknown,
+    )
+
+
+def _replay(
+    checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules,
+) -> tuple[tuple[str, ...], Optional[str], Optional[tuple[str, str]], Optional[str]]:
+    """(every global/type not allowed, torch's message for the first failing check or None, when
+    that check is BUILD failing on an allowed class: (the exception type, why), and why the
+    outcome cannot be predicted when a check before any failure is unknown)."""
+    missing: list[str] = []
+    rejection: Optional[str] = None
+    build: Optional[tuple[str, str]] = None
+    unknown: Optional[str] = None
+    for c in checks:
+        if c.kind == "global":
+            if c.name in allowed.names:
+                continue
+            missing.append(c.name)
+            if rejection is None and unknown is None:
+                try:
+                    rejection = global_refusal(c.name)
+                except ProbeFailed as e:
+                    unknown = str(e)
+                if rejection is None and unknown is None:  # allowlisted after all: torch loads it
+                    missing.pop()
+        elif c.kind == "type":
+            if c.name in allowed.types or c.name in allowed.names:
+                continue
+            if c.name not in missing:
+                missing.append(c.name)
+            if rejection is None:
+                rejection = rules.build_refusal + class_repr(c.name)
+        elif c.kind in ("append", "appends", "setitem", "setitems"):
+            if not container_refused(rules, c, allowed.user):
+                continue
+            if c.name not in allowed.user and not container_refused(rules, c, {c.name: _as_if_allowlisted(c)}) \
+                    and c.name not in missing:
+                missing.append(c.name)  # allowlisting it (a list subclass) lets it through
+            if rejection is None:
+                rejection = c.message
+        elif c.kind == "build":
+            # Its "type" check came first: an allowed class whose state this torch's BUILD may not apply.
+            if rejection is None and c.name in allowed.classes:
+                failure = build_failure(allowed.classes[c.name], c.shape, rules.build)
+                if failure is not None:
+                    rejection = failure[1]
+                    build = (failure[0], f"this torch's BUILD cannot apply the pickled state of {c.name} "
+                             f"(it raises {failure[0]}: {failure[1]})")
+        elif c.kind == "unknown":
+            if rejection is None and unknown is None:
+                unknown = c.message
+        elif rejection is None:
+            rejection = c.message
+    return tuple(dict.fromkeys(missing)), rejection, build, unknown if rejection is None else None
+
+
+def _as_if_allowlisted(check: Check) -> Any:
+    """What allowlisting the target type of *check* would allowlist: the class itself where it is
+    loaded, else the container it targets (an unknown class counts as a subclass of it)."""
+    return loaded_class(check.name) or (list if check.kind.startswith("append") else dict)
+
+
+_allowed_cache: dict[Any, _Allowed] = {}
+
+
+def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
+    """What torch accepts with *declared* added (see :class:`_Allowed`).
+
+    Types are matched by object in torch (``type(inst) in allowed.values()``); the model
+    matches them by the objects' real ``module.qualname`` and by any name they are allowed
+    under.  torch before 2.6 builds only user-allowlisted types (``BuildRules``).  Remembered
+    while torch's allowlist, the process-wide registry and the declaration are the same.
+    """
+    import torch
+
+    try:
+        registry = torch.serialization.get_safe_globals()
+        key: Any = (id(torch._weights_only_unpickler._get_allowed_globals()),
+                    frozenset(registry) if registry else None, tuple(declared), id(rules))
+        hit = _allowed_cache.get(key)
+    except TypeError:  # something unhashable registered or declared: compute every time
+        key, hit = None, None
+    if hit is None:
+        hit = _compute_allowed(declared, rules)
+        if key is not None:
+            if len(_allowed_cache) > 64:
+                _allowed_cache.clear()
+            _allowed_cache[key] = hit
+    return hit
+
+
+def _compute_allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
+    import torch
+
+    user_names = set(registered_globals()) | {name for _obj, name in declared}
+    names = set(torch_allowlist()) | user_names
+    types: set[str] = set()
+    classes: dict[str, Any] = {}
+    user: dict[str, Any] = {}
+    if rules.build.torch_types_buildable:
+        types |= torch_allowed_type_names() | set(torch_allowlist())
+        for name, obj in torch_allowlist_objects().items():
+            classes[name] = classes[torch_key(obj) or name] = obj
+    entries = [*torch.serialization.get_safe_globals(), *((obj, name) for obj, name in declared if obj is not None)]
+    for entry in entries:
+        obj, name = entry if isinstance(entry, tuple) else (entry, None)
+        for n in (torch_key(obj), name):
+            if n:
+                types.add(n)
+                classes[n] = obj
+                user[n] = obj
+    types |= user_names
+    return _Allowed(frozenset(names), frozenset(types), classes, user)

@@ -1,0 +1,343 @@
+"""The trust policy: which globals may ever be allowlisted, judged without running them.
+
+A weights-only load calls every allowlisted global the pickle names, with
+arguments the pickle chooses.  A name list of known-bad callables is always one
+name short, so the policy is positive:
+
+* a safe global must be a **class** (an instance of ``type``, not a metaclass),
+  importable under exactly the declared name and resolving to the very object
+  declared -- ``__qualname__`` is never taken on trust;
+* functions, builtins, methods, partials, ``methodcaller``\\ s, bound
+  ``__call__``\\ s, modules and other objects are refused unless torch
+  allowlists them itself, or the author opts in with :class:`UnsafeCallable`
+  (plain functions only), and they are never suggested;
+* a **denylist** is the second line: families that run code, load other
+  pickles or native code, spawn processes, touch files or the network, or
+  reach arbitrary attributes are refused even as classes, under every spelling
+  a full unpickle may resolve (``_compat_pickle``), by name, by the object's
+  real identity and by every base class;
+* "cannot tell" is dangerous: a name whose module is not imported, or whose
+  attribute a module-level ``__getattr__`` would compute, is never vouched for.
+
+Judging never imports or runs what a checkpoint names: objects are found in
+``sys.modules`` through module ``__dict__``\\ s and ``inspect.getattr_static``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..core.errors import RoundTripConfigError
+from ..core.names import (
+    FUNCTION_TYPES, escape_text, identity, is_marker, is_valid_name, name_problem, pickle_forms, show_name,
+)
+from ..torch_facts.registry import torch_allowlist, torch_allowlist_objects
+from .denylist import denylist_reason
+
+__all__ = ["Verdict", "UnsafeCallable", "judge_name", "judge_global", "judge_registry_entry", "dangerous_reason",
+           "describe"]
+
+# -- verdicts -------------------------------------------------------------------------------------
+
+#: Verdict kinds, from worst to best.
+KINDS = ("malformed", "dangerous", "callable", "absent", "alias", "class", "allowlisted")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the policy says about one name: ``kind`` (see :data:`KINDS`) and why.
+
+    ``dangerous`` includes "cannot tell"; ``callable`` is a verified non-class that only an
+    explicit :class:`UnsafeCallable` may allow; ``absent`` names nothing in this process;
+    ``alias`` is a class under a name other than its own (torch matches a class by its own
+    ``module.qualname``, so allowlisting the class would not make this name load).
+    """
+
+    name: str
+    kind: str
+    reason: str
+
+    @property
+    def suggestible(self) -> bool:
+        """Only verified classes are ever suggested."""
+        return self.kind == "class"
+
+    @property
+    def shown(self) -> str:
+        return show_name(self.name)
+
+
+class _CannotTell(str):
+    pass
+
+
+class _Absent(str):
+    pass
+
+
+def describe(obj: Any) -> str:
+    """What *obj* is, in words ("a class", "a function", "a functools.partial object" ...)."""
+    if isinstance(obj, types.ModuleType):
+        return f"the module {escape_text(getattr(obj, '__name__', '?'))}"
+    if isinstance(obj, type):
+        return "a metaclass" if issubclass(obj, type) else "a class"
+    if isinstance(obj, types.FunctionType):
+        return "a function"
+    if isinstance(obj, types.BuiltinFunctionType):
+        owner = getattr(obj, "__self__", None)
+        return "a builtin function" if owner is None or isinstance(owner, types.ModuleType) else \
+            f"a bound method of a {type(owner).__name__} object"
+    if isinstance(obj, (types.MethodType, types.MethodWrapperType)):
+        return f"a bound method ({type(obj).__name__}) of a {type(obj.__self__).__name__} object"
+    kind = identity(type(obj)) or type(obj).__name__
+    return f"an object of type {show_name(kind)}" + ("" if callable(obj) else " (not callable)")
+
+
+def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
+    """(kind, reason) for an object already in hand; only "class" passes the policy."""
+    if isinstance(obj, types.ModuleType):
+        return "dangerous", (f"it is {describe(obj)}: a module hands the pickle every attribute it has, "
+                             "and torch.save never writes one")
+    real = identity(obj)
+    if real is not None and is_valid_name(real):
+        why = denylist_reason(real)
+        if why:
+            return "dangerous", f"it is {real}: {why}"
+    if isinstance(obj, type):
+        if issubclass(obj, type):
+            return "dangerous", "it is a metaclass: the pickle could build new classes from its own data"
+        for base in type.__getattribute__(obj, "__mro__")[1:]:
+            base_name = identity(base)
+            why = denylist_reason(base_name) if base_name and is_valid_name(base_name) else None
+            if why:
+                return "dangerous", f"it subclasses {base_name}: {why}"
+        return "class", "a class"
+    type_name = None if isinstance(obj, FUNCTION_TYPES) else identity(type(obj))
+    why = denylist_reason(type_name) if type_name and is_valid_name(type_name) else None
+    if why:
+        return "dangerous", f"it is {describe(obj)}: {why}"
+    owner = getattr(obj, "__self__", None) if isinstance(obj, FUNCTION_TYPES) else None
+    if owner is not None and not isinstance(owner, types.ModuleType) and depth < 3:
+        kind, reason = _judge_object(owner, depth + 1)
+        if kind == "dangerous":
+            return "dangerous", f"it is {describe(obj)}, and that object: {reason}"
+    return "callable", (f"it is {describe(obj)}, not a class: the pickle would call it with arguments "
+                        "of its choosing")
+
+
+def _resolve_static(name: str) -> Any:
+    """The object *name* names in this process, found without importing or running anything.
+
+    Returns the object, or a :class:`_CannotTell` / :class:`_Absent` reason string.
+    """
+    import importlib.machinery
+    import inspect
+
+    parts = name.split(".")
+    dots = [i for i, c in enumerate(name) if c == "."]  # prefixes by slicing: linear, no joins
+    cut = len(parts) - 1
+    while cut > 0 and name[:dots[cut - 1]] not in sys.modules:
+        cut -= 1
+    if cut == 0:
+        return _CannotTell(
+            f"module {parts[0]} is not imported in this process, and judging never imports what a "
+            "checkpoint names"
+        )
+    path = name[:dots[cut - 1]]
+    obj: Any = sys.modules[path]
+    for attr in parts[cut:]:
+        if isinstance(obj, types.ModuleType):
+            namespace = vars(obj)
+            sub = sys.modules.get(f"{path}.{attr}")
+            if attr in namespace:
+                obj = namespace[attr]
+            elif sub is not None:
+                obj = sub
+            elif "__getattr__" in namespace:
+                return _CannotTell(f"{path} computes {attr!r} in a module-level __getattr__ at load time")
+            else:
+                search = getattr(obj, "__path__", None)
+                try:
+                    found = search is not None and importlib.machinery.PathFinder.find_spec(
+                        f"{path}.{attr}", list(search)) is not None
+                except (ImportError, ValueError, TypeError):
+                    found = True  # an unusual package: do not guess
+                if found:
+                    return _CannotTell(f"{path}.{attr} is a submodule that is not imported here")
+                return _Absent(f"{path} (imported) has no attribute {attr!r}: a forged name or one from "
+                               "another version; no load mode can load it here")
+        else:
+            try:
+                obj = inspect.getattr_static(obj, attr)
+            except AttributeError:
+                return _Absent(f"{path} has no attribute {attr!r}: no load mode can load it here")
+        path = f"{path}.{attr}"
+    return obj
+
+
+def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
+    """The policy's verdict on a name read from a checkpoint; never imports or runs anything.
+
+    *allowed*: the names torch allowlists itself (computed when None).
+    """
+    if is_marker(name):
+        return Verdict(name, "dangerous", "built at unpickling time, so it cannot be named or checked statically")
+    problem = name_problem(name)
+    if problem:
+        return Verdict(str(name) if isinstance(name, str) else repr(name), "malformed",
+                       f"not a dotted Python name ({problem}); nothing is suggested for it")
+    if allowed is None:
+        allowed = torch_allowlist()
+    if name in allowed:
+        return Verdict(name, "allowlisted", "torch allowlists it itself")
+    why = denylist_reason(name)
+    if why:
+        return Verdict(name, "dangerous", why)
+    worst: Optional[Verdict] = None
+    for form in pickle_forms(name):
+        found = _resolve_static(form)
+        prefix = "" if form == name else f"a full unpickle resolves it as {form}: "
+        if isinstance(found, _CannotTell):
+            verdict = Verdict(name, "dangerous", f"{prefix}cannot tell what it is ({found}); treated as dangerous")
+        elif isinstance(found, _Absent):
+            verdict = Verdict(name, "absent", f"{prefix}{found}")
+        else:
+            kind, reason = _judge_object(found)
+            real = identity(found) if kind == "class" else form
+            if real != form:
+                kind, reason = "alias", (f"an alias of the class {show_name(real)}: torch matches a class by its "
+                                         "own name, so only an explicit (class, name) declaration would match it")
+            verdict = Verdict(name, kind, prefix + reason)
+        if worst is None or KINDS.index(verdict.kind) < KINDS.index(worst.kind):
+            worst = verdict
+    assert worst is not None
+    return worst
+
+
+def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) -> Optional[str]:
+    """Why *obj* may not be registered or declared as the safe global *name*, or None when it may.
+
+    The one check for every way a global reaches torch's allowlist: declarations,
+    ``UnsafeCallable`` opt-ins (*opt_in*: plain functions are then accepted) and
+    registrations found in the registry.  *name* defaults to ``module.qualname``;
+    a ``(obj, name)`` tuple is accepted as *obj*.  Never imports anything: the
+    name must resolve, among modules already imported, to the very same object.
+    """
+    if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], str) and name is None:
+        obj, name = obj
+    if name is None:
+        name = identity(obj)
+        if name is None:
+            kind, reason = _judge_object(obj)
+            if kind == "dangerous":
+                return reason
+            return f"{describe(obj)} has no module and qualified name of its own: declare a class"
+    problem = name_problem(name)
+    if problem:
+        return f"the name {show_name(name)} is not a dotted Python name ({problem})"
+    key = (id(obj), name, opt_in)
+    if _ACCEPTED.get(key, _ACCEPTED) is obj:
+        return None  # judged and accepted before (the entry keeps obj alive, so its id is not reused)
+    reason = _judge_global(obj, name, opt_in)
+    if reason is None and len(_ACCEPTED) < 4096:
+        _ACCEPTED[key] = obj
+    return reason
+
+
+#: (id(obj), name, opt_in) -> obj for declarations already accepted: load() re-checks the
+#: declared globals on every call, and the verdict on an (object, name) pair does not change.
+_ACCEPTED: dict[tuple[int, str, bool], Any] = {}
+
+
+def _judge_global(obj: Any, name: str, opt_in: bool) -> Optional[str]:
+    allowed = torch_allowlist_objects()
+    if name in allowed and allowed[name] is obj:
+        return None  # torch vouches for it itself
+    why = denylist_reason(name)
+    if why:
+        return why
+    kind, reason = _judge_object(obj)
+    if kind == "dangerous":
+        return reason
+    if kind == "callable" and not (opt_in and _plain_function(obj)):
+        if opt_in:
+            return (f"it is {describe(obj)}: UnsafeCallable accepts only plain module-level functions "
+                    "and builtins, never bound methods, partials or other callable objects")
+        return reason
+    found = _resolve_static(name)
+    if isinstance(found, (_CannotTell, _Absent)):
+        return (f"cannot verify that {name} is the declared object ({found}); declare the object "
+                "under the name it is importable by")
+    if found is not obj:
+        return (f"{name} resolves to {describe(found)}, not to the declared object: the name must "
+                "resolve to exactly what is declared")
+    return None
+
+
+def _plain_function(obj: Any) -> bool:
+    if isinstance(obj, types.FunctionType):
+        return True
+    return isinstance(obj, types.BuiltinFunctionType) and (
+        obj.__self__ is None or isinstance(obj.__self__, types.ModuleType)
+    )
+
+
+class UnsafeCallable:
+    """The loud opt-in for a global that is not a class: a function the pickle will *call*.
+
+    ``safe_globals = (MyNet, UnsafeCallable("numpy._core.multiarray._reconstruct",
+    reason="numpy arrays in the state"))``.  Only plain module-level functions and
+    builtins qualify, verified by identity like classes; the denylist still
+    applies, and nothing ever suggests one.
+    """
+
+    __slots__ = ("target", "reason")
+
+    def __init__(self, target: Any, *, reason: str) -> None:
+        if not isinstance(reason, str) or not reason.strip():
+            raise _config_error(
+                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)"
+            )
+        self.target = target
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        target = self.target if isinstance(self.target, str) else identity(self.target) or describe(self.target)
+        return f"UnsafeCallable({escape_text(show_name(target))!s}, reason={escape_text(repr(self.reason))})"
+
+
+def _config_error(message: str) -> Exception:
+    return RoundTripConfigError(message)
+
+
+def dangerous_reason(name: str) -> Optional[str]:
+    """Why *name* must never be allowlisted (the trust policy's ``dangerous`` or ``malformed``
+    verdict, "cannot tell" included), or None.  Never imports anything."""
+    verdict = judge_name(name)
+    return verdict.reason if verdict.kind in ("dangerous", "malformed") else None
+
+
+def judge_registry_entry(entry: Any) -> Optional[str]:
+    """Why a registry entry (object or ``(object, name)``) must not be registered, or None.
+
+    The trust policy's check (name and real identity, the denylist) with functions accepted:
+    torch and backends register rebuild functions themselves (``torch.nested``'s
+    ``_rebuild_njt``, torch_npu's ``_rebuild_npu_tensor``).  A class torch defines, registered
+    under its own name, is torch's registration (``torch._dynamo``'s ``_DimRange``), not
+    second-guessed by the denylist's module families.
+    """
+    obj, name = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, None)
+    if _torch_own_class(obj, name):
+        return None
+    return judge_global(entry, opt_in=True)
+
+
+def _torch_own_class(obj: Any, name: Optional[str]) -> bool:
+    real = identity(obj) if isinstance(obj, type) else None
+    if real is None or not (real.startswith("torch.")):
+        return False
+    module = type.__getattribute__(obj, "__module__")
+    return (name is None or name == real) and vars(sys.modules.get(module, object)).get(obj.__qualname__) is obj

@@ -1,0 +1,1 @@
+"""Reading checkpoints without unpickling them: torch's records, and every pickle walked statically."""

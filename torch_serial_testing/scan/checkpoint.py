@@ -1,0 +1,269 @@
+"""Checkpoint bytes: who produced them, what format they are, which globals they name.
+
+Two ideas live here.  First, *ownership*: a :class:`Checkpoint` made by
+:meth:`Checkpoint.save` holds bytes this process just wrote with
+``torch.save``; only such a checkpoint may ever be loaded with
+``weights_only=False``.  Bytes from anywhere else are *foreign* and are only
+ever loaded by torch's weights-only unpickler.
+
+Second, a *static scan* (:func:`scan_checkpoint`): every pickle torch would
+unpickle is read the way torch reads it (:mod:`.archive`) and walked opcode by
+opcode against a model of torch's weights-only unpickler (:mod:`.pickle_scan`);
+nothing is imported or executed, tensor storages are never touched, and the work
+is bounded (:mod:`..core.limits`).  The result is computed once per checkpoint, and small
+checkpoints' results are remembered by their bytes (the one scan cache).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import IO, Any, Optional, Union
+
+from ..core.errors import CheckpointFormatError
+from ..core.limits import ScanLimits, default_scan_limits
+from .model import Check, ScanState
+from .walker import walk_rules
+
+__all__ = ["Checkpoint", "CheckpointInfo", "Check", "scan_checkpoint", "FORMATS"]
+
+#: Formats :func:`scan_checkpoint` recognises.
+FORMATS = ("zip", "torchscript", "legacy", "tar")
+
+BufferLike = Union[bytes, bytearray, memoryview, IO[bytes], "os.PathLike[str]", str, "Checkpoint"]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a static scan found: the format, every global the pickles name (sorted), and the
+    checks torch's weights-only unpickler would make, in order."""
+
+    format: str
+    #: Globals as torch's weights-only unpickler spells them (its own Python-2 fix-ups applied).
+    globals: tuple[str, ...]
+    nbytes: int
+    #: Opcodes torch's weights-only unpickler refuses ("Unsupported operand"), e.g. STACK_GLOBAL.
+    unsupported_opcodes: tuple[str, ...] = ()
+    #: torch's reason when NO allowlist can make ``weights_only=True`` load this checkpoint
+    #: (TorchScript or tar format, an unsupported opcode, SETITEM on a defaultdict, a non-storage
+    #: persistent id, a blocked module...), else None.
+    weights_only_blocker: Optional[str] = None
+    #: Every global a *full* unpickle (``weights_only=False``) resolves, as it resolves it
+    #: (pickle's ``_compat_pickle`` renames for protocol < 3, torch's ``load_module_mapping``).
+    full_load_globals: tuple[str, ...] = ()
+    #: The weights-only unpickler's checks in the order it meets them (duplicates dropped).
+    checks: tuple[Check, ...] = ()
+    #: Work the scan did: opcodes walked, pickle bytes read, the largest memo held.
+    opcodes_walked: int = 0
+    bytes_scanned: int = 0
+    memo_entries: int = 0
+
+    @property
+    def type_checks(self) -> tuple[str, ...]:
+        """Types BUILD is applied to that must be allowlisted (e.g. ``numpy.dtypes.Float64DType``)."""
+        return tuple(c.name for c in self.checks if c.kind == "type")
+
+    @property
+    def unresolved(self) -> bool:
+        """True when a global is built at unpickling time and cannot be named statically."""
+        return any(g.startswith("<") for g in self.globals)
+
+
+class Checkpoint:
+    """Checkpoint bytes plus whether this process produced them.
+
+    Use :meth:`save` for bytes of your own (the only ones that may be loaded
+    with ``weights_only=False``) and :meth:`from_bytes` / :meth:`from_buffer`
+    for anything else.
+    """
+
+    __slots__ = ("_buffer", "_owned", "_info")
+
+    def __init__(self, buffer: io.BytesIO, *, _owned: bool = False) -> None:
+        self._buffer = buffer
+        self._owned = _owned
+        self._info: Optional[CheckpointInfo] = None
+
+    @classmethod
+    def save(cls, obj: Any) -> "Checkpoint":
+        """``torch.save`` *obj* into a private in-memory buffer (no copy is ever made of it)."""
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return cls(buffer, _owned=True)
+
+    @classmethod
+    def from_bytes(cls, data: Union[bytes, bytearray, memoryview]) -> "Checkpoint":
+        """Wrap foreign bytes; they will only ever be loaded weights-only."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"Checkpoint.from_bytes expects bytes, got {type(data).__name__}; "
+                "use Checkpoint.from_buffer for file objects"
+            )
+        return cls(io.BytesIO(bytes(data)))
+
+    @classmethod
+    def from_buffer(cls, f: BufferLike) -> "Checkpoint":
+        """Wrap a foreign buffer, file object or path (read into memory once)."""
+        if isinstance(f, Checkpoint):
+            return f
+        if isinstance(f, (bytes, bytearray, memoryview)):
+            return cls.from_bytes(f)
+        if isinstance(f, (str, os.PathLike)):
+            with open(f, "rb") as fh:
+                return cls(io.BytesIO(fh.read()))
+        _require_binary_seekable(f)
+        start = f.tell()
+        data = f.read()
+        f.seek(start)
+        return cls(io.BytesIO(data))
+
+    @property
+    def owned(self) -> bool:
+        """True only for bytes produced by :meth:`save` in this process."""
+        return self._owned
+
+    @property
+    def nbytes(self) -> int:
+        return self._buffer.getbuffer().nbytes
+
+    @property
+    def info(self) -> CheckpointInfo:
+        """The static scan, computed once (under the default :class:`ScanLimits`)."""
+        if self._info is None:
+            self._info = _small_checkpoint_info(self._buffer) or _scan(self.rewound(), 0, default_scan_limits())
+        return self._info
+
+    @property
+    def format(self) -> str:
+        """``zip``, ``torchscript``, ``legacy`` or ``tar``.
+
+        Bytes :meth:`save` produced in a zip archive are a plain zip checkpoint (``torch.save``
+        writes no TorchScript ``constants.pkl``): known without scanning, which a full load,
+        where nothing the checkpoint names matters, never needs.
+        """
+        if self._info is None and self._owned:
+            with self._buffer.getbuffer() as view:
+                head = bytes(view[:4])
+            if head == b"PK\x03\x04":
+                return "zip"
+        return self.info.format
+
+    def rewound(self) -> io.BytesIO:
+        """The underlying buffer at position 0 (for ``torch.load``)."""
+        self._buffer.seek(0)
+        return self._buffer
+
+    def __repr__(self) -> str:
+        kind = "owned" if self._owned else "foreign"
+        return f"<Checkpoint {kind} {self.nbytes} bytes>"
+
+
+# Facts of recently scanned small checkpoints, keyed by their content: a test file saves the
+# same module once per load mode and engine, and torch.save writes byte-identical archives for it.
+# The facts depend only on the bytes, the limits, this torch's rules and whether numpy is
+# imported (numpy's dtype classes); CheckpointInfo is frozen, so one instance is shared.  Failed
+# scans, and scans without this torch's rules, are not kept.  The key is the size and the last
+# 256 bytes -- for a zip archive its central directory, which holds every record's CRC-32 and
+# size -- cheaper to hash than all the bytes; a hit counts only when the remembered bytes equal
+# these (one memcmp), so two archives sharing a tail just miss.
+_SMALL_CHECKPOINT = 64 * 1024
+_SMALL_ENTRIES = 64
+_TAIL = 256
+_small_infos: dict[tuple[Any, ...], tuple[bytes, ScanLimits, Any, CheckpointInfo]] = {}
+_small_lock = threading.Lock()
+
+
+def _small_checkpoint_info(buffer: io.BytesIO) -> Optional[CheckpointInfo]:
+    """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones."""
+    if len(buffer.getbuffer()) > _SMALL_CHECKPOINT:  # the view is released at once (no reference kept)
+        return None
+    limits = default_scan_limits()
+    rules = walk_rules()
+    data = buffer.getvalue()  # at most a memcpy; comparing bytes is a memcmp
+    key = (len(data), data[-_TAIL:], id(limits), id(rules), "numpy" in sys.modules)
+    known = _small_infos.get(key)
+    if known is not None and known[1] is limits and known[2] is rules and data == known[0]:
+        return known[3]
+    info = _scan(io.BytesIO(data), 0, limits)
+    if rules.rules is not None:
+        with _small_lock:
+            if len(_small_infos) >= _SMALL_ENTRIES:
+                _small_infos.pop(next(iter(_small_infos)), None)
+            _small_infos[key] = (data, limits, rules, info)  # kept alive: their ids stay theirs
+    return info
+
+
+def _require_binary_seekable(f: Any) -> None:
+    if not hasattr(f, "read"):
+        raise TypeError(
+            f"expected a checkpoint buffer (bytes, io.BytesIO, a file opened 'rb', a path or a "
+            f"Checkpoint), got {type(f).__name__}"
+        )
+    seekable = getattr(f, "seekable", None)
+    if seekable is None or not seekable():
+        raise CheckpointFormatError(
+            "the checkpoint stream is not seekable (a pipe or socket?); read it into memory first: "
+            "io.BytesIO(stream.read())"
+        )
+    if isinstance(f, io.TextIOBase):
+        raise TypeError("the checkpoint file is open in text mode; open it with 'rb'")
+
+
+def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> CheckpointInfo:
+    """Return the format, the globals and torch's weights-only checks of a checkpoint, without unpickling it.
+
+    Reads exactly the records torch reads (:mod:`.archive`).  Raises
+    :class:`CheckpointFormatError` naming what is wrong for empty, truncated,
+    damaged, unrecognised or over-limit bytes (*limits*, default
+    :func:`~.scan_limits.default_scan_limits`).
+    """
+    limits = default_scan_limits() if limits is None else limits
+    if isinstance(f, Checkpoint):
+        return f.info if limits == default_scan_limits() else _scan(f.rewound(), 0, limits)
+    if isinstance(f, (bytes, bytearray, memoryview)):
+        f = io.BytesIO(bytes(f))
+    elif isinstance(f, (str, os.PathLike)):
+        with open(f, "rb") as fh:
+            return scan_checkpoint(io.BytesIO(fh.read()), limits=limits)
+    _require_binary_seekable(f)
+    start = f.tell()
+    try:
+        # The checkpoint starts where the stream is positioned, as for torch.load.
+        return _scan(f if start == 0 else io.BytesIO(f.read()), 0, limits)
+    finally:
+        f.seek(start)
+
+
+def _scan(f: IO[bytes], start: int, limits: ScanLimits) -> CheckpointInfo:
+    from .archive import scan_archive  # imports the walker's tables: on first scan
+
+    nbytes = f.seek(0, io.SEEK_END) - start
+    f.seek(start)
+    if nbytes == 0:
+        raise CheckpointFormatError("the checkpoint is empty (0 bytes): was the buffer rewound or written at all?")
+    state = ScanState(limits)
+    try:
+        fmt = scan_archive(f, nbytes, state)
+    finally:
+        f.seek(start)
+    return _info(fmt, nbytes, state)
+
+
+def _info(fmt: str, nbytes: int, state: ScanState) -> CheckpointInfo:
+    return CheckpointInfo(
+        format=fmt,
+        globals=tuple(sorted(state.globals)),
+        nbytes=nbytes,
+        unsupported_opcodes=tuple(sorted(state.refused_opcodes)),
+        weights_only_blocker=state.blocker,
+        full_load_globals=tuple(sorted(state.full_load_globals)),
+        checks=tuple(state.checks),
+        opcodes_walked=state.opcodes,
+        bytes_scanned=state.bytes_scanned,
+        memo_entries=state.max_memo,
+    )

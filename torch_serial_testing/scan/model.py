@@ -1,0 +1,387 @@
+"""The abstract machine the static walker runs: values, checks, and torch's rules applied to them.
+
+The walker (:mod:`.walker`) pushes abstract values (a global by name, an object by its type,
+a dict with its few known keys, a small int or short str as itself) and records, in torch's
+order, the checks torch's weights-only unpickler would make (:class:`Check`).  The rules those
+checks follow -- which container targets torch refuses, which persistent ids, with which
+messages -- are the running torch's (:class:`~..torch_facts.unpickler.UnpicklerRules`); this
+module applies them.  It also knows what REDUCE of an allowlisted callable builds (``numpy.dtype
+('f8')`` builds a ``numpy.dtypes.Float64DType``) and the names a *full* unpickle resolves
+instead (``_compat_pickle``, torch's ``load_module_mapping``).
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from ..core.limits import ScanLimits
+
+if TYPE_CHECKING:
+    from ..torch_facts.unpickler import UnpicklerRules
+
+__all__ = [
+    "UNRESOLVED", "Global", "Obj", "DictValue", "Check", "ScanState", "type_of", "class_repr", "describe_value",
+    "reduce_result", "numpy_dtype_class", "container_check", "container_refused", "persid_refusal",
+    "full_load_name", "add_dict_keys", "loaded_class", "BUILD_FREE",
+]
+
+UNRESOLVED = "<unresolved STACK_GLOBAL>"
+
+# torch.serialization._load's module renames for a full unpickle of a zip checkpoint.
+_LOAD_MODULE_MAPPING = {"torch.tensor": "torch._tensor"}
+
+
+# -- numpy dtypes: the type BUILD sees after REDUCE of numpy.dtype('<str>', ...) ---------------
+
+_NUMPY_NUMERIC = {
+    "b": {1: "BoolDType"},
+    "i": {1: "Int8DType", 2: "Int16DType", 4: "Int32DType", 8: "Int64DType"},
+    "u": {1: "UInt8DType", 2: "UInt16DType", 4: "UInt32DType", 8: "UInt64DType"},
+    "f": {2: "Float16DType", 4: "Float32DType", 8: "Float64DType", 12: "LongDoubleDType", 16: "LongDoubleDType"},
+    "c": {8: "Complex64DType", 16: "Complex128DType", 24: "CLongDoubleDType", 32: "CLongDoubleDType"},
+    "M": {8: "DateTime64DType"},
+    "m": {8: "TimeDelta64DType"},
+}
+_NUMPY_FLEXIBLE = {"O": "ObjectDType", "U": "StrDType", "S": "BytesDType", "V": "VoidDType"}
+_NUMPY_DTYPE_STR = re.compile(r"([biufcMmOUSV])(\d{0,6})")
+
+
+def numpy_dtype_class(spec: Any) -> Optional[str]:
+    """``numpy.dtypes.<X>DType`` for the type ``numpy.dtype(spec)`` builds, or None if unknown.
+
+    Derived from the string alone, without importing numpy (numpy >= 1.25 naming); when numpy
+    is already imported its own answer is used for strings of the validated shape.
+    """
+    if not isinstance(spec, str):
+        return None
+    m = _NUMPY_DTYPE_STR.fullmatch(spec)
+    if m is None:
+        return None
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "dtypes"):
+        try:
+            t = type(numpy.dtype(spec))
+            return f"{t.__module__}.{t.__qualname__}"
+        except (TypeError, ValueError):
+            return None
+    kind, size = m.group(1), m.group(2)
+    if kind in _NUMPY_FLEXIBLE:
+        return f"numpy.dtypes.{_NUMPY_FLEXIBLE[kind]}"
+    name = _NUMPY_NUMERIC[kind].get(int(size)) if size else None
+    return f"numpy.dtypes.{name}" if name else None
+
+
+# -- abstract values ----------------------------------------------------------------------------
+
+
+class Global:
+    """A global pushed by GLOBAL: its weights-only name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class Obj:
+    """An object whose type the model knows by name (None: cannot tell statically)."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, type_name: Optional[str]) -> None:
+        self.type = type_name
+
+
+#: Keys kept per dict while scanning: a BUILD state of more keys has an unknown size.
+_DICT_KEYS_KEPT = 16
+_NO_KEYS: Any = frozenset()  # shared until a key is added
+
+
+class DictValue(Obj):
+    """A dict the pickle builds (EMPTY_DICT, DICT), with its keys while they are few and known."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: Any = ()) -> None:  # made for every EMPTY_DICT: kept cheap
+        self.type = "builtins.dict"
+        self.keys: Optional[set[Any]] = _NO_KEYS
+        if keys:
+            add_dict_keys(self, keys)
+
+
+def add_dict_keys(target: Any, keys: Any) -> None:
+    """SETITEM(S) onto *target*: count its keys while they are concrete and few."""
+    if type(target) is not DictValue or target.keys is None:
+        return
+    known = target.keys
+    if known is _NO_KEYS:
+        known = target.keys = set()
+    for k in keys:
+        if (type(k) is not str and type(k) is not int) or (k not in known and len(known) >= _DICT_KEYS_KEPT):
+            target.keys = None
+            return
+        known.add(k)
+
+
+LIST = Obj("builtins.list")
+SET = Obj("builtins.set")
+FROZENSET = Obj("builtins.frozenset")
+BOOL = Obj("builtins.bool")
+NONE = Obj("builtins.NoneType")
+FLOAT = Obj("builtins.float")
+INT = Obj("builtins.int")  # an int the model did not decode
+BYTES = Obj("builtins.bytes")
+BYTEARRAY = Obj("builtins.bytearray")
+STR = Obj("builtins.str")  # a str too long to keep
+PICKLEBUFFER = Obj("pickle.PickleBuffer")
+UNKNOWN = Obj(None)
+STORAGE = Obj("torch.storage.TypedStorage")
+
+TENSOR = "torch.Tensor"
+PARAMETER = "torch.nn.parameter.Parameter"
+#: Types whose BUILD torch handles itself, never through the allowlist.
+BUILD_FREE = frozenset([TENSOR, PARAMETER, "collections.OrderedDict"])
+
+# What REDUCE of these (allowlisted) callables returns, for the type checks after it.
+_REDUCE_RESULT = {
+    **dict.fromkeys(
+        [
+            "torch._utils._rebuild_tensor",
+            "torch._utils._rebuild_tensor_v2",
+            "torch._utils._rebuild_tensor_v3",
+            "torch._utils._rebuild_qtensor",
+            "torch._utils._rebuild_sparse_tensor",
+            "torch._utils._rebuild_meta_tensor_no_storage",
+            "torch._utils._rebuild_nested_tensor",
+            "torch._utils._rebuild_device_tensor_from_numpy",
+            "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+        ],
+        TENSOR,
+    ),
+    "torch._utils._rebuild_parameter": PARAMETER,
+    "torch._utils._rebuild_parameter_with_state": PARAMETER,
+    "_codecs.encode": "builtins.bytes",
+    "torch.serialization._get_layout": "torch.layout",
+}
+# REDUCE of these returns an instance of the class given as the first (or second) argument.
+_REDUCE_ARG_TYPE = {
+    "copyreg._reconstructor": 0,
+    "copyreg.__newobj__": 0,
+    "torch._utils._rebuild_wrapper_subclass": 0,
+    "numpy.core.multiarray._reconstruct": 0,
+    "numpy._core.multiarray._reconstruct": 0,
+    "torch._tensor._rebuild_from_type_v2": 1,
+}
+_NUMPY_DTYPE = "numpy.dtype"
+
+
+def type_of(v: Any) -> Optional[str]:
+    """The type name of an abstract value (None: a global, or not known)."""
+    if isinstance(v, Obj):
+        return v.type
+    if isinstance(v, str):
+        return "builtins.str"
+    if isinstance(v, bool):
+        return "builtins.bool"
+    if isinstance(v, int):
+        return "builtins.int"
+    if isinstance(v, tuple):
+        return "builtins.tuple"
+    return None  # a Global is a class or a function: cannot tell without importing it
+
+
+def class_repr(type_name: Optional[str]) -> str:
+    """How torch's messages print ``type(x)``: ``<class 'collections.deque'>``, ``<class 'list'>``."""
+    if type_name is None:
+        return "<class '?'>"
+    if type_name.startswith("builtins."):
+        type_name = type_name[len("builtins."):]
+    return f"<class '{type_name}'>"
+
+
+def describe_value(v: Any) -> str:
+    t = type_of(v)
+    return f"an object of {class_repr(t)}" if t else "an object the scan cannot name"
+
+
+def reduce_result(func: str, args: Any) -> Optional[str]:
+    """The type REDUCE of the allowlisted *func* builds, or None when it cannot be told statically."""
+    if func in _REDUCE_RESULT:
+        return _REDUCE_RESULT[func]
+    if func == _NUMPY_DTYPE:
+        return numpy_dtype_class(args[0]) if isinstance(args, tuple) and args else None
+    index = _REDUCE_ARG_TYPE.get(func)
+    if index is not None:
+        if isinstance(args, tuple) and len(args) > index and isinstance(args[index], Global):
+            return args[index].name
+        return None
+    return func  # calling a class builds an instance of it
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing torch's weights-only unpickler verifies, in the order it meets them.
+
+    ``kind`` is ``"global"`` (the name must be allowlisted), ``"type"`` (BUILD on an instance of
+    this type: the type must be allowlisted), ``"build"`` (then BUILD applies a state of
+    ``shape``: see :mod:`.build_state`), one of ``"append"``/``"appends"``/``"setitem"``/
+    ``"setitems"`` (the opcode onto an instance of this type: whether it passes depends on what is
+    allowlisted, see :func:`container_refused`; ``message`` is torch's refusal), ``"refused"``
+    (never loads, whatever is allowlisted; ``message`` is torch's reason) or ``"unknown"`` (a
+    rule of this torch could not be probed; ``message`` says why).
+    """
+
+    kind: str
+    name: str = ""
+    message: str = ""
+    #: For ``"build"``: the shape of the state (:func:`.build_state.state_shape`).
+    shape: Any = None
+
+
+@dataclass
+class ScanState:
+    """Facts gathered over every pickle of one checkpoint (and the work spent so far)."""
+
+    limits: ScanLimits
+    checks: list[Check] = field(default_factory=list)
+    seen: set[Any] = field(default_factory=set)
+    globals: set[str] = field(default_factory=set)
+    full_load_globals: dict[str, str] = field(default_factory=dict)
+    refused_opcodes: set[str] = field(default_factory=set)
+    opcodes: int = 0
+    bytes_scanned: int = 0
+    max_memo: int = 0
+    #: False once the weights-only unpickler would have stopped (an unsupported opcode, a damaged
+    #: stream): later pickles and opcodes no longer add weights-only checks.
+    weights_only_live: bool = True
+
+    def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> None:
+        key = (kind, name, message, shape)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.checks.append(Check(kind, name, message, shape))
+
+    @property
+    def blocker(self) -> Optional[str]:
+        return next((c.message for c in self.checks if c.kind == "refused"), None)
+
+
+# -- torch's rules applied to abstract values -------------------------------------------------------
+
+
+def loaded_class(name: str) -> Optional[type]:
+    """The class *name* (``module.qualname``) if its module is already imported, else None.
+
+    Read from the modules' and classes' ``__dict__``: nothing is imported and no module
+    ``__getattr__`` runs.
+    """
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        obj: Any = sys.modules.get(".".join(parts[:cut]))
+        if obj is None:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, "__dict__", {}).get(attr)
+            if obj is None:
+                return None
+        return obj if isinstance(obj, type) else None
+    return None
+
+
+#: Per container opcode: the builtin it targets, torch's own allowlisted subclasses of it by
+#: name, and the names of its target kinds (see ..torch_facts.unpickler).
+_CONTAINERS = {
+    "list": (list, {"builtins.list": "list"}),
+    "dict": (dict, {"builtins.dict": "dict", "collections.OrderedDict": "ordered_dict",
+                    "collections.Counter": "counter"}),
+}
+
+
+def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, Any]] = None) -> tuple[str, ...]:
+    """The target kinds an instance of *type_name* may be for *opcode*, as far as is known.
+
+    *user_classes* maps the names of user-allowlisted types to their objects (at prediction
+    time); without it the allowlist is not known (at scan time).
+    """
+    family = "list" if opcode.startswith("APPEND") else "dict"
+    base, exact = _CONTAINERS[family]
+    if type_name in exact:
+        return (exact[type_name],)
+    sub = f"{family}_subclass"
+    if user_classes is not None and type_name in user_classes:
+        obj = user_classes[type_name]
+        return (f"allowlisted_{sub}",) if isinstance(obj, type) and issubclass(obj, base) else ("allowlisted_other",)
+    cls = loaded_class(type_name)
+    is_sub = None if cls is None else issubclass(cls, base)
+    if user_classes is not None:  # known not to be allowlisted
+        return (sub,) if is_sub else ("other",) if is_sub is False else (sub, "other")
+    if is_sub is None:
+        return (sub, f"allowlisted_{sub}", "other", "allowlisted_other")
+    return (sub, f"allowlisted_{sub}") if is_sub else ("other", "allowlisted_other")
+
+
+def container_check(rules: UnpicklerRules, opcode: str, type_name: str) -> Optional[Check]:
+    """The check torch makes before *opcode* (APPEND(S), SETITEM(S)) onto an instance of *type_name*.
+
+    None when it passes whatever is allowlisted (or this torch checks nothing), ``"refused"`` when
+    it never does (a deque on any torch), else a check named after the opcode, decided by the
+    allowlist at load time (torch 2.14.1 lets an allowlisted list subclass through).
+    """
+    rule = rules.container(opcode)
+    if rule is None:
+        return None
+    refused = [kind in rule.refused for kind in _target_kinds(opcode, type_name)]
+    if not any(refused):
+        return None
+    message = rule.message + class_repr(type_name)
+    return Check("refused", "", message) if all(refused) else Check(opcode.lower(), type_name, message)
+
+
+def container_refused(rules: UnpicklerRules, check: Check, user_classes: dict[str, Any]) -> bool:
+    """Whether torch refuses the container *check* given the user allowlist (*user_classes*:
+    allowlisted type names -> their objects)."""
+    rule = rules.container(check.kind.upper())
+    return rule is not None and any(
+        kind in rule.refused for kind in _target_kinds(check.kind.upper(), check.name, user_classes))
+
+
+def persid_refusal(rules: UnpicklerRules, pid: Any) -> Optional[str]:
+    """torch's refusal of a persistent id (only storages may be persistent-loaded), or None.
+
+    First the id's type, then a tuple's first item must be ``"storage"``.  An id that passes both
+    may still fail in ``torch.load``'s own ``persistent_load`` (a damaged file, which no load
+    mode reads).
+    """
+    persid = rules.persid
+    if isinstance(pid, tuple):
+        category = "tuple"
+    elif (isinstance(pid, int) and not isinstance(pid, bool)) or (isinstance(pid, Obj) and pid.type == "builtins.int"):
+        category = "int"
+    else:
+        category = "other"
+    if category in persid.refused:
+        return persid.type_message + class_repr(type_of(pid))
+    if isinstance(pid, tuple) and pid and not (isinstance(pid[0], str) and pid[0] == "storage"):
+        first = pid[0]
+        if isinstance(first, (str, Obj)):
+            return persid.storage_message + (class_repr(type_of(first)) if persid.names_type else str(first))
+        return persid.storage_message.rstrip()  # still a part of what torch says
+    return None
+
+
+def full_load_name(module: str, name: str, proto: int, zip_format: bool, storage_names: frozenset[str]) -> str:
+    """The global a full unpickle in torch.load resolves for GLOBAL *module* *name*."""
+    if "Storage" in name and name in storage_names:
+        return f"torch.{name}"  # torch.load's find_class returns its own StorageType, importing nothing
+    if zip_format:
+        module = _LOAD_MODULE_MAPPING.get(module, module)
+    if proto < 3:
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+    return f"{module}.{name}"

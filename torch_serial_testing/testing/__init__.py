@@ -1,0 +1,1 @@
+"""The test-author layer: the mixin, generated tests, per-test isolation, exact comparison."""

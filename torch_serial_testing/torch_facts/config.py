@@ -1,0 +1,22 @@
+"""``torch.utils.serialization.config``: read and put back, for per-test isolation (None before torch 2.5)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+__all__ = ["serialization_config", "restore_serialization_config"]
+
+
+def serialization_config() -> Optional[dict[str, Any]]:
+    """A copy of torch's serialization config, or None where torch has none."""
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return None
+    return dict(config.get_config_copy())
+
+
+def restore_serialization_config(saved: dict[str, Any]) -> None:
+    from torch.utils.serialization import config
+
+    config.load_config(saved)

@@ -1,0 +1,239 @@
+"""Device types: which exist here, how they are named, and pytorch's env filters.
+
+Default devices are the available ones: cpu always, then cuda, xpu, mps and the
+privateuse1 backend (npu, ...) when available.  ``PYTORCH_TESTING_DEVICE_ONLY_FOR``
+and ``PYTORCH_TESTING_DEVICE_EXCEPT_FOR`` filter them exactly as pytorch's
+``instantiate_device_type_tests`` does (``filter_desired_device_types``), so one
+environment selects the same device classes in a file mixing both: comma-separated
+with no trimming, both may be set (a device named in both is an error), and while
+the privateuse1 backend is available its name and ``privateuse1`` are aliases (torch 2.4's
+filters know only ``privateuse1``: asked of pytorch's filter itself, see
+:func:`_filters_alias_backend_name`; the library follows the torch that runs).
+A ``privateuse1`` declaration is judged by the registered backend (``npu``, ...).
+
+Generated classes are named ``<Generic><DEVICE>`` with the device type
+upper-cased.  A privateuse1 backend is named by what the class declares: an
+explicit ``"npu"`` gives ``...NPU`` on every machine; ``"privateuse1"`` gives the
+registered backend name when one is registered and ``PRIVATEUSE1`` otherwise --
+never something that depends on import order.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+from ..core.errors import RoundTripConfigError, dimension
+
+__all__ = [
+    "BUILTIN_DEVICE_TYPES",
+    "privateuse1_backend",
+    "available_device_types",
+    "device_skip_reason",
+    "resolve_devices",
+    "class_suffix",
+    "torch_device_type",
+]
+
+BUILTIN_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
+ONLY_FOR = "PYTORCH_TESTING_DEVICE_ONLY_FOR"
+EXCEPT_FOR = "PYTORCH_TESTING_DEVICE_EXCEPT_FOR"
+
+
+def privateuse1_backend() -> Optional[str]:
+    """The registered privateuse1 backend name (``npu``, ...), or None."""
+    import torch
+
+    name = torch._C._get_privateuse1_backend_name()
+    return None if name in ("privateuseone", "privateuse1") else name
+
+
+def device_skip_reason(device_type: str) -> Optional[str]:
+    """Why *device_type* cannot run here, or None when it is available."""
+    import torch
+
+    if device_type == "cpu":
+        return None
+    if device_type == "cuda":
+        return None if torch.cuda.is_available() else "CUDA is not available"
+    if device_type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        return None if mps is not None and mps.is_available() else "MPS is not available"
+    if device_type == "privateuse1":
+        backend = privateuse1_backend()
+        if backend is None:
+            return "no privateuse1 backend is registered (import its extension, e.g. torch_npu)"
+        return device_skip_reason(backend)
+    module = getattr(torch, device_type, None)
+    is_available = getattr(module, "is_available", None)
+    if is_available is None:
+        return f"device type {device_type!r} is not registered in this process"
+    try:
+        ok = bool(is_available())
+    except Exception as e:  # noqa: BLE001 - a broken backend is reported, not raised
+        return f"{device_type}.is_available() raised {type(e).__name__}: {e}"
+    return None if ok else f"{device_type.upper()} is not available"
+
+
+def available_device_types() -> tuple[str, ...]:
+    """Available device types in a fixed order: cpu, cuda, xpu, mps, privateuse1 backend."""
+    candidates = list(BUILTIN_DEVICE_TYPES)
+    pu1 = privateuse1_backend()
+    if pu1:
+        candidates.append(pu1)
+    return tuple(d for d in candidates if device_skip_reason(d) is None)
+
+
+def is_device_type(name: str) -> bool:
+    """True for a bare device type torch can parse here (``cpu``, ``cuda``, ``npu`` once registered)."""
+    import torch
+
+    if name == "privateuse1" or name == privateuse1_backend():
+        return True
+    if not name.isidentifier() or name != name.lower():
+        return False
+    try:
+        return torch.device(name).type == name
+    except (RuntimeError, ValueError):
+        return False
+
+
+_CHILD_FILTER = """
+import sys, types, torch
+torch.utils.rename_privateuse1_backend(sys.argv[1])
+module = types.ModuleType("torch." + sys.argv[1])
+module.is_available = lambda: True
+torch._register_device_module(sys.argv[1], module)
+from torch.testing._internal import common_device_type as cdt
+class Base:
+    device_type = "privateuse1"
+print("ALIASES", Base in list(cdt.filter_desired_device_types([Base], None, [sys.argv[1]])))
+"""
+
+_aliasing: dict[str, bool] = {}
+
+
+def _filters_alias_backend_name(backend: str) -> bool:
+    """Whether this pytorch's ``filter_desired_device_types`` reads the available privateuse1
+    backend's name (``npu``) as ``privateuse1`` (newer pytorch); torch 2.4's compares names as
+    written, its backend test base being ``privateuse1``.  Asked of the real function: with the
+    backend's name in ``only_for``, does it keep a test base of device type ``privateuse1``?
+    In this process when pytorch's test module is already imported (the library never imports
+    it), else in a fresh interpreter that registers a backend of the same name.
+    """
+    known = _aliasing.get(backend)
+    if known is not None:
+        return known
+    import sys
+
+    cdt = sys.modules.get("torch.testing._internal.common_device_type")
+    if cdt is not None:
+        class Base:
+            device_type = "privateuse1"
+
+        known = Base in list(cdt.filter_desired_device_types([Base], None, [backend]))
+    else:
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k not in (ONLY_FOR, EXCEPT_FOR)}
+        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+        proc = subprocess.run([sys.executable, "-c", _CHILD_FILTER, backend], capture_output=True, text=True,
+                              env=env, stdin=subprocess.DEVNULL, timeout=300)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ALIASES ")]
+        if proc.returncode != 0 or not lines:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RoundTripConfigError(
+                f"cannot tell how pytorch's filter_desired_device_types reads {ONLY_FOR}/{EXCEPT_FOR} for the "
+                f"{backend} backend: asking it in a fresh interpreter failed ({last}); import "
+                "torch.testing._internal.common_device_type before instantiating, or unset the filters"
+            )
+        known = lines[-1] == "ALIASES True"
+    _aliasing[backend] = known
+    return known
+
+
+def _privateuse1_alias() -> Optional[str]:
+    """The backend name pytorch treats as ``privateuse1`` in the filters: only while it is available."""
+    backend = privateuse1_backend()
+    return backend if backend is not None and device_skip_reason(backend) is None else None
+
+
+def aliases(device_type: str) -> set[str]:
+    """The names *device_type* answers to: the registered backend name and ``privateuse1`` are one."""
+    backend = privateuse1_backend()
+    if backend is not None and device_type in ("privateuse1", backend):
+        return {"privateuse1", backend}
+    return {device_type}
+
+
+def _env_devices(env: Mapping[str, str], key: str) -> list[str]:
+    """pytorch's reading of a filter variable: split on commas, nothing trimmed, empty means unset."""
+    raw = env.get(key, "")
+    return raw.split(",") if raw else []
+
+
+def _filter(devices: tuple[str, ...], only: list[str], excl: list[str]) -> tuple[str, ...]:
+    """pytorch's ``filter_desired_device_types`` applied to declared device types.
+
+    While the privateuse1 backend is available, its name is replaced by ``privateuse1``
+    (a substring replace, as pytorch does) on both sides before comparing.
+    """
+    overlap = set(only) & set(excl)
+    if overlap:
+        raise RoundTripConfigError(
+            f"device(s) {sorted(overlap)} appear in both {ONLY_FOR} and {EXCEPT_FOR} (pytorch's "
+            f"instantiate_device_type_tests refuses this too); remove them from one of the two"
+        )
+    alias = _privateuse1_alias()
+
+    def canon(name: str) -> str:
+        return name.replace(alias, "privateuse1") if alias else name
+
+    if alias is not None and not _filters_alias_backend_name(alias):
+        # torch 2.4: the backend's base is 'privateuse1', values compared as written
+        def base(name: str) -> str:
+            return "privateuse1" if name == alias else name
+
+        if excl:
+            devices = tuple(d for d in devices if base(d) not in excl)
+        if only:
+            devices = tuple(d for d in devices if base(d) in only)
+        return devices
+    only_c = {canon(x) for x in only}
+    excl_c = {canon(x) for x in excl}
+    if excl_c:
+        devices = tuple(d for d in devices if canon(d) not in excl_c)
+    if only_c:
+        devices = tuple(d for d in devices if canon(d) in only_c)
+    return devices
+
+
+def resolve_devices(declared: object, environ: Optional[Mapping[str, str]] = None) -> tuple[str, ...]:
+    """Validate a ``devices`` declaration (None: the available ones) and apply the env filters."""
+    env = os.environ if environ is None else environ
+    if declared is None:
+        devices = available_device_types()
+    else:
+        devices = dimension("devices", declared, "('cpu',)")
+        for d in devices:
+            if not is_device_type(d):
+                raise RoundTripConfigError(
+                    f"unknown device type {d!r}; use a torch device type such as cpu, cuda, xpu, mps "
+                    "or privateuse1. For an out-of-tree backend (npu, ...), import its extension "
+                    "before instantiating."
+                )
+    return _filter(devices, _env_devices(env, ONLY_FOR), _env_devices(env, EXCEPT_FOR))
+
+
+def torch_device_type(device_type: str) -> str:
+    """The device type torch understands: ``privateuse1`` -> the registered backend name (``npu``)."""
+    if device_type == "privateuse1":
+        return privateuse1_backend() or device_type
+    return device_type
+
+
+def class_suffix(device_type: str) -> str:
+    """``cpu`` -> ``CPU``; ``privateuse1`` -> the registered backend name, else ``PRIVATEUSE1``."""
+    if device_type == "privateuse1":
+        return (privateuse1_backend() or "privateuse1").upper()
+    return device_type.upper()

@@ -1,0 +1,340 @@
+"""torch's allowlists: its built-in one, the process-wide registry, and changes made to them.
+
+torch's weights-only unpickler accepts a global on its own allowlist
+(``_get_allowed_globals()``), registered process-wide (``add_safe_globals``), or added by an
+open ``safe_globals`` context.  This module reads those sets, snapshots and restores the
+registry in one step, serialises every change the library makes behind :data:`registry_lock`
+(also held around each prediction and the load it predicts), notes what modules imported
+during a test register, and tells torch's own import-time registrations apart from the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
+
+from ..core.interrupts import deferred_interrupts
+from ..core.names import torch_key
+from .probes import ProbeFailed, global_op, unpickle
+
+__all__ = [
+    "registry_lock",
+    "torch_allowlist",
+    "torch_allowlist_objects",
+    "torch_allowed_type_names",
+    "registered_globals",
+    "snapshot_registry",
+    "restore_registry",
+    "preserved_registry",
+    "allowlisted",
+    "registry_takes_named_entries",
+    "safe_globals_context_missing",
+    "start_recording",
+    "stop_recording",
+    "recording_active",
+    "torch_own_registrations",
+]
+
+#: Held while the library reads or changes torch's process-wide safe-globals registry
+#: and while it loads, so a prediction and the load it predicts see the same registry.
+registry_lock = threading.RLock()
+
+
+def _wou() -> Any:
+    from torch import _weights_only_unpickler as wou
+
+    return wou
+
+
+def torch_allowlist_objects() -> dict[str, Any]:
+    """torch's own allowlist, name -> the object it allows under that name."""
+    return dict(_wou()._get_allowed_globals())
+
+
+def torch_allowlist() -> frozenset[str]:
+    """Names torch's weights-only unpickler accepts without any registration."""
+    return frozenset(_wou()._get_allowed_globals())
+
+
+_type_names: list[tuple[Any, frozenset[str]]] = []
+
+
+def torch_allowed_type_names() -> frozenset[str]:
+    """Real ``module.qualname`` of every value on torch's own allowlist (remembered per allowlist
+    object: BUILD accepts instances of the types among them)."""
+    table = _wou()._get_allowed_globals()
+    if not _type_names or _type_names[0][0] is not table:
+        _type_names[:] = [(table, frozenset(n for n in map(torch_key, table.values()) if n and not isinstance(n, tuple)))]
+    return _type_names[0][1]
+
+
+def registered_globals() -> frozenset[str]:
+    """Names registered process-wide right now (``add_safe_globals`` or an open context)."""
+    import torch
+
+    return frozenset(torch_key(g) or f"<unnamed {type(g).__name__}>" for g in torch.serialization.get_safe_globals())
+
+
+def snapshot_registry() -> list[Any]:
+    """A copy of torch's process-wide safe-globals registry."""
+    import torch
+
+    with registry_lock:
+        return list(torch.serialization.get_safe_globals())
+
+
+def restore_registry(snapshot: Sequence[Any]) -> None:
+    """Make the registry equal *snapshot* again (re-adding what torch's context exit removed).
+
+    One rebinding of torch's registry (a set since torch 2.5, a list before), so an interrupt
+    never leaves it empty or half restored; without that attribute, add what is missing and
+    remove what is extra.
+    """
+    import torch
+
+    wou = _wou()
+    with registry_lock:
+        current = torch.serialization.get_safe_globals()
+        if set(current) == set(snapshot):
+            return
+        for attr, kind in (("_marked_safe_globals_set", set), ("_marked_safe_globals_list", list)):
+            if isinstance(getattr(wou, attr, None), kind):
+                setattr(wou, attr, kind(snapshot))
+                return
+        missing = [g for g in snapshot if g not in current]
+        if missing:
+            wou._add_safe_globals(missing)
+        extra = [g for g in current if g not in snapshot]
+        if extra:
+            wou._remove_safe_globals(extra)
+
+
+@contextmanager
+def preserved_registry() -> Iterator[None]:
+    """Restore the registry on exit, whatever happened inside."""
+    with registry_lock:
+        snap = snapshot_registry()
+        try:
+            yield
+        finally:
+            restore_registry(snap)
+
+
+def safe_globals_context_missing() -> Optional[str]:
+    """Why this torch has no ``torch.serialization.safe_globals`` context (torch < 2.5), or None."""
+    import torch
+
+    if hasattr(torch.serialization, "safe_globals"):
+        return None
+    return (
+        f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+        f"torch {torch.__version__} lacks it"
+    )
+
+
+class _NamedEntryProbe:
+    """Registered under a name of the probe's choosing, to see whether torch keys it by that name."""
+
+
+_named_entries: dict[Any, bool] = {}
+
+
+def registry_takes_named_entries() -> bool:
+    """Whether torch's allowlist takes ``(obj, "module.Name")`` entries (torch 2.4 keys every
+    entry by its own ``__module__.__name__`` and takes objects only).  Asked of torch: the probe
+    registers ``(obj, "<its module>.Renamed")`` and unpickles a GLOBAL of that name."""
+    wou = _wou()
+    key = wou._get_user_allowed_globals
+    known = _named_entries.get(key)
+    if known is None:
+        name = f"{_NamedEntryProbe.__module__}.RenamedProbe"
+        with preserved_registry():
+            try:
+                wou._add_safe_globals([(_NamedEntryProbe, name)])
+                outcome = unpickle(global_op(name))
+            except ProbeFailed:
+                raise
+            except Exception as e:  # noqa: BLE001 - a registry that rejects the tuple form says no
+                outcome = None
+                if not isinstance(e, (TypeError, ValueError, AttributeError)):
+                    raise ProbeFailed(f"registering an (obj, name) entry raised {type(e).__name__}: {e}") from None
+        known = _named_entries[key] = outcome is not None and outcome.loaded and outcome.value is _NamedEntryProbe
+    return known
+
+
+@contextmanager
+def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
+    """Trust *entries* for the weights-only loads inside the block, then forget them.
+
+    ``torch.serialization.safe_globals`` where torch has it (>= 2.5); before, the same through
+    ``add_safe_globals`` (the one registry torch 2.4 reads), undone on exit.  The registry is
+    restored either way (a context exit also drops entries registered before it on some torch
+    versions).  For the library's probes and for oracles that ask torch what an allowlist does;
+    the ``safe_globals`` load mode itself never falls back like this.
+    """
+    import torch
+
+    from ..core.errors import RoundTripConfigError
+
+    with preserved_registry():
+        context = getattr(torch.serialization, "safe_globals", None)
+        if context is not None:
+            with context(list(entries)):
+                yield
+        else:
+            named = [e for e in entries if isinstance(e, tuple)]
+            if named and not registry_takes_named_entries():
+                raise RoundTripConfigError(
+                    f"torch {torch.__version__} allowlists objects only, by their own __module__.__name__: "
+                    f"{', '.join(repr(n) for _, n in named)} cannot be allowlisted as (obj, name) here"
+                )
+            torch.serialization.add_safe_globals(list(entries))
+            yield
+
+
+# -- registrations made by modules imported during a test ------------------------------------------
+
+
+class ImportRegistrations:
+    """What modules imported during one test registered with ``add_safe_globals``."""
+
+    __slots__ = ("kept", "refused", "judge")
+
+    def __init__(self, judge: Any = None) -> None:
+        self.kept: list[Any] = []
+        #: (name, importing module, why refused) for every dangerous entry that was not registered.
+        self.refused: list[tuple[str, str, str]] = []
+        #: entry -> why it must not be registered, or None (the trust policy's judgement).
+        self.judge = judge
+
+    def __repr__(self) -> str:
+        return f"ImportRegistrations(kept={self.kept!r}, refused={self.refused!r})"
+
+    def __eq__(self, other: object) -> bool:  # compared by value, as GlobalState's fields are
+        if not isinstance(other, ImportRegistrations):
+            return NotImplemented
+        return (self.kept, self.refused) == (other.kept, other.refused)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+
+_recorders: list[ImportRegistrations] = []
+_original_add: Any = None
+
+
+def _importer() -> Optional[str]:
+    """The module whose import is running ``add_safe_globals`` (None: no import on the stack)."""
+    frame: Any = sys._getframe(2)
+    caller: Optional[str] = None
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("importlib._bootstrap") or name == "_frozen_importlib":
+            return caller or "?"
+        if caller is None and not name.startswith(("torch.serialization", "torch._weights_only_unpickler")):
+            caller = name
+        frame = frame.f_back
+    return None
+
+
+def _recording_add(safe_globals: Any) -> Any:
+    importer = _importer() if _recorders else None
+    if importer is None:
+        return _original_add(safe_globals)
+    # A registration made by a module being imported during a test: judged like a declaration.
+    accepted = []
+    judge = _recorders[0].judge
+    for entry in list(safe_globals):
+        reason = judge(entry) if judge is not None else None
+        for recorder in list(_recorders):
+            if reason:
+                recorder.refused.append((torch_key(entry) or repr(entry), importer, reason))
+            else:
+                recorder.kept.append(entry)
+        if not reason:
+            accepted.append(entry)
+    return _original_add(accepted)
+
+
+def start_recording(judge: Any) -> ImportRegistrations:
+    """Note globals registered by module imports (a backend's import-time ``add_safe_globals``);
+    *judge* (entry -> reason or None) decides which are refused."""
+    global _original_add
+    wou = _wou()
+    with registry_lock, deferred_interrupts():
+        recorder = ImportRegistrations(judge)
+        if not _recorders:
+            _original_add = wou._add_safe_globals
+            _recorders.append(recorder)
+            wou._add_safe_globals = _recording_add
+        else:
+            _recorders.append(recorder)
+        return recorder
+
+
+def stop_recording(recorder: ImportRegistrations) -> None:
+    wou = _wou()
+    with registry_lock:
+        # One rebinding each: an interrupt leaves the hook either installed or not.
+        _recorders[:] = [r for r in _recorders if r is not recorder]
+        if not _recorders and wou._add_safe_globals is _recording_add:
+            wou._add_safe_globals = _original_add
+
+
+def recording_active() -> bool:
+    """Whether torch's ``_add_safe_globals`` is currently replaced by the import recorder."""
+    return bool(_wou()._add_safe_globals is _recording_add)
+
+
+# -- torch's own registrations -----------------------------------------------------------------------
+
+_CHILD = """
+import json, sys
+import torch
+failed = []
+for name in json.loads(sys.argv[1]):
+    try:
+        __import__(name)
+    except Exception as e:
+        failed.append(f"{name}: {type(e).__name__}")
+def key(g):
+    if isinstance(g, tuple) and len(g) == 2 and isinstance(g[1], str):
+        return g[1]
+    return f"{getattr(g, '__module__', '?')}.{getattr(g, '__qualname__', '?')}"
+print(json.dumps({"names": sorted(key(g) for g in torch.serialization.get_safe_globals()), "failed": failed}))
+"""
+
+_own: dict[frozenset[str], frozenset[str]] = {}
+
+
+def torch_own_registrations() -> frozenset[str]:
+    """The names torch registers process-wide itself, for the torch modules imported here.
+
+    Asked of torch, not read from it: a fresh interpreter with backend autoload off imports
+    the same ``torch.*`` modules and reports its registry (remembered per set of modules).
+    Raises :class:`ProbeFailed` when that interpreter fails or cannot import one of them.
+    """
+    modules = frozenset(n for n, m in list(sys.modules.items())
+                        if m is not None and (n == "torch" or n.startswith("torch.")))
+    known = _own.get(modules)
+    if known is not None:
+        return known
+    import json
+    import subprocess
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    for name in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
+        env.pop(name, None)
+    try:
+        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(sorted(modules))], capture_output=True,
+                              text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        raise ProbeFailed(f"a fresh interpreter could not report torch's own registrations ({type(e).__name__}: "
+                          f"{e})") from None
+    if report["failed"]:
+        raise ProbeFailed("a fresh interpreter could not import " + ", ".join(report["failed"][:3])
+                          + " to report torch's own registrations")
+    known = _own[modules] = frozenset(report["names"])
+    return known
