@@ -45,19 +45,16 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from torch_serial_testing.torch_facts import registry as allowlist  # noqa: E402
-
-from torch_serial_testing.torch_facts import engines
-
-from torch_serial_testing.loading import load as load_modes
-
-from torch_serial_testing.torch_facts import loader as thread_warnings
-from torch_serial_testing.testing.case import SerializationRoundTripTestCase# noqa: E402
+import torch_serial_testing  # noqa: E402
+from torch_serial_testing.loading import load as loading  # noqa: E402
+from torch_serial_testing.testing.case import SerializationRoundTripTestCase  # noqa: E402
+from torch_serial_testing.torch_facts import engines, loader, registry  # noqa: E402
 
 from isolation_fixtures import Gate, READS_FORCE_NO, clean_env, process_state, run_tests  # noqa: E402
 from test_interrupts import _interrupted_class  # noqa: E402
 
-LIB = os.path.dirname(os.path.abspath(engines.__file__))
+#: The package folder: the campaign's files are named relative to it (``testing/case.py``).
+LIB = os.path.dirname(os.path.abspath(torch_serial_testing.__file__))
 
 
 _CALLS = {"CALL", "CALL_KW", "CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD", "PRECALL"}
@@ -92,6 +89,9 @@ class Injector:
         self.armed = arm_on is None
         self.arm_on = arm_on
         self.files = tuple(os.path.join(LIB, f) for f in files) if files else (LIB,)
+        missing = [f for f in self.files if not os.path.exists(f)]
+        if missing:  # a renamed module would silently be watched nowhere
+            raise SystemExit(f"the campaign names library files that do not exist: {missing}")
         self.where = ""
 
     def enter(self, code: Any) -> bool:
@@ -203,7 +203,7 @@ def _handler_name(handler: Any) -> str:
 
 def main() -> None:
     before = process_state()
-    registry = allowlist.snapshot_registry()
+    saved_registry = registry.snapshot_registry()
     env = dict(os.environ)
     report: dict[str, Any] = {}
 
@@ -212,7 +212,7 @@ def main() -> None:
         if now != before:
             diff = {k: (now.get(k), before.get(k)) for k in set(now) | set(before) if now.get(k) != before.get(k)}
             # Put it back by hand so the next point starts from the same state.
-            allowlist.restore_registry(registry)
+            registry.restore_registry(saved_registry)
             os.environ.clear()
             os.environ.update(env)
             engines.restore_engine_state((before["qengine"], before["allocator"]))
@@ -245,7 +245,9 @@ def main() -> None:
             "body",
             lambda: run_tests(leaky("test_change_then_round_trip")),
             exactly_restored,
-            files=("case.py", "load_modes.py", "isolation.py", "engines.py", "allowlist.py", "thread_warnings.py"),
+            files=("testing/case.py", "testing/checked_loads.py", "testing/isolation.py", "testing/ignored_warnings.py", "loading/load.py",
+                   "torch_facts/engines.py", "torch_facts/registry.py", "torch_facts/loader.py",
+                   "core/interrupts.py"),
         )
 
     if "qnnpack" in engines.supported_qengines():
@@ -269,20 +271,20 @@ def main() -> None:
 
     if READS_FORCE_NO:
         def observe() -> None:
-            load_modes.round_trip(Gate().state_dict(), "default")
+            loading.round_trip(Gate().state_dict(), "default")
 
         def warnings_consistent() -> Optional[str]:
-            if thread_warnings.installed():
+            if loader.proxy_installed():
                 return "torch.serialization.warnings is still the proxy"
-            if getattr(thread_warnings._local, "stack", None):
+            if getattr(loader._local, "stack", None):
                 return "an observation is still open"
-            if not load_modes.round_trip(Gate().state_dict(), "default").expectation.warns:
+            if not loading.round_trip(Gate().state_dict(), "default").expectation.warns:
                 return "the next round trip did not observe torch's warning"
             return None
 
         with clean_env(TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1"):
             report["warnings"] = campaign("warnings", observe, warnings_consistent,
-                                          files=("thread_warnings.py", "isolation.py"))
+                                          files=("torch_facts/loader.py", "core/interrupts.py"))
 
     print(json.dumps({"startup": startup, "scenarios": report}))
 

@@ -17,14 +17,9 @@ from unittest import mock
 
 import torch
 
-from torch_serial_testing.torch_facts import engines
-
-from torch_serial_testing.testing import isolation
-
-from torch_serial_testing.loading import load as load_modes
-from torch_serial_testing.policy.declared import normalize_safe_globals
 from torch_serial_testing.core.names import qualified_name
-from torch_serial_testing.torch_facts import loader as thread_warnings
+from torch_serial_testing.policy.declared import normalize_safe_globals
+from torch_serial_testing.torch_facts import engines, load_call, loader, registry
 
 _hook: Optional[Callable[[], None]] = None
 
@@ -48,8 +43,8 @@ class LeakedGlobal:
 
 # set: needed where torch's allowlist lacks it (torch < 2.6)
 GATE_SAFE_GLOBALS = normalize_safe_globals([Gate, set])
-TORCH_DEFAULT_WO = load_modes.torch_default_weights_only()[0]
-READS_FORCE_NO = load_modes.torch_reads_force_no_weights_only()
+TORCH_DEFAULT_WO = load_call.torch_default_weights_only()[0]
+READS_FORCE_NO = load_call.torch_reads_force_no_weights_only()
 
 
 @contextmanager
@@ -78,9 +73,9 @@ def process_state() -> dict[str, Any]:
         "allocator": engines.allocator_installed(),
         "registry": sorted(qualified_name(g) for g in torch.serialization.get_safe_globals()),
         "env": {k: v for k, v in os.environ.items() if k.startswith("TORCH_FORCE_")},
-        "recorder_installed": isolation.recording_active(),
+        "recorder_installed": registry.recording_active(),
         "filters": list(warnings.filters),
-        "warnings_proxy_installed": thread_warnings.installed(),
+        "warnings_proxy_installed": loader.proxy_installed(),
     }
     try:
         from torch.utils.serialization import config

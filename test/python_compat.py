@@ -66,3 +66,28 @@ def failure_ids(out: str) -> list[str]:
     """The ids of the ``FAIL:`` / ``ERROR:`` blocks of a unittest run, in either Python's format."""
     return [f"{m.group('owner')}.{m.group('name')}"
             for m in re.finditer(r"^(?:FAIL|ERROR): " + VERBOSE_HEADER, out, re.M)]
+
+
+#: A warning as ``warnings.showwarning`` prints it: ``file:line: Category: message`` (then the source
+#: line, indented).  In ``unittest -v`` output it starts a line or follows a header's " ... ".
+WARNING_LINE = r"(?:^|(?<=\.\.\. ))(?P<where>[^\s:](?:(?!\.\.\. )[^:\n])*:\d+): (?P<category>\w+): (?P<message>[^\n]*)"
+
+
+def warnings_by_test(out: str, key: str = "class") -> dict[str, list[str]]:
+    """The warnings a ``unittest -v`` run printed, by the test they were printed in, in order.
+
+    Keys are ``Class.test_x`` (*key* ``"class"``) or ``test_x`` (*key* ``"name"``); warnings printed
+    before the first test are under ``""``.  Each warning is ``file:line: Category: message``.
+    Only tests that printed a warning appear.
+    """
+    headers = verbose_headers(out)
+    spans = [("", 0)] + [
+        (test_id.split(".")[-1] if key == "name" else ".".join(test_id.split(".")[-2:]), m.end())
+        for test_id, m in headers
+    ]
+    found: dict[str, list[str]] = {}
+    for i, (test, start) in enumerate(spans):
+        end = headers[i][1].start() if i < len(headers) else len(out)
+        for m in re.finditer(WARNING_LINE, out[start:end], re.M):
+            found.setdefault(test, []).append(f"{m.group('where')}: {m.group('category')}: {m.group('message')}")
+    return found

@@ -1,11 +1,12 @@
-"""APPEND / APPENDS target checks: read from the running torch's source, replayed like torch.
+"""APPEND / APPENDS target checks: asked of the running torch, replayed like torch.
 
 torch 2.4 to 2.13 and 2.15 refuse APPEND(S) onto anything but exactly a ``list`` (APPENDS
 saying "Can only extend lists"); torch 2.14.1 lets an allowlisted ``list`` subclass through and
-words both refusals "Can only append to lists".  The model derives which target each opcode
-accepts and its message from torch's code (``torch_unpickler_rules.append_rules_from_source``);
+words both refusals "Can only append to lists".  The model learns which target each opcode
+accepts and its message by probing torch's unpickler (``torch_facts.unpickler.unpickler_rules``);
 these tests compare it with a real ``torch.load`` for every opcode x target kind x way of
-allowlisting, and replay other torches' rules on this one.
+allowlisting, read a torch 2.14.1-like stand-in unpickler through the probes, and replay other
+torches' rules (rules objects) on this one.
 """
 
 from __future__ import annotations
@@ -13,22 +14,22 @@ from __future__ import annotations
 import collections
 import io
 import itertools
+import pickle
 import pickletools
-import textwrap
 import traceback
 import unittest
 import warnings
 from typing import Any
-from unittest import mock
 
 import torch
 
+import torch_serial_testing as tst
+from other_torches import Torch2141Append, simulated_rules, unpickler_standin
 from torch_serial_testing import Checkpoint, predict
-from torch_serial_testing.scan import walker as pickle_scan
-from torch_serial_testing.torch_facts import unpickler as torch_unpickler_rules
-from torch_serial_testing.scan import model as unpickler_model
+from torch_serial_testing.core.errors import UnexpectedLoadOutcome
+from torch_serial_testing.torch_facts.probes import ProbeFailed
 from torch_serial_testing.torch_facts.registry import restore_registry, snapshot_registry
-from torch_serial_testing.torch_facts.unpickler import APPEND_TARGETS, AppendRule, ContainerRules, append_rules_from_source
+from torch_serial_testing.torch_facts.unpickler import APPEND_TARGETS, ContainerRule, unpickler_rules
 
 
 class Items(list):
@@ -168,226 +169,137 @@ class TestModelAgreesWithTorchOnAppendTargets(unittest.TestCase):
             self.assertIn(blocker, message)
 
 
-# Excerpts of torch/_weights_only_unpickler.py: 2.13.0's (and 2.15.0's) inline checks, 2.14.1's method.
-TORCH_213 = textwrap.dedent('''
-    class Unpickler:
-        def load(self):
-            while True:
-                if key[0] == BUILD[0]:
-                    pass
-                elif key[0] == APPEND[0]:
-                    item = self.stack.pop()
-                    list_obj = self.stack[-1]
-                    if type(list_obj) is not list:
-                        raise UnpicklingError(
-                            f"Can only append to lists, but got {type(list_obj)}"
-                        )
-                    list_obj.append(item)
-                elif key[0] == APPENDS[0]:
-                    items = self.pop_mark()
-                    list_obj = self.stack[-1]
-                    if type(list_obj) is not list:
-                        raise UnpicklingError(
-                            f"Can only extend lists, but got {type(list_obj)}"
-                        )
-                    list_obj.extend(items)
-''')
-TORCH_2141 = textwrap.dedent('''
-    class Unpickler:
-        def load(self):
-            while True:
-                if key[0] == BUILD[0]:
-                    pass
-                elif key[0] == APPEND[0]:
-                    item = self.stack.pop()
-                    list_obj = self.stack[-1]
-                    self._check_append_target(list_obj)
-                    list_obj.append(item)
-                elif key[0] == APPENDS[0]:
-                    items = self.pop_mark()
-                    list_obj = self.stack[-1]
-                    self._check_append_target(list_obj)
-                    list_obj.extend(items)
-
-        def _check_append_target(self, list_obj):
-            if type(list_obj) is not list and not (
-                isinstance(list_obj, list)
-                and type(list_obj) in _get_user_allowed_globals().values()
-            ):
-                raise UnpicklingError(f"Can only append to lists, but got {type(list_obj)}")
-''')
 EVERY_OTHER = frozenset(APPEND_TARGETS[1:])
+#: torch 2.4 to 2.13 and 2.15: exactly a list, APPENDS worded "extend".
+RULES_213 = {"APPEND": ContainerRule(EVERY_OTHER, "Can only append to lists, but got "),
+             "APPENDS": ContainerRule(EVERY_OTHER, "Can only extend lists, but got ")}
+#: torch 2.14.1: an allowlisted list subclass too, both worded "append to".
+RULE_2141 = ContainerRule(EVERY_OTHER - {"allowlisted_list_subclass"}, "Can only append to lists, but got ")
+RULES_2141 = {"APPEND": RULE_2141, "APPENDS": RULE_2141}
 
 
-class TestAppendRulesFromSource(unittest.TestCase):
-    def test_torch_213_and_215(self) -> None:
-        rules = append_rules_from_source(TORCH_213)
-        self.assertEqual(rules["APPEND"], AppendRule(EVERY_OTHER, "Can only append to lists, but got "))
-        self.assertEqual(rules["APPENDS"], AppendRule(EVERY_OTHER, "Can only extend lists, but got "))
+def append_rules() -> dict[str, Any]:
+    rules = unpickler_rules()
+    return {op: rules.containers[op] for op in ("APPEND", "APPENDS")}
+
+
+class _RefusesAList(Torch2141Append):
+    """Says no to APPEND onto exactly a list: not a check the model can replay."""
+
+    def load(self) -> Any:
+        value = super().load()
+        if type(value) is list and value:
+            raise pickle.UnpicklingError(f"Can only append to lists, but got {type(value)}")
+        return value
+
+
+class _Untyped(Torch2141Append):
+    """Refuses without naming the target's type."""
+
+    def load(self) -> Any:
+        try:
+            return super().load()
+        except pickle.UnpicklingError as e:
+            if str(e).startswith("Can only append"):
+                raise pickle.UnpicklingError(str(e).split(", but got")[0]) from None
+            raise
+
+
+class _WordsEachKindItsOwnWay(Torch2141Append):
+    """Refuses an allowlisted non-list in other words than a non-allowlisted one."""
+
+    def load(self) -> Any:
+        try:
+            return super().load()
+        except pickle.UnpicklingError as e:
+            target = self.stack[-1] if self.stack else None
+            if str(e).startswith("Can only append") and type(target) in \
+                    torch._weights_only_unpickler._get_user_allowed_globals().values():
+                raise pickle.UnpicklingError(str(e).replace("Can only", "Only")) from None
+            raise
+
+
+class _CheckInAMethod(torch._weights_only_unpickler.Unpickler):
+    """torch 2.13's check, raised from a method of its own (as 2.14.1 has _check_append_target)."""
+
+    def load(self) -> Any:
+        try:
+            return super().load()
+        except pickle.UnpicklingError as e:
+            if not str(e).startswith(("Can only append to lists", "Can only extend lists")):
+                raise
+            self._check_append_target(self.stack[-1], str(e).split(" lists")[0])
+            raise
+
+    def _check_append_target(self, target: Any, words: str) -> None:
+        raise pickle.UnpicklingError(f"{words} lists, but got {type(target)}")
+
+
+class TestAppendRulesProbed(unittest.TestCase):
+    def test_this_torch(self) -> None:
+        rules = append_rules()
+        self.assertIn(rules, (RULES_213, RULES_2141))
+        # which of the two this torch is, a real load of an allowlisted list subclass says
+        loaded, message = torch_answer(saved(Items([1, 2]), 0), [Items], not hasattr(torch.serialization, "safe_globals"))
+        self.assertEqual(rules == RULES_2141, loaded, message)
 
     def test_torch_2141(self) -> None:
-        rules = append_rules_from_source(TORCH_2141)
-        expected = AppendRule(EVERY_OTHER - {"allowlisted_list_subclass"}, "Can only append to lists, but got ")
-        self.assertEqual(rules, {"APPEND": expected, "APPENDS": expected})
+        with unpickler_standin(Torch2141Append):
+            self.assertEqual(append_rules(), RULES_2141)
+        self.assertIn(append_rules(), (RULES_213, RULES_2141))
 
-    def test_a_check_written_self_stack_style(self) -> None:
-        source = TORCH_2141.replace("type(list_obj) is not list and", "type(self.stack[-1]) not in [list] and")
-        self.assertEqual(append_rules_from_source(source)["APPEND"].refused, EVERY_OTHER - {"allowlisted_list_subclass"})
+    def test_where_the_check_lives_does_not_matter(self) -> None:
+        # A check inline in load or in a method load calls: the same behaviour, the same rules.
+        expected = append_rules()
+        with unpickler_standin(_CheckInAMethod):
+            self.assertEqual(append_rules(), expected)
 
     def test_what_cannot_be_read_is_not_guessed(self) -> None:
-        hostile = TORCH_2141.replace("isinstance(list_obj, list)", "__import__('os').system('false')")
-        self.assertIsNone(append_rules_from_source(hostile))
-        self.assertIsNone(append_rules_from_source(TORCH_213.replace("elif key[0] == APPENDS[0]:", "elif x:")))
-        self.assertIsNone(append_rules_from_source(TORCH_213.replace("is not list", "is list")))  # refuses a list
-        self.assertIsNone(append_rules_from_source(TORCH_213.replace('f"Can only extend', '"Can only extend')))
-        self.assertIsNone(append_rules_from_source("x = ("))
+        for standin, reason in ((_RefusesAList, "refused APPEND onto a plain list"),
+                                (_Untyped, "does not end with the type it refused"),
+                                (_WordsEachKindItsOwnWay, "refuses APPEND targets with different messages")):
+            with self.subTest(standin.__name__), unpickler_standin(standin):
+                with self.assertRaisesRegex(ProbeFailed, reason):
+                    unpickler_rules()
 
-    def test_unreadable_source_keeps_torch_213s_rules(self) -> None:
-        torch_unpickler_rules.container_rules.cache_clear()
-        self.addCleanup(torch_unpickler_rules.container_rules.cache_clear)
-        with mock.patch("torch_serial_testing.torch_unpickler_rules.source_of", return_value="x = ("):
-            rules = torch_unpickler_rules.container_rules()
-        self.assertEqual((rules.append, rules.appends), (ContainerRules.append, ContainerRules.appends))
-        self.assertEqual(rules.appends.message, "Can only extend lists, but got ")
-
-    def test_this_torch(self) -> None:
-        from torch import _weights_only_unpickler as wou
-
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import source_of
-
-        rules = append_rules_from_source(source_of(wou))
-        self.assertIsNotNone(rules, "this torch's APPEND/APPENDS checks were not understood")
-        self.assertEqual(
-            (rules["APPEND"], rules["APPENDS"]),
-            (torch_unpickler_rules.container_rules().append, torch_unpickler_rules.container_rules().appends),
-        )
-
-
-def excerpt_module(source: str, name: str) -> Any:
-    """*source* imported as a module from a file of its own, so its functions have source to read."""
-    import importlib.util
-    import os
-    import tempfile
-
-    directory = tempfile.mkdtemp(prefix="tst-excerpt-")
-    path = os.path.join(directory, f"{name}.py")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class TestRulesReadFromLoadAlone(unittest.TestCase):
-    """``container_rules`` parses ``Unpickler.load`` (and a method its branch calls) instead of the
-    whole module: the same rules as the module path, on every torch shape, or the module path."""
-
-    def test_each_torch_shape(self) -> None:
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_append_rules import UnpicklerMethods, append_rules_from_tree
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import function_tree
-
-        for label, source in (("2.13", TORCH_213), ("2.14.1", TORCH_2141)):
-            with self.subTest(torch=label):
-                module = excerpt_module(source, f"wou_excerpt_{label.replace('.', '_')}")
-                tree = function_tree(module.Unpickler.load)
-                self.assertIsNotNone(tree)
-                from_load = append_rules_from_tree(tree, UnpicklerMethods(module.Unpickler))
-                self.assertIsNotNone(from_load)
-                self.assertEqual(from_load, append_rules_from_source(source))
-
-    def test_a_method_that_is_not_there_is_not_guessed(self) -> None:
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_append_rules import UnpicklerMethods, append_rules_from_tree
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import function_tree
-
-        module = excerpt_module(TORCH_2141.replace("def _check_append_target", "def _renamed"), "wou_excerpt_renamed")
-        methods = UnpicklerMethods(module.Unpickler)
-        self.assertNotIn("_check_append_target", methods)
-        self.assertIn("_renamed", methods)
-        self.assertEqual(list(methods), ["load", "_renamed"])
-        self.assertIsNone(append_rules_from_tree(function_tree(module.Unpickler.load), methods))
-
-    def test_this_torch_load_alone_and_module_agree(self) -> None:
-        from torch import _weights_only_unpickler as wou
-
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_append_rules import UnpicklerMethods, append_rules_from_tree
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import function_tree, source_of
-        from torch_serial_testing.torch_facts.unpickler import persid_refused_from_source, persid_refused_from_tree
-
-        tree = function_tree(wou.Unpickler.load)
-        module_source = source_of(wou)
-        self.assertEqual(persid_refused_from_tree(tree), persid_refused_from_source(module_source))
-        self.assertIsNotNone(persid_refused_from_tree(tree), "this torch's persistent-id check is not in load")
-        self.assertEqual(
-            append_rules_from_tree(tree, UnpicklerMethods(wou.Unpickler)), append_rules_from_source(module_source)
-        )
-
-    def test_falls_back_to_the_module_when_load_does_not_tell(self) -> None:
-        # A torch whose checks sit in a module-level function load does not call: load alone
-        # tells nothing, so the module is read too, and its rules are the ones found.
-        moved = textwrap.dedent('''
-            def elsewhere(list_obj, key):
-                if key[0] == APPEND[0]:
-                    if type(list_obj) is not list:
-                        raise UnpicklingError(f"Can only append to lists, but got {type(list_obj)}")
-                elif key[0] == APPENDS[0]:
-                    if type(list_obj) is not list:
-                        raise UnpicklingError(f"Can only extend lists, but got {type(list_obj)}")
-
-
-            class Unpickler:
-                def load(self):
-                    while True:
-                        if key[0] == BUILD[0]:
-                            pass
-        ''')
-        module = excerpt_module(moved, "wou_excerpt_moved")
-        calls = []
-
-        def reader(fn: Any) -> str:
-            from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import source_of
-
-            calls.append(getattr(fn, "__name__", fn))
-            return source_of(fn)
-
-        torch_unpickler_rules.container_rules.cache_clear()
-        self.addCleanup(torch_unpickler_rules.container_rules.cache_clear)
-        with mock.patch("torch._weights_only_unpickler", module, create=True), \
-                mock.patch.object(torch_unpickler_rules, "source_of", side_effect=reader):
-            rules = torch_unpickler_rules.container_rules()
-        self.assertIn("load", calls)
-        self.assertIn("wou_excerpt_moved", calls)  # the module was read too: load alone did not tell
-        self.assertEqual(rules.append, AppendRule(EVERY_OTHER, "Can only append to lists, but got "))
-        self.assertEqual(rules.appends, AppendRule(EVERY_OTHER, "Can only extend lists, but got "))
+    def test_unreadable_rules_make_the_prediction_unknown(self) -> None:
+        # Formerly an unreadable check kept torch 2.13's rules; now no rule is guessed: the
+        # prediction is unknown and the load says so, with what torch did.
+        checkpoint = Checkpoint.save({"x": Items([1, 2]), "tag": "unreadable"})
+        with unpickler_standin(_Untyped):
+            exp = predict("safe_globals", checkpoint, [Items])
+            self.assertFalse(exp.loads)
+            self.assertIn("does not end with the type it refused", exp.unknown)
+            self.assertIsNone(checkpoint.info.weights_only_blocker)
+            self.assertEqual([c.kind for c in checkpoint.info.checks], ["unknown"])
+            if hasattr(torch.serialization, "safe_globals"):
+                with self.assertRaisesRegex(UnexpectedLoadOutcome, r"^safe_globals: cannot predict this load here "
+                                            r"\(torch's message 'Can only append to lists' does not end with the type "
+                                            r"it refused .*\); torch loaded it$"):
+                    tst.load(checkpoint, "safe_globals", [Items])
 
 
 class TestOtherTorchsRulesReplayedHere(unittest.TestCase):
-    """Predictions follow the rules read, whichever torch runs: 2.13's and 2.14.1's on this one."""
-
-    def rules_of(self, source: str) -> ContainerRules:
-        found = append_rules_from_source(source)
-        return ContainerRules(append=found["APPEND"], appends=found["APPENDS"])
+    """Predictions follow the rules given to the model: 2.13's and 2.14.1's, on this torch."""
 
     tags = itertools.count(1000)
 
-    def predict_under(self, source: str, obj: Any, allow: list[Any]) -> Any:
+    def predict_under(self, rules: dict[str, Any], obj: Any, allow: list[Any]) -> Any:
         # scans are remembered by bytes: each scan under other rules gets bytes of its own
         tag = next(self.tags)
-        rules = self.rules_of(source)
-        with mock.patch.object(unpickler_model, "container_rules", return_value=rules), \
-                mock.patch.object(pickle_scan, "container_rules", return_value=rules):
+        with simulated_rules(containers={**unpickler_rules().containers, **rules}):
             ckpt = Checkpoint.from_bytes(saved(obj, tag))
             return ckpt.info, predict("safe_globals", ckpt, allow)
 
     def test_an_allowlisted_list_subclass(self) -> None:
         for n in (1, 2):
-            info, exp = self.predict_under(TORCH_2141, Items([1] * n), [Items])
+            info, exp = self.predict_under(RULES_2141, Items([1] * n), [Items])
             self.assertTrue(exp.loads, exp.summary())
             self.assertIsNone(info.weights_only_blocker)
-            info, exp = self.predict_under(TORCH_2141, Items([1] * n), [])
+            info, exp = self.predict_under(RULES_2141, Items([1] * n), [])
             self.assertFalse(exp.loads)
             self.assertIn(f"{__name__}.Items", exp.missing)
-            info, exp = self.predict_under(TORCH_213, Items([1] * n), [Items])
+            info, exp = self.predict_under(RULES_213, Items([1] * n), [Items])
             self.assertFalse(exp.loads)
             word = "append to" if n == 1 else "extend"
             self.assertEqual(info.weights_only_blocker, f"Can only {word} lists, but got <class '{__name__}.Items'>")
@@ -396,11 +308,17 @@ class TestOtherTorchsRulesReplayedHere(unittest.TestCase):
     def test_a_deque_and_an_allowlisted_non_list(self) -> None:
         for obj, cls in ((collections.deque([1, 2]), collections.deque), (make("bag", 2), Bag)):
             shown = f"<class '{cls.__module__}.{cls.__qualname__}'>"
-            info, exp = self.predict_under(TORCH_2141, obj, [cls])
+            info, exp = self.predict_under(RULES_2141, obj, [cls])
             self.assertEqual(info.weights_only_blocker, f"Can only append to lists, but got {shown}")
             self.assertFalse(exp.loads)
-            info, exp = self.predict_under(TORCH_213, obj, [cls])
+            info, exp = self.predict_under(RULES_213, obj, [cls])
             self.assertEqual(info.weights_only_blocker, f"Can only extend lists, but got {shown}")
+
+    def test_a_torch_without_append_checks(self) -> None:
+        # a rules object with no APPEND(S) check: nothing blocks a deque, its global decides
+        info, exp = self.predict_under({"APPEND": None, "APPENDS": None}, collections.deque([1, 2]), [collections.deque])
+        self.assertIsNone(info.weights_only_blocker)
+        self.assertTrue(exp.loads, exp.summary())
 
 
 if __name__ == "__main__":

@@ -20,14 +20,19 @@ import torch
 
 import torch_serial_testing as tst
 from torch_serial_testing import Checkpoint, predict
-from torch_serial_testing.scan import build_state
 from torch_serial_testing.loading import prediction
 from torch_serial_testing.torch_facts.registry import allowlisted
 from torch_serial_testing.scan.build_state import build_failure, state_shape
 from torch_serial_testing.core.errors import UnexpectedLoadOutcome
-from torch_serial_testing.torch_facts.unpickler import BuildRules, build_rules, build_rules_from_source
+from torch_serial_testing.torch_facts.unpickler import BuildRules, unpickler_rules
 
+from other_torches import Torch24Build, simulated_rules, unpickler_standin
 from roundtrip_fixtures import assert_mode_skips_here
+
+
+def build_rules() -> BuildRules:
+    """This torch's BUILD rules, as its unpickler answered the probes."""
+    return unpickler_rules().build
 
 
 class Slotted:
@@ -126,6 +131,17 @@ def _torch_outcome(data: bytes, cls: type) -> tuple[bool, str, str]:
 
 class TestModelAgreesWithTorch(unittest.TestCase):
     def test_every_case(self) -> None:
+        self._every_case()
+
+    def test_every_case_on_a_torch_24_like_build(self) -> None:
+        """torch 2.4/2.5's BUILD, by a stand-in unpickler: the probes read it, the model predicts it."""
+        with unpickler_standin(Torch24Build):
+            self.assertEqual(build_rules(), TestRulesAndShapes.OLD)
+            failures = self._every_case()
+        self.assertGreater(failures, 10)  # most of the cases fail there
+
+    def _every_case(self) -> int:
+        failures = 0
         for name, factory in CASES.items():
             obj = factory()
             cls = type(obj)
@@ -136,8 +152,10 @@ class TestModelAgreesWithTorch(unittest.TestCase):
                     loaded, etype, message = _torch_outcome(data, cls)
                     self.assertEqual(exp.loads, loaded, f"predicted {exp.rejection!r}; torch: {etype}: {message}")
                     if not loaded:
+                        failures += 1
                         self.assertEqual((exp.error_type, exp.rejection), (etype, message))
                         self.assertIn("this torch's BUILD cannot apply the pickled state of", exp.blocker)
+        return failures
 
     def test_slotted_class_fails_exactly_where_build_has_no_slot_state(self) -> None:
         exp = predict("safe_globals", Checkpoint.save(Slotted()), [Slotted])
@@ -149,11 +167,16 @@ class TestModelAgreesWithTorch(unittest.TestCase):
 
     def test_the_load_path_asserts_the_predicted_failure(self) -> None:
         """load() passes on the predicted failure, whatever its type, and says why."""
-        checkpoint = Checkpoint.save(Slotted())
+        self._load_path(Checkpoint.save(Slotted()))
+        with unpickler_standin(Torch24Build):  # and where BUILD fails (torch 2.4, 2.5)
+            self._load_path(Checkpoint.save([Slotted()]))
+
+    def _load_path(self, checkpoint: Checkpoint) -> None:
         if assert_mode_skips_here(self, "safe_globals", lambda: tst.load(checkpoint, "safe_globals", [Slotted])):
             return
         result = tst.load(checkpoint, "safe_globals", [Slotted])
         self.assertEqual(result.loaded, build_rules().splits_slotstate)
+        self.assertEqual(result.loaded, result.expectation.loads)
         if not result.loaded:
             self.assertIsInstance(result.error, AttributeError)
             self.assertIn(f"this torch's BUILD cannot apply the pickled state of {Slotted.__module__}.Slotted "
@@ -190,8 +213,7 @@ class TestLoadPathJudgesTheType(unittest.TestCase):
     @contextlib.contextmanager
     def _with_rules(self, rules: BuildRules):
         """Predict with *rules* instead of this torch's (predictions made with its rules forgotten)."""
-        with mock.patch.object(build_state, "build_rules", lambda: rules), \
-                mock.patch.dict(prediction._expectations, clear=True):
+        with simulated_rules(build=rules), mock.patch.dict(prediction._expectations, clear=True):
             yield
 
     def _loader_raising(self, error: BaseException):
@@ -244,42 +266,17 @@ class TestRulesAndShapes(unittest.TestCase):
     NEW = BuildRules()
     OLD = BuildRules(calls_setstate=True, splits_slotstate=False, skips_falsy_state=False, torch_types_buildable=False)
 
-    def test_rules_read_from_source(self) -> None:
-        old = (
-            "            elif key[0] == BUILD[0]:\n"
-            "                state = self.stack.pop()\n"
-            "                inst = self.stack[-1]\n"
-            "                if type(inst) in _get_user_allowed_globals().values():\n"
-            "                    if hasattr(inst, \"__setstate__\"):\n"
-            "                        inst.__setstate__(state)\n"
-            "                    else:\n"
-            "                        inst.__dict__.update(state)\n"
-            "            elif key[0] == APPEND[0]:\n"
-            "                pass\n"
-        )
-        self.assertEqual(build_rules_from_source(old), self.OLD)
-        new = old.replace(
-            "_get_user_allowed_globals().values():\n",
-            "_get_user_allowed_globals().values() or type(inst) in _get_allowed_globals().values():\n",
-        ).replace(
-            "                        inst.__dict__.update(state)\n",
-            "                        slotstate = None\n"
-            "                        if isinstance(state, tuple) and len(state) == 2:\n"
-            "                            state, slotstate = state\n"
-            "                        if state:\n"
-            "                            inst.__dict__.update(state)\n"
-            "                        if slotstate:\n"
-            "                            for k, v in slotstate.items():\n"
-            "                                setattr(inst, k, v)\n",
-        )
-        self.assertEqual(build_rules_from_source(new), self.NEW)
-        self.assertIsNone(build_rules_from_source("def load(self): pass\n"))  # no BUILD branch: the fallback
+    def test_rules_asked_of_torch(self) -> None:
+        """The running torch's BUILD is one of the two generations, as its real BUILD says: a slotted
+        instance's ``(None, slotstate)`` loads from torch 2.6 on and fails on 2.4/2.5."""
+        self.assertIn(build_rules(), (self.NEW, self.OLD))
+        loaded, etype, _message = _torch_outcome(_save(Slotted(), True), Slotted)
+        self.assertEqual(build_rules() == self.NEW, loaded, etype)
 
-    def test_the_running_torch_is_read(self) -> None:
-        from torch import _weights_only_unpickler as wou
-        from torch_serial_testing.UNKNOWN_torch_source import source_of
-
-        self.assertEqual(build_rules(), build_rules_from_source(source_of(wou.Unpickler.load)))
+    def test_a_torch_24_like_build_is_read(self) -> None:
+        with unpickler_standin(Torch24Build):
+            self.assertEqual(build_rules(), self.OLD)
+        self.assertIn(build_rules(), (self.NEW, self.OLD))
 
     def test_scanned_shapes(self) -> None:
         def shape(obj: object) -> object:
@@ -335,15 +332,28 @@ class TestRulesAndShapes(unittest.TestCase):
 
     def test_old_torch_builds_only_user_allowlisted_types(self) -> None:
         """torch before 2.6 refuses BUILD on a torch-allowlisted class it was not told about again."""
-        with mock.patch.object(prediction, "build_rules", lambda: self.OLD):
-            names, types, classes, _user = prediction._compute_allowed(((Plain, f"{Plain.__module__}.Plain"),))
-        self.assertIn("torch.Size", names)
-        self.assertNotIn("torch.Size", types)
-        self.assertIn(f"{Plain.__module__}.Plain", types)
-        self.assertIs(classes[f"{Plain.__module__}.Plain"], Plain)
-        with mock.patch.object(prediction, "build_rules", lambda: self.NEW):
-            _names, types, _classes, _user = prediction._compute_allowed(())
-        self.assertIn("torch.Size", types)
+        import dataclasses
+
+        old = dataclasses.replace(unpickler_rules(), build=self.OLD)
+        allowed = prediction._compute_allowed(((Plain, f"{Plain.__module__}.Plain"),), old)
+        self.assertIn("torch.Size", allowed.names)
+        self.assertNotIn("torch.Size", allowed.types)
+        self.assertIn(f"{Plain.__module__}.Plain", allowed.types)
+        self.assertIs(allowed.classes[f"{Plain.__module__}.Plain"], Plain)
+        new = dataclasses.replace(unpickler_rules(), build=self.NEW)
+        self.assertIn("torch.Size", prediction._compute_allowed((), new).types)
+        # and torch itself: BUILD on a torch.Size instance, refused only by the old BUILD
+        from other_torches import torch_zip_of
+
+        data = torch_zip_of(b"\x80\x02ctorch\nSize\n)R}b.")
+        for standin, loads in ((None, build_rules().torch_types_buildable), (Torch24Build, False)):
+            with self.subTest(standin=standin), \
+                    (unpickler_standin(standin) if standin else contextlib.nullcontext()):
+                exp = predict("safe_globals", Checkpoint.from_bytes(data))
+                loaded, _etype, message = _torch_outcome(data, Plain)
+                self.assertEqual((exp.loads, loaded), (loads, loads), message)
+                if not loads:
+                    self.assertIn(exp.rejection, message)
 
 
 def _save(obj: object, zip_format: bool) -> bytes:

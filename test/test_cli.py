@@ -7,7 +7,8 @@ invocation; usage errors and ``--help`` never import torch and are cheap.
 
 from __future__ import annotations
 
-import inspect
+import contextlib
+import io
 import json
 import os
 import pickle
@@ -24,15 +25,17 @@ import torch
 
 from torch_serial_testing import Checkpoint
 
-from torch_serial_testing import cli
-
+from torch_serial_testing.cli import contract
+from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_CODES, EXIT_DANGEROUS, EXIT_OK, EXIT_USAGE, SCHEMA_VERSION
+from torch_serial_testing.cli.doctor import AUTOLOAD, ENV_VARS, WAIT_LIMIT
+from torch_serial_testing.cli.inspection import MODES
 from torch_serial_testing.loading import load as load_modes
 from torch_serial_testing.torch_facts.registry import preserved_registry, torch_allowlist
 from torch_serial_testing.torch_facts.engines import override_qengine
 from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
 
 from hostile_checkpoints import DANGEROUS_GLOBALS, build_all, legacy_tar
-from roundtrip_fixtures import SAFE_GLOBALS_SKIP
+from roundtrip_fixtures import FORCE_NO_WO, FORCE_WO, READS_FORCE_NO_WEIGHTS_ONLY, SAFE_GLOBALS_SKIP
 from subprocess_env import child_env
 
 # What the seed checkpoint (a full sparse Linear) needs beyond torch's allowlist, sorted: its
@@ -46,13 +49,13 @@ SEED_GLOBALS = (["builtins.set"] if SET_NEEDED else []) + [
 ]
 # How the suggested safe_globals([...]) context names them (the import-free spellings).
 SEED_REFS = ", ".join((["set"] if SET_NEEDED else []) + ["torch.ScriptObject", "Linear", "LinearPackedParams"])
-ENV_SWITCHES = cli.ENV_VARS
+ENV_SWITCHES = ENV_VARS
 
 # A bare torch.load here and why: weights-only since torch 2.6, a full unpickle before.
 TORCH_DEFAULT_WO, TORCH_DEFAULT_WHY = torch_default_weights_only()
 # Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6); before, it is
-# ignored: no forced full load, no warning, no error when both switches are set.
-TORCH_READS_FORCE_NO = cli.FORCE_NO_WO in inspect.getsource(torch.serialization.load)
+# ignored: no forced full load, no warning, no error when both switches are set (asked of torch).
+TORCH_READS_FORCE_NO = READS_FORCE_NO_WEIGHTS_ONLY
 
 
 def default_mode_line(rejected_or_loads: str) -> str:
@@ -74,6 +77,88 @@ INSPECT_KEYS = {
     "snippet", "torch", "torch_load_replaced_by",
 }
 MODE_KEYS = {"weights_only", "outcome", "missing", "summary"}
+
+# What each exit code means, per subcommand ("all": every one): the contract --help must show.
+EXPECTED_EXIT_CODES = {
+    EXIT_OK: {
+        "inspect": "loads weights-only here (with the --safe-global names given)",
+        "doctor": "environment OK: torch.load does what its call site says",
+        "vendor": "done, or (--check) the copy is current",
+    },
+    EXIT_ATTENTION: {
+        "inspect": "needs action first: allowlisting the listed classes, an explicit UnsafeCallable opt-in "
+                   "for a needed global that is not a class, or (TorchScript, legacy .tar) a loader only "
+                   "for trusted files",
+        "doctor": "attention: a TORCH_FORCE_* switch is active or set to a spelling torch ignores, a "
+                  "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
+                  "not weights-only, or backend autoload is off for installed backends or set to "
+                  "something other than 0 or 1",
+        "vendor": "--check: the copy is not current (listed)",
+    },
+    EXIT_DANGEROUS: {
+        "inspect": "dangerous or unloadable input: a DANGEROUS or malformed global, a global this torch "
+                   "lacks, unreadable / truncated / not a checkpoint, both TORCH_FORCE_* switches set "
+                   "(every torch.load fails), or this torch cannot be asked what torch.load does",
+        "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError), or this "
+                  "torch cannot be asked what torch.load does",
+        "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
+    },
+    EXIT_USAGE: {"all": "usage error (bad arguments, unknown subcommand)"},
+}
+
+
+def exit_code_blocks(help_text: str) -> dict[int, dict[str, str]]:
+    """The ``exit codes:`` block of a --help text, read back: code -> {subcommand (or "all"): meaning}.
+
+    Fails when the block is missing or twice, a code or a subcommand under one code appears
+    twice, or a line belongs to no entry.
+    """
+    _, sep, rest = help_text.partition("\nexit codes:\n")
+    assert sep, f"no exit codes block in:\n{help_text}"
+    assert "\nexit codes:\n" not in rest, "two exit codes blocks"
+    block = rest.split("\n\n", 1)[0].rstrip("\n").split("\n")
+    shown = "\n".join(block)
+    entries: list[tuple[int, str, list[str]]] = []  # (code, subcommand, lines of its meaning)
+    for line in block:
+        first = re.match(r"^  (\d)  (?:(\w+): +)?(\S.*)$", line)
+        more = re.match(r"^ {5}(\w+): +(\S.*)$", line)
+        if first:
+            code = int(first.group(1))
+            assert code not in {c for c, _, _ in entries}, f"exit code {code} listed twice:\n{shown}"
+            entries.append((code, first.group(2) or "all", [first.group(3)]))
+        elif more:
+            assert entries, f"a meaning before any code:\n{shown}"
+            code = entries[-1][0]
+            assert more.group(1) not in {c for k, c, _ in entries if k == code}, \
+                f"{more.group(1)} listed twice under exit code {code}:\n{shown}"
+            entries.append((code, more.group(1), [more.group(2)]))
+        else:
+            assert entries and line.startswith(" " * 7) and line.strip(), f"stray line {line!r} in:\n{shown}"
+            entries[-1][2].append(line.strip())
+    codes: dict[int, dict[str, str]] = {}
+    for code, command, lines in entries:
+        codes.setdefault(code, {})[command] = " ".join(lines)
+    return codes
+
+
+class _NotAllowlisted:
+    """A class weights-only loads refuse (it is no safe global) and a full load rebuilds."""
+
+
+@contextlib.contextmanager
+def _switches(env: dict):
+    """The two TORCH_FORCE_* switches as in *env* (absent: unset) for the block, as before after it."""
+    before = {name: os.environ.get(name) for name in (FORCE_WO, FORCE_NO_WO)}
+    try:
+        for name in before:
+            os.environ.pop(name, None)
+        os.environ.update({k: v for k, v in env.items() if k in before})
+        yield
+    finally:
+        for name, value in before.items():
+            os.environ.pop(name, None)
+            if value is not None:
+                os.environ[name] = value
 
 
 def _seed_module():
@@ -143,7 +228,7 @@ class CLITestBase(unittest.TestCase):
     def json_of(self, proc: subprocess.CompletedProcess, expect_code: int) -> dict:
         self.assertEqual(proc.returncode, expect_code, proc.stdout.decode() + proc.stderr.decode())
         report = json.loads(proc.stdout)
-        self.assertEqual(report["schema"], cli.SCHEMA_VERSION)
+        self.assertEqual(report["schema"], SCHEMA_VERSION)
         self.assertEqual(report["exit_code"], expect_code)
         return report
 
@@ -155,7 +240,7 @@ class CLITestBase(unittest.TestCase):
 
 class TestInspect(CLITestBase):
     def test_seed_module_text(self):
-        out = self.text_of(self.run_cli("inspect", self.seed), cli.EXIT_ATTENTION)
+        out = self.text_of(self.run_cli("inspect", self.seed), EXIT_ATTENTION)
         self.assertIn("format zip", out)
         for name in SEED_GLOBALS:
             self.assertIn(f"  {name}\n", out)
@@ -174,7 +259,7 @@ class TestInspect(CLITestBase):
         self.assertNotIn("DANGEROUS", out)
 
     def test_seed_module_json(self):
-        r = self.json_of(self.run_cli("inspect", self.seed, "--json"), cli.EXIT_ATTENTION)
+        r = self.json_of(self.run_cli("inspect", self.seed, "--json"), EXIT_ATTENTION)
         self.assertEqual(set(r), INSPECT_KEYS)
         self.assertEqual(r["command"], "inspect")
         self.assertEqual(r["status"], "needs_allowlist")
@@ -184,10 +269,10 @@ class TestInspect(CLITestBase):
         self.assertEqual((r["dangerous"], r["unknown"], r["error"]), ([], [], None))
         self.assertEqual((r["malformed"], r["needs_opt_in"], r["notes"]), ([], [], []))  # all three are classes
         self.assertEqual(r["nbytes"], os.path.getsize(self.seed))
-        self.assertEqual(list(r["modes"]), list(cli.MODES))
+        self.assertEqual(list(r["modes"]), list(MODES))
         for mode in r["modes"].values():
             self.assertEqual(set(mode), MODE_KEYS)
-        wof, sg, default = (r["modes"][m] for m in cli.MODES)
+        wof, sg, default = (r["modes"][m] for m in MODES)
         self.assertEqual((wof["weights_only"], wof["outcome"]), (False, "unsafe"))
         self.assertEqual((sg["weights_only"], sg["outcome"], sg["missing"]), (True, "rejected", SEED_GLOBALS))
         default_outcome = "rejected" if TORCH_DEFAULT_WO else "unsafe"  # unsafe: a full load (< 2.6)
@@ -225,7 +310,7 @@ class TestInspect(CLITestBase):
     def test_all_three_safe_globals_from_stdin(self):
         args = ["inspect", "-", "--json"] + [a for n in SEED_GLOBALS for a in ("--safe-global", n)]
         with open(self.seed, "rb") as f:
-            r = self.json_of(self.run_cli(*args, "--safe-global", "not.Needed", stdin=f.read()), cli.EXIT_OK)
+            r = self.json_of(self.run_cli(*args, "--safe-global", "not.Needed", stdin=f.read()), EXIT_OK)
         self.assertEqual((r["checkpoint"], r["status"], r["format"]), ("-", "loads", "zip"))
         self.assertEqual(r["safe_globals"], {"given": SEED_GLOBALS + ["not.Needed"], "unused": ["not.Needed"]})
         self.assertEqual(r["modes"]["safe_globals"]["outcome"], "loads")
@@ -235,11 +320,11 @@ class TestInspect(CLITestBase):
     def test_two_of_three_safe_globals(self):
         # All but the last needed global (two of three where torch allowlists builtins.set).
         args = [a for name in SEED_GLOBALS[:-1] for a in ("--safe-global", name)]
-        out = self.text_of(self.run_cli("inspect", self.seed, *args), cli.EXIT_ATTENTION)
+        out = self.text_of(self.run_cli("inspect", self.seed, *args), EXIT_ATTENTION)
         self.assertRegex(out, rf"safe_globals +rejected: weights_only=True explicit; not allowlisted: {SEED_GLOBALS[-1]} ")
 
     def test_state_dict_loads(self):
-        out = self.text_of(self.run_cli("inspect", self.state_dict), cli.EXIT_OK)
+        out = self.text_of(self.run_cli("inspect", self.state_dict), EXIT_OK)
         self.assertIn("globals beyond torch's allowlist (0), found without unpickling: none", out)
         self.assertRegex(out, r"safe_globals +loads \(weights_only=True explicit\)")
         self.assertRegex(out, default_mode_line("loads"))
@@ -247,7 +332,7 @@ class TestInspect(CLITestBase):
 
     def test_hostile_text_flagged_dangerous(self):
         name = "os_system"
-        out = self.text_of(self.run_cli("inspect", self.hostile[name]), cli.EXIT_DANGEROUS)
+        out = self.text_of(self.run_cli("inspect", self.hostile[name]), EXIT_DANGEROUS)
         expected = self.hostile_expected[name]
         self.assertRegex(out, rf"{expected} +<-- DANGEROUS: ")
         self.assertIn("status: DANGEROUS (exit 2)", out)
@@ -255,8 +340,9 @@ class TestInspect(CLITestBase):
         self.assertNotIn(f"import {expected.rsplit('.', 1)[1]}", out)
 
     def test_every_hostile_checkpoint_and_other_formats(self):
-        # One process runs cli.main on every file, with torch.load and the unpicklers booby-trapped:
-        # the CLI must never reach them, and no payload may run (the sentinel is checked in tearDown).
+        # One process runs cli.main on every file, with torch.load and the unpicklers booby-trapped
+        # for its input: the CLI must never hand them the file (nor any record or tail of it; it does
+        # hand torch its own few-byte probes), and no payload may run (the sentinel is checked in tearDown).
         ts = os.path.join(self.tmp, "scripted.pt")
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")  # Deprecation- (2.13) or FutureWarning (2.15)
@@ -267,55 +353,121 @@ class TestInspect(CLITestBase):
         files = dict(self.hostile, torchscript=ts, legacy_tar_benign=tar)
         proc = self.run_code(
             f"""
-            import contextlib, io, json, pickle, sys
+            import contextlib, io, json, os, pickle, sys, tarfile, zipfile
             import torch
             import torch._weights_only_unpickler as wou
 
-            def trap(*a, **k):
-                raise SystemExit("TRAPPED: the CLI tried to unpickle or torch.load its input")
+            # The bytes of every input, of each of its zip or tar members, and what follows any
+            # position of an input file: what the CLI must never hand to a loader or unpickler.
+            # (It does hand torch its own probes and canaries: those are passed through.)
+            files = {files!r}
+            whole, streams = set(), []
+            for path in files.values():
+                with open(path, "rb") as f:
+                    data = f.read()
+                whole.add(data)
+                streams.append(data)
+                try:
+                    with zipfile.ZipFile(io.BytesIO(data)) as z:
+                        whole.update(z.read(n) for n in z.namelist())
+                except zipfile.BadZipFile:
+                    pass
+                try:
+                    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+                        whole.update(t.extractfile(m).read() for m in t.getmembers() if m.isfile())
+                except tarfile.TarError:
+                    pass
 
-            torch.load = torch.serialization.load = torch.jit.load = trap
-            wou.Unpickler.load = trap
-            pickle.load = pickle.loads = trap
+            class Trapped(SystemExit):
+                pass
+
+            def is_input(content):
+                return content in whole or (len(content) >= 16 and any(s.endswith(content) for s in streams))
+
+            def content_of(f):
+                if isinstance(f, (bytes, bytearray, memoryview)):
+                    return bytes(f)
+                if isinstance(f, (str, os.PathLike)):
+                    with open(f, "rb") as fh:
+                        return fh.read()
+                try:
+                    pos = f.tell()
+                    rest = f.read()
+                    f.seek(pos)
+                except Exception:
+                    raise Trapped(f"TRAPPED: a stream that cannot be looked at reached a loader: {{f!r}}")
+                return bytes(rest)
+
+            def guard(name, original, arg_index=0):
+                def guarded(*a, **k):
+                    source = a[arg_index] if len(a) > arg_index else next(iter(k.values()), b"")
+                    if is_input(content_of(source)):
+                        raise Trapped(f"TRAPPED: the CLI handed its input to {{name}}")
+                    return original(*a, **k)
+                return guarded
+
+            guarded_load = guard("torch.load", torch.serialization.load)
+            torch.load = torch.serialization.load = guarded_load
+            torch.jit.load = guard("torch.jit.load", torch.jit.load)
+            wou.Unpickler.__init__ = guard("the weights-only Unpickler", wou.Unpickler.__init__, 1)
+            pickle.load = guard("pickle.load", pickle.load)
+            pickle.loads = guard("pickle.loads", pickle.loads)
             from torch_serial_testing import cli
             results = {{}}
-            for name, path in {files!r}.items():
+            for name, path in files.items():
                 out = io.StringIO()
                 with contextlib.redirect_stdout(out):
                     code = cli.main(["inspect", path, "--json"])
                 results[name] = (code, json.loads(out.getvalue()))
-            print(json.dumps(results))
+            # the traps are live: each refuses an input handed to it
+            live = []
+            for name, call in [("torch.load", lambda p, d: torch.load(p, weights_only=True)),
+                               ("torch.serialization.load", lambda p, d: torch.serialization.load(io.BytesIO(d))),
+                               ("Unpickler", lambda p, d: wou.Unpickler(io.BytesIO(d)).load()),
+                               ("pickle.loads", lambda p, d: pickle.loads(d))]:
+                path = files["os_system"]
+                with open(path, "rb") as f:
+                    d = f.read()
+                with zipfile.ZipFile(io.BytesIO(d)) as z:
+                    pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+                try:
+                    call(path, pkl if name in ("Unpickler", "pickle.loads") else d)
+                except Trapped:
+                    live.append(name)
+            print(json.dumps({{"results": results, "live": live}}))
             """
         )
         self.assertEqual(proc.returncode, 0, proc.stderr.decode())
-        results = json.loads(proc.stdout)
+        report = json.loads(proc.stdout)
+        self.assertEqual(report["live"], ["torch.load", "torch.serialization.load", "Unpickler", "pickle.loads"])
+        results = report["results"]
         for name in self.hostile:
             code, r = results[name]
             with self.subTest(name):
-                self.assertEqual(code, cli.EXIT_DANGEROUS, r)
+                self.assertEqual(code, EXIT_DANGEROUS, r)
                 self.assertIn(r["status"], ("dangerous", "unloadable"))
                 flagged = {d["name"] for d in r["dangerous"] + r["malformed"] + r["unknown"]}
                 self.assertIn(self.hostile_expected[name], flagged)
                 self.assertIsNone(r["snippet"])
                 self.assertNotEqual(r["modes"]["safe_globals"]["outcome"], "loads")
         code, r = results["torchscript"]
-        self.assertEqual((code, r["status"], r["format"]), (cli.EXIT_ATTENTION, "needs_trusted_loader", "torchscript"))
+        self.assertEqual((code, r["status"], r["format"]), (EXIT_ATTENTION, "needs_trusted_loader", "torchscript"))
         self.assertIn("torch.jit.load", r["modes"]["default"]["summary"])
         code, r = results["legacy_tar_benign"]
-        self.assertEqual((code, r["status"], r["format"]), (cli.EXIT_ATTENTION, "needs_trusted_loader", "tar"))
+        self.assertEqual((code, r["status"], r["format"]), (EXIT_ATTENTION, "needs_trusted_loader", "tar"))
         self.assertIn("legacy .tar", r["modes"]["safe_globals"]["summary"])
 
     def test_truncated_and_not_a_checkpoint(self):
         proc = self.run_cli("inspect", self.truncated)
-        self.assertEqual(self.text_of(proc, cli.EXIT_DANGEROUS), "")  # an error report: stderr only
+        self.assertEqual(self.text_of(proc, EXIT_DANGEROUS), "")  # an error report: stderr only
         self.assertIn("truncated", proc.stderr.decode())
-        r = self.json_of(self.run_cli("inspect", self.not_checkpoint, "--json"), cli.EXIT_DANGEROUS)
+        r = self.json_of(self.run_cli("inspect", self.not_checkpoint, "--json"), EXIT_DANGEROUS)
         self.assertEqual((r["status"], r["format"]), ("unreadable", None))
         self.assertIn("not a torch checkpoint", r["error"])
 
     def test_missing_file_error_is_printed_once(self):
         proc = self.run_cli("inspect", "nope.pt")
-        self.assertEqual(proc.returncode, cli.EXIT_DANGEROUS)
+        self.assertEqual(proc.returncode, EXIT_DANGEROUS)
         self.assertEqual(proc.stdout, b"")
         err = proc.stderr.decode()
         self.assertEqual(err.count("cannot read 'nope.pt'"), 1, err)
@@ -331,7 +483,7 @@ class TestInspect(CLITestBase):
             for name, env in [("force", {{"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}}),
                               ("force_no", {{"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "yes"}}),
                               ("both", {{"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "true", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "y"}})]:
-                for k in {list(cli.ENV_VARS)!r}:
+                for k in {list(ENV_VARS)!r}:
                     os.environ.pop(k, None)
                 os.environ.update(env)
                 out = io.StringIO()
@@ -344,13 +496,13 @@ class TestInspect(CLITestBase):
         self.assertEqual(proc.returncode, 0, proc.stderr.decode())
         results = json.loads(proc.stdout)
         code, r = results["force"]  # weights_only=False is overridden: even that mode runs weights-only
-        self.assertEqual(code, cli.EXIT_OK)
+        self.assertEqual(code, EXIT_OK)
         self.assertEqual((r["modes"]["weights_only_false"]["weights_only"], r["modes"]["weights_only_false"]["outcome"]),
                          (True, "loads"))
         self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 over explicit weights_only=False",
                       r["modes"]["weights_only_false"]["summary"])
         code, r = results["force_no"]  # the bare default now fully unpickles; explicit True still obeyed
-        self.assertEqual(code, cli.EXIT_OK)
+        self.assertEqual(code, EXIT_OK)
         self.assertEqual((r["modes"]["default"]["weights_only"], r["modes"]["default"]["outcome"]), (False, "unsafe"))
         if TORCH_READS_FORCE_NO:
             self.assertIn("forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=yes", r["modes"]["default"]["summary"])
@@ -362,14 +514,91 @@ class TestInspect(CLITestBase):
         self.assertEqual(r["modes"]["safe_globals"]["outcome"], "loads")
         code, r = results["both"]
         if TORCH_READS_FORCE_NO:
-            self.assertEqual((code, r["status"]), (cli.EXIT_DANGEROUS, "environment_error"))
+            self.assertEqual((code, r["status"]), (EXIT_DANGEROUS, "environment_error"))
             self.assertEqual({m["outcome"] for m in r["modes"].values()}, {"error"})
             self.assertIn("RuntimeError", r["modes"]["default"]["summary"])
         else:  # torch < 2.6 ignores the second switch: every mode is forced weights-only, and loads
-            self.assertEqual((code, r["status"]), (cli.EXIT_OK, "loads"))
+            self.assertEqual((code, r["status"]), (EXIT_OK, "loads"))
             self.assertEqual({(m["weights_only"], m["outcome"]) for m in r["modes"].values()}, {(True, "loads")})
             self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=true over explicit weights_only=False",
                           r["modes"]["weights_only_false"]["summary"])
+
+
+class TestTorchThatCannotBeAsked(CLITestBase):
+    def test_predictions_become_unknown_never_a_guess(self):
+        # torch's weights-only unpickler broken (a stand-in raising OSError): the library's probes
+        # cannot run, so no weights-only outcome is claimed -- each says why, and the exit code is 2.
+        proc = self.run_code(
+            f"""
+            import contextlib, io, json, os
+            import torch._weights_only_unpickler as wou
+
+            def broken(self):
+                raise OSError("the weights-only unpickler is broken here")
+
+            wou.Unpickler.load = broken
+            from torch_serial_testing import cli
+            results = {{}}
+            for name, args in [("state_dict", ["inspect", {self.state_dict!r}, "--json"]),
+                               ("seed", ["inspect", {self.seed!r}, "--json"]),
+                               ("doctor", ["doctor", "--json"]), ("doctor_text", ["doctor"])]:
+                os.environ.pop("{FORCE_WO}", None)
+                if name.startswith("doctor"):
+                    os.environ["{FORCE_WO}"] = "1"
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):
+                    code = cli.main(args)
+                results[name] = (code, out.getvalue())
+            print(json.dumps(results))
+            """
+        )
+        self.assertEqual(proc.returncode, 0, proc.stderr.decode())
+        results = json.loads(proc.stdout)
+        why = "the weights-only unpickler is broken here"
+        for name in ("state_dict", "seed"):
+            code, out = results[name]
+            r = json.loads(out)
+            with self.subTest(name):
+                self.assertEqual((code, r["exit_code"]), (EXIT_DANGEROUS, EXIT_DANGEROUS))
+                # (the seed's names are judged without this torch's renames: what is left unjudged stays DANGEROUS)
+                self.assertEqual(r["status"], "environment_error" if not r["dangerous"] else "dangerous")
+                if name == "state_dict":
+                    self.assertEqual((r["status"], r["required_globals"]), ("environment_error", []))
+                self.assertTrue(r["error"].startswith("cannot predict what torch.load does here: "), r["error"])
+                self.assertIn(why, r["error"])
+                # the weights-only modes here (a bare load is a full one before torch 2.6: asked, and unsafe)
+                for mode in ("safe_globals", "default") if TORCH_DEFAULT_WO else ("safe_globals",):
+                    m = r["modes"][mode]
+                    self.assertEqual((m["outcome"], m["weights_only"]), ("error", None), m)
+                    self.assertTrue(m["summary"].startswith("error: cannot predict this load here ("), m["summary"])
+                    self.assertIn(why, m["summary"])
+                    self.assertNotIn("not allowlisted", m["summary"])
+                self.assertIsNone(r["snippet"])
+                # an explicit weights_only=False load is a full one whatever the unpickler: still asked, still unsafe
+                self.assertEqual(r["modes"]["weights_only_false"]["outcome"], "unsafe")
+                if not TORCH_DEFAULT_WO:
+                    self.assertEqual((r["modes"]["default"]["outcome"], r["modes"]["default"]["weights_only"]),
+                                     ("unsafe", False))
+        code, out = results["doctor"]
+        r = json.loads(out)
+        self.assertEqual((code, r["status"]), (EXIT_DANGEROUS, "error"))
+        wo = r["default_weights_only"]
+        # (TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 makes the bare load weights-only: unknown; torch's own default
+        # is unknown where it is weights-only, and known -- a full load -- before torch 2.6)
+        self.assertEqual((wo["value"], wo["torch_default"]), (None, None if TORCH_DEFAULT_WO else False))
+        self.assertTrue(wo["reason"].startswith("unknown: ") and why in wo["reason"], wo)
+        if TORCH_DEFAULT_WO:
+            self.assertTrue(wo["torch_default_reason"].startswith("unknown: "), wo)
+        else:
+            self.assertEqual(wo["torch_default_reason"], TORCH_DEFAULT_WHY)
+        self.assertEqual(r["problems"][0], f"cannot tell what torch.load does here: {wo['reason'][len('unknown: '):]}")
+        force = r["environment"][FORCE_WO]
+        self.assertEqual((force["raw"], force["value"]), ("1", None))
+        self.assertIn(f"unknown: this torch cannot be asked how it reads {FORCE_WO}", force["effect"])
+        code, out = results["doctor_text"]
+        self.assertEqual(code, EXIT_DANGEROUS)
+        self.assertIn("bare torch.load(f): UNKNOWN -- unknown: ", out)
+        self.assertIn("status: ERROR (exit 2)", out)
 
 
 class TestUsage(CLITestBase):
@@ -377,7 +606,7 @@ class TestUsage(CLITestBase):
         for args in ([], ["bogus"], ["inspect"], ["doctor", "--bogus"], ["inspect", self.seed, "--safe-global"]):
             with self.subTest(args=args):
                 proc = self.run_cli(*args)
-                self.assertEqual(proc.returncode, cli.EXIT_USAGE, proc.stderr.decode())
+                self.assertEqual(proc.returncode, EXIT_USAGE, proc.stderr.decode())
                 self.assertIn("usage: python -m torch_serial_testing", proc.stderr.decode())
                 self.assertIn("error:", proc.stderr.decode())
                 self.assertEqual(proc.stdout, b"")
@@ -394,6 +623,17 @@ class TestUsage(CLITestBase):
         top = self.text_of(self.run_cli("--help"), 0)
         self.assertIn("doctor", top)
         self.assertIn("3  usage error", top)
+        # One table (cli/contract.py) gives every --help its exit codes: each code once, each
+        # subcommand's meaning once under it (argparse's old copy listed "1" twice, with two texts).
+        self.assertEqual(EXIT_CODES, EXPECTED_EXIT_CODES)  # the one table the codes are returned by
+        self.assertEqual(exit_code_blocks(top), EXPECTED_EXIT_CODES)
+        for command in ("doctor", "inspect", "vendor"):
+            with self.subTest(command=command):
+                text = self.text_of(self.run_cli(command, "--help"), 0)
+                self.assertEqual(exit_code_blocks(text), {
+                    code: {c: t for c, t in meanings.items() if c in (command, "all")}
+                    for code, meanings in EXPECTED_EXIT_CODES.items()
+                })
         doctor = self.text_of(self.run_cli("doctor", "--help"), 0)
         for key in DOCTOR_KEYS | {"TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT"}:
             self.assertIn(key, doctor)
@@ -401,7 +641,7 @@ class TestUsage(CLITestBase):
         for key in INSPECT_KEYS | MODE_KEYS | {"--safe-global", "CHECKPOINT", "needs_allowlist"}:
             self.assertIn(key, inspect)
         for key in DOCTOR_KEYS | INSPECT_KEYS:
-            self.assertIn(f"``{key}``", cli.__doc__)
+            self.assertIn(f"``{key}``", contract.__doc__)
 
 
 class TestDoctor(CLITestBase):
@@ -425,7 +665,7 @@ class TestDoctor(CLITestBase):
         if list(eps.select(group="torch.backends") if hasattr(eps, "select") else eps.get("torch.backends", ())):
             self.skipTest("an out-of-tree backend is installed; a clean doctor is not expected here")
         # A bare torch.load that fully unpickles (torch < 2.6) is itself a reason for attention.
-        return cli.EXIT_OK if TORCH_DEFAULT_WO else cli.EXIT_ATTENTION
+        return EXIT_OK if TORCH_DEFAULT_WO else EXIT_ATTENTION
 
     def test_json_and_imports_nothing_beyond_torch(self):
         proc = self.run_code(
@@ -444,15 +684,31 @@ class TestDoctor(CLITestBase):
         self.assertEqual(proc.returncode, 0, proc.stderr.decode())
         result = json.loads(proc.stdout)
         new = result["new_modules"]
+        # doctor asks torch by saving and loading a canary object of its own: what torch imports
+        # for one plain save and load (its serialization config, lazily) is torch's, not the CLI's.
+        plain = self.run_code(
+            """
+            import io, json, sys
+            import torch
+            before = set(sys.modules)
+            buf = io.BytesIO()
+            torch.serialization.save({"x": 1}, buf)
+            torch.serialization.load(io.BytesIO(buf.getvalue()), weights_only=True)
+            torch.serialization.load(io.BytesIO(buf.getvalue()), weights_only=False)
+            print(json.dumps(sorted(set(sys.modules) - before)))
+            """
+        )
+        self.assertEqual(plain.returncode, 0, plain.stderr.decode())
+        by_save_and_load = set(json.loads(plain.stdout))
         # torch itself may import numpy (when installed) and parts of torch.testing._internal;
         # the CLI must add none of that, nor any test machinery.
         banned = ("numpy", "torch.testing", "expecttest", "parameterized", "unittest.mock", "pytest")
         self.assertEqual([m for m in new if m.startswith(banned)], [], new)
-        self.assertEqual([m for m in new if m.startswith("torch.") and not m.startswith("torch_")], [], new)
+        self.assertEqual([m for m in new if m.startswith("torch.") and m not in by_save_and_load], [], new)
         r = result["report"]
         self.assertEqual(result["code"], r["exit_code"])
         self.assertEqual(set(r), DOCTOR_KEYS)
-        self.assertEqual((r["schema"], r["command"]), (cli.SCHEMA_VERSION, "doctor"))
+        self.assertEqual((r["schema"], r["command"]), (SCHEMA_VERSION, "doctor"))
         self.assertEqual(set(r["environment"]), set(ENV_SWITCHES))
         for entry in r["environment"].values():
             self.assertEqual(set(entry), {"raw", "value", "effect"})
@@ -469,24 +725,24 @@ class TestDoctor(CLITestBase):
         r = self.json_of(
             self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="1",
                          TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="on", TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT="2.5"),
-            cli.EXIT_ATTENTION,
+            EXIT_ATTENTION,
         )
         self.assertEqual(r["status"], "attention")
-        force, force_no = r["environment"][cli.FORCE_WO], r["environment"][cli.FORCE_NO_WO]
+        force, force_no = r["environment"][FORCE_WO], r["environment"][FORCE_NO_WO]
         self.assertEqual((force["raw"], force["value"]), ("1", True))
         self.assertIn("even where the call site passes weights_only=False", force["effect"])
         self.assertEqual((force_no["raw"], force_no["value"]), ("on", False))  # not a spelling torch reads
         self.assertIn("ignored", force_no["effect"])  # (and torch < 2.6 does not read the switch at all)
         self.assertEqual(r["default_weights_only"]["value"], True)
         self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1", r["default_weights_only"]["reason"])
-        wait = r["environment"][cli.WAIT_LIMIT]
+        wait = r["environment"][WAIT_LIMIT]
         self.assertEqual(wait["value"], 2.5)
         self.assertIn("waits up to 2.5 s", wait["effect"])
         self.assertEqual(len(r["problems"]), 2, r["problems"])
 
     def test_force_no_weights_only(self):
         proc = self.run_cli("doctor", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="yes", TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT="-1")
-        out = self.text_of(proc, cli.EXIT_ATTENTION)
+        out = self.text_of(proc, EXIT_ATTENTION)
         self.assertIn("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD='yes'", out)
         if TORCH_READS_FORCE_NO:
             self.assertIn("bare torch.load(f): weights_only=False -- forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=yes", out)
@@ -503,26 +759,26 @@ class TestDoctor(CLITestBase):
         proc = self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="true", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="y")
         if not TORCH_READS_FORCE_NO:
             # torch < 2.6 ignores TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD: no error, TORCH_FORCE_WEIGHTS_ONLY_LOAD rules.
-            r = self.json_of(proc, cli.EXIT_ATTENTION)
+            r = self.json_of(proc, EXIT_ATTENTION)
             self.assertEqual(r["status"], "attention")
             self.assertIs(r["default_weights_only"]["value"], True)
             self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=true", r["default_weights_only"]["reason"])
-            self.assertEqual((r["environment"][cli.FORCE_WO]["value"], r["environment"][cli.FORCE_NO_WO]["value"]),
+            self.assertEqual((r["environment"][FORCE_WO]["value"], r["environment"][FORCE_NO_WO]["value"]),
                              (True, False))
-            self.assertIn("ignored", r["environment"][cli.FORCE_NO_WO]["effect"])
+            self.assertIn("ignored", r["environment"][FORCE_NO_WO]["effect"])
             return
-        r = self.json_of(proc, cli.EXIT_DANGEROUS)
+        r = self.json_of(proc, EXIT_DANGEROUS)
         self.assertEqual(r["status"], "error")
         self.assertIsNone(r["default_weights_only"]["value"])
         self.assertIn("RuntimeError", r["default_weights_only"]["reason"])
-        self.assertTrue(r["environment"][cli.FORCE_WO]["value"] and r["environment"][cli.FORCE_NO_WO]["value"])
+        self.assertTrue(r["environment"][FORCE_WO]["value"] and r["environment"][FORCE_NO_WO]["value"])
         self.assertIn("both set", r["problems"][0])
 
     def test_misspelled_switch_names_need_attention(self):
         r = self.json_of(self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY="1",
-                                      torch_force_no_weights_only_load="1"), cli.EXIT_ATTENTION)
+                                      torch_force_no_weights_only_load="1"), EXIT_ATTENTION)
         self.assertEqual(r["status"], "attention")
-        self.assertEqual(r["environment"][cli.FORCE_WO]["raw"], None)  # the real switches are unset
+        self.assertEqual(r["environment"][FORCE_WO]["raw"], None)  # the real switches are unset
         self.assertEqual(r["default_weights_only"]["value"], TORCH_DEFAULT_WO)  # and have no effect
         near = [p for p in r["problems"] if "is not a switch torch reads" in p]
         self.assertEqual(near, [
@@ -533,18 +789,65 @@ class TestDoctor(CLITestBase):
             "torch_force_no_weights_only_load has no effect)",
         ])
 
+    def test_bare_load_is_what_torch_load_does(self):
+        # doctor's default_weights_only (value, warns) for a switch setting is what a bare
+        # torch.load does under it: refused weights-only (True), fully unpickled (False; warned or
+        # not), or RuntimeError for every load (None) -- checked here against torch itself.
+        from torch_serial_testing.cli.doctor import doctor_report
+
+        buf = io.BytesIO()
+        torch.save(_NotAllowlisted(), buf)
+        settings = [{}, {FORCE_WO: "1"}, {FORCE_WO: "0"}, {FORCE_WO: "TRUE"}, {FORCE_WO: "on"},
+                    {FORCE_NO_WO: "1"}, {FORCE_NO_WO: "yes"}, {FORCE_NO_WO: "off"}, {FORCE_NO_WO: " 1 "},
+                    {FORCE_WO: "true", FORCE_NO_WO: "y"}, {FORCE_WO: "0", FORCE_NO_WO: "1"}]
+        for env in settings:
+            with self.subTest(env=env):
+                with _switches(env), warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    try:
+                        loaded = torch.serialization.load(io.BytesIO(buf.getvalue()))
+                    except pickle.UnpicklingError:
+                        torch_did = True
+                    except RuntimeError:
+                        torch_did = None
+                    else:
+                        self.assertIsInstance(loaded, _NotAllowlisted)
+                        torch_did = False
+                    try:  # an explicit weights_only=False refused: TORCH_FORCE_WEIGHTS_ONLY_LOAD acts
+                        torch.serialization.load(io.BytesIO(buf.getvalue()), weights_only=False)
+                    except pickle.UnpicklingError:
+                        forced_wo = True
+                    except RuntimeError:
+                        forced_wo = None
+                    else:
+                        forced_wo = False
+                warned = any(FORCE_NO_WO in str(w.message) for w in seen)
+                wo = doctor_report(dict(env))["default_weights_only"]
+                self.assertEqual((wo["value"], wo["warns"]), (torch_did, warned), wo)
+                self.assertEqual((wo["torch_default"], wo["torch_default_reason"]), (TORCH_DEFAULT_WO, TORCH_DEFAULT_WHY))
+                if torch_did is None:
+                    self.assertIsNone(forced_wo)
+                    reason = "both TORCH_FORCE_* switches are set: every torch.load raises RuntimeError"
+                elif forced_wo:
+                    reason = f"forced by {FORCE_WO}={env[FORCE_WO]}"
+                elif warned:
+                    reason = f"forced by {FORCE_NO_WO}={env[FORCE_NO_WO]} (torch warns)"
+                else:
+                    reason = f"torch's default {TORCH_DEFAULT_WHY}"
+                self.assertEqual(wo["reason"], reason)
+
     def test_near_miss_names_and_no_false_alarms(self):
         from torch_serial_testing.cli.doctor import near_miss_switches
 
         typos = {
-            "TORCH_FORCE_WEIGHTS_ONLY": cli.FORCE_WO, "TORCH_FORCE_WEIGHT_ONLY_LOAD": cli.FORCE_WO,
-            "PYTORCH_FORCE_WEIGHTS_ONLY_LOAD": cli.FORCE_WO, "TORCH_FORCE_NO_WEIGHTS_ONLY": cli.FORCE_NO_WO,
-            "TORCH_FORCE_NO_WEIGHT_ONLY_LOAD": cli.FORCE_NO_WO, "TORCH_DEVICE_BACKEND_AUTO_LOAD": cli.AUTOLOAD,
-            "TORCH_AUTOGRAD_SHUTDOWN_WAIT": cli.WAIT_LIMIT, "torch_force_weights_only_load": cli.FORCE_WO,
+            "TORCH_FORCE_WEIGHTS_ONLY": FORCE_WO, "TORCH_FORCE_WEIGHT_ONLY_LOAD": FORCE_WO,
+            "PYTORCH_FORCE_WEIGHTS_ONLY_LOAD": FORCE_WO, "TORCH_FORCE_NO_WEIGHTS_ONLY": FORCE_NO_WO,
+            "TORCH_FORCE_NO_WEIGHT_ONLY_LOAD": FORCE_NO_WO, "TORCH_DEVICE_BACKEND_AUTO_LOAD": AUTOLOAD,
+            "TORCH_AUTOGRAD_SHUTDOWN_WAIT": WAIT_LIMIT, "torch_force_weights_only_load": FORCE_WO,
         }
         self.assertEqual(near_miss_switches(dict.fromkeys(typos, "1")), sorted(typos.items()))
         # The real switches, and variables torch (or this library) reads for other things, are not typos.
-        real = [*cli.ENV_VARS, "TORCH_HOME", "TORCH_LOGS", "TORCH_SERIAL_TESTING_REPORT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+        real = [*ENV_VARS, "TORCH_HOME", "TORCH_LOGS", "TORCH_SERIAL_TESTING_REPORT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
                 "PYTORCH_SINK_WAITS_LIMIT", "TORCH_BISECT_BACKEND", "TORCH_COMPILE_BACKEND", "TORCH_USE_RTLD_GLOBAL",
                 "TORCH_DOCTEST_DATALOADER", "PYTORCH_TESTING_DEVICE_ONLY_FOR", "TORCH_SHOW_CPP_STACKTRACES"]
         self.assertEqual(near_miss_switches(dict.fromkeys(real, "1")), [])
@@ -552,12 +855,12 @@ class TestDoctor(CLITestBase):
     def test_backend_autoload_disabled(self):
         code = self._clean_code()
         r = self.json_of(self.run_cli("doctor", "--json", TORCH_DEVICE_BACKEND_AUTOLOAD="0"), code)
-        auto = r["environment"][cli.AUTOLOAD]
+        auto = r["environment"][AUTOLOAD]
         self.assertEqual((auto["raw"], auto["value"]), ("0", False))
         self.assertIn("disabled", auto["effect"])
         self.assertIn("no effect", auto["effect"])  # nothing installed in group torch.backends
         self.assertEqual(r["backend_entry_points"], [])
-        self.assertEqual(r["status"], "ok" if code == cli.EXIT_OK else "attention")
+        self.assertEqual(r["status"], "ok" if code == EXIT_OK else "attention")
 
 
 if __name__ == "__main__":

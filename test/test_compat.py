@@ -1,4 +1,9 @@
-"""Older or future torch, simulated by hiding the features the library derives behaviour from."""
+"""Older or future torch, simulated by changing what torch does (the library asks torch by probes).
+
+A torch before 2.6 is a torch whose bare ``torch.load`` loads in full; a torch before 2.5 lacks
+``torch.serialization.safe_globals``; a future torch without quantization supports no engine.
+Each is made by changing torch's behaviour, and the library must follow it.
+"""
 
 import contextlib
 import os
@@ -10,16 +15,50 @@ from unittest import mock
 
 import torch
 
-from roundtrip_fixtures import MODE_SKIPS, RUNNABLE_MODES, SAFE_GLOBALS_SKIP, TINY_SAFE_GLOBALS, TinyNet
-from torch_serial_testing import Checkpoint, LoadMode, instantiate_round_trip_tests
-from torch_serial_testing.torch_facts import engines
+from roundtrip_fixtures import (
+    DEFAULT_WEIGHTS_ONLY,
+    MODE_SKIPS,
+    RUNNABLE_MODES,
+    SAFE_GLOBALS_SKIP,
+    TINY_SAFE_GLOBALS,
+    TinyNet,
+    clean_env,
+)
+from torch_serial_testing import Checkpoint, LoadMode, UnexpectedLoadOutcome, instantiate_round_trip_tests
 from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.loading.prediction import predict
 from torch_serial_testing.policy.declared import normalize_safe_globals
+from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
+from torch_serial_testing.torch_facts.probes import ProbeFailed
 from python_compat import decorator_skipped, expected_tests_run
 from subprocess_env import child_env
 from test_instantiation import make_generic, run
 
 TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)
+
+
+@contextlib.contextmanager
+def bare_load_default(behaviour):
+    """torch's bare ``torch.load`` made weights-only (True), a full load (False), or broken (an
+    exception, raised where torch decides the default).  Where torch decides it in
+    ``torch.serialization._default_to_weights_only`` (>= 2.6) that function is replaced; an older
+    torch has none, and its ``torch.serialization.load`` is wrapped to decide the same way."""
+    def decide(pickle_module=None):
+        if isinstance(behaviour, BaseException):
+            raise behaviour
+        return behaviour
+
+    if hasattr(torch.serialization, "_default_to_weights_only"):
+        with mock.patch.object(torch.serialization, "_default_to_weights_only", decide):
+            yield
+        return
+    real = torch.serialization.load
+
+    def load(f, *args, weights_only=None, **kwargs):
+        return real(f, *args, weights_only=decide() if weights_only is None else weights_only, **kwargs)
+
+    with mock.patch.object(torch.serialization, "load", load), mock.patch.object(torch, "load", load):
+        yield
 
 
 class TestOlderTorch(unittest.TestCase):
@@ -60,31 +99,91 @@ class TestOlderTorch(unittest.TestCase):
             )
 
     def test_before_the_default_flip_default_is_expected_to_load(self):
+        # torch before 2.6: a bare torch.load is a full load.  Simulated by torch's behaviour (its
+        # bare torch.load loads in full); the version string only words the reason.
         ckpt = Checkpoint.save(TinyNet())
-        # create=True: a real torch before 2.6 has no _default_to_weights_only at all.
-        with mock.patch.object(torch.serialization, "_default_to_weights_only", None, create=True), \
-             mock.patch.object(torch, "__version__", "2.5.1"):
-            exp = load_modes.predict(LoadMode.DEFAULT, ckpt, environ={})
-        self.assertEqual((exp.weights_only, exp.loads), (False, True))
-        self.assertIn("before torch 2.6", exp.reason)
-        # The feature, not the version string, decides when it exists (torch's own where this torch
-        # has it, else a stand-in with the 2.6 behaviour):
-        feature = getattr(torch.serialization, "_default_to_weights_only", None) or (lambda pickle_module: True)
-        with mock.patch.object(torch.serialization, "_default_to_weights_only", feature, create=True), \
-             mock.patch.object(torch, "__version__", "2.5.1"):
-            self.assertTrue(load_modes.predict(LoadMode.DEFAULT, ckpt, environ={}).weights_only)
+        with clean_env(), bare_load_default(False), mock.patch.object(torch, "__version__", "2.5.1"):
+            self.assertEqual(torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)"))
+            exp = predict(LoadMode.DEFAULT, ckpt, environ={})
+            result = load_modes.load(ckpt, LoadMode.DEFAULT)
+        self.assertEqual((exp.weights_only, exp.loads, exp.unknown), (False, True, None))
+        self.assertEqual(exp.reason, "weights_only=False the default before torch 2.6 (torch 2.5.1)")
+        # and torch really did that: the full load of the owned checkpoint went through
+        self.assertTrue(result.loaded)
+        self.assertIsInstance(result.value, TinyNet)
+        self.assertEqual(result.summary, "default: loaded as expected (weights_only=False the default before "
+                                         "torch 2.6 (torch 2.5.1))")
+        # torch's behaviour, not the version string, decides: a bare load that is weights-only
+        # under the same version string is predicted (and is) a rejection.
+        with clean_env(), bare_load_default(True), mock.patch.object(torch, "__version__", "2.5.1"):
+            self.assertEqual(torch_default_weights_only(), (True, "since torch 2.6"))
+            exp = predict(LoadMode.DEFAULT, ckpt, environ={})
+            result = load_modes.load(ckpt, LoadMode.DEFAULT)
+        self.assertEqual((exp.weights_only, exp.loads), (True, False))
+        self.assertFalse(result.loaded)
+        self.assertIn("roundtrip_fixtures.TinyNet not allowlisted", result.summary)
+        # Asked again once torch is itself again (the answers are remembered per torch function):
+        self.assertEqual(torch_default_weights_only()[0], DEFAULT_WEIGHTS_ONLY)
+        with mock.patch.object(torch, "__version__", "2.5.1"):  # the version string alone changes nothing
+            self.assertEqual(torch_default_weights_only()[0], DEFAULT_WEIGHTS_ONLY)
+            self.assertEqual(predict(LoadMode.DEFAULT, ckpt, environ={}).weights_only,
+                             DEFAULT_WEIGHTS_ONLY)
 
     def test_fbcode_style_default(self):
-        with mock.patch.object(torch.serialization, "_default_to_weights_only", lambda pickle_module: False,
-                               create=True):
-            self.assertEqual(load_modes.torch_default_weights_only()[0], False)
+        # A torch >= 2.6 built to keep the old default (fbcode): asked, not inferred from the version.
+        with clean_env(), bare_load_default(False), mock.patch.object(torch, "__version__", "2.13.0"):
+            self.assertEqual(torch_default_weights_only(), (False, "this torch build (fbcode) keeps the old default"))
+            exp = predict(LoadMode.DEFAULT, Checkpoint.save(TinyNet()), environ={})
+        self.assertEqual((exp.weights_only, exp.loads), (False, True))
+        self.assertEqual(exp.reason, "weights_only=False this torch build (fbcode) keeps the old default")
+
+    def test_a_default_that_cannot_be_asked_is_unknown_never_guessed(self):
+        # torch's bare load breaks (here: the function deciding its default raises): the canary
+        # cannot answer, so the prediction is unknown and a load says so instead of guessing.
+        ckpt = Checkpoint.save(TinyNet())
+        with clean_env(), bare_load_default(LookupError("simulated: the default cannot be decided")):
+            with self.assertRaisesRegex(ProbeFailed, r"^torch\.load of the library's canary raised LookupError: "
+                                                     r"simulated: the default cannot be decided$"):
+                torch_default_weights_only()
+            exp = predict(LoadMode.DEFAULT, ckpt, environ={})
+            with self.assertRaises(UnexpectedLoadOutcome) as cm:
+                load_modes.load(ckpt, LoadMode.DEFAULT)
+            # the explicit modes do not depend on the default: still predicted
+            explicit = predict(LoadMode.WEIGHTS_ONLY_FALSE, ckpt, environ={})
+        self.assertEqual(exp.unknown, "torch.load of the library's canary raised LookupError: simulated: the "
+                                      "default cannot be decided")
+        self.assertEqual(exp.reason, "what torch.load decides here is unknown")
+        self.assertEqual(exp.summary(False), "default: rejected, not predicted (what torch.load decides here is "
+                                             "unknown; torch.load of the library's canary raised LookupError: "
+                                             "simulated: the default cannot be decided)")
+        # loaded all the same (torch raised from its bare load), and reported as not predicted
+        self.assertEqual(str(cm.exception), "default: cannot predict this load here (torch.load of the library's "
+                                            "canary raised LookupError: simulated: the default cannot be decided); "
+                                            "torch rejected it:\nsimulated: the default cannot be decided")
+        self.assertEqual((explicit.unknown, explicit.weights_only, explicit.loads), (None, False, True))
+        # nothing of the failure is remembered: torch itself again answers as before
+        self.assertEqual(torch_default_weights_only()[0], DEFAULT_WEIGHTS_ONLY)
+
+    def test_a_generated_test_whose_default_cannot_be_asked_fails_saying_so(self):
+        generic = make_generic(devices=("cpu",), load_modes=("default", "weights_only_false"))
+        (cls,) = instantiate_round_trip_tests(generic, {})
+        with bare_load_default(LookupError("simulated")):
+            result, out = run([cls])
+        failed = {t.id().rsplit(".", 1)[1]: text for t, text in result.failures + result.errors}
+        self.assertEqual(sorted(failed), ["test_rt_default_cpu"], out)
+        self.assertIn("UnexpectedLoadOutcome: default: cannot predict this load here (torch.load of the library's "
+                      "canary raised LookupError: simulated); torch rejected it:\nsimulated\n", failed["test_rt_default_cpu"])
+        self.assertIn("test_rt_weights_only_false_cpu", out)
+        self.assertEqual(result.testsRun, 4)
 
 
 class TestFutureTorchWithoutQuantization(unittest.TestCase):
     def test_engine_tests_skip_with_reason_rest_keeps_working(self):
         generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("weights_only_false",))
         (cls,) = instantiate_round_trip_tests(generic, {})
-        with mock.patch.object(engines, "supported_qengines", lambda: ()):
+        # A build without quantized engines: torch reports none (torch.backends.quantized reads this).
+        with mock.patch.object(torch._C, "_supported_qengines", lambda: []):
+            self.assertEqual(torch.backends.quantized.supported_engines, [])
             result, out = run([cls])
             self.assertTrue(load_modes.round_trip(TinyNet(), "weights_only_false").loaded)
         self.assertTrue(result.wasSuccessful(), out)

@@ -1,6 +1,7 @@
 """predict() against the real torch.load: the differential corpus (CI subset) and the API it exercises.
 
-* the TORCH_FORCE_* truthiness read from the running torch (and from torch-2.8-like source),
+* the TORCH_FORCE_* truthiness asked of the running torch (and of torch-2.8- and 2.5-like
+  stand-ins of ``torch.serialization.load``),
 * predict()/load() taking safe globals in every form the mixin takes (R0),
 * required_globals()'s unambiguous keyword forms,
 * the CI subset of the differential matrix: every corpus kind, fewer formats and environment
@@ -9,50 +10,33 @@
 
 from __future__ import annotations
 
-import inspect
 import io
 import os
 import sys
 import tempfile
-import textwrap
 import unittest
 from unittest import mock
 
 import torch
 
+from other_torches import load_standin, switch_reader
 from roundtrip_fixtures import TinyNet
 from torch_serial_testing import Checkpoint, CheckpointInfo, load, predict, required_globals
-from torch_serial_testing.loading import load as load_modes
-from torch_serial_testing.torch_facts import load_call as switch_module
 from torch_serial_testing.core.errors import CheckpointFormatError, RoundTripConfigError
+from torch_serial_testing.loading.prediction import declared_names
+from torch_serial_testing.torch_facts import load_call
+from torch_serial_testing.torch_facts.probes import ProbeFailed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.differential import corpus, oracle, worker  # noqa: E402
 from tools.differential.cases import CI_ENVS, CI_FORMATS  # noqa: E402
 
-WO, NO = load_modes.FORCE_WO, load_modes.FORCE_NO_WO
+WO, NO = load_call.FORCE_WO, load_call.FORCE_NO_WO
 
-# torch.load's switch reading as torch 2.8 wrote it: raw values, compared case-sensitively.
-TORCH_28_LIKE = textwrap.dedent(
-    '''
-    def load(f, map_location=None, pickle_module=None, *, weights_only=None, mmap=None, **pickle_load_args):
-        true_values = ["1", "y", "yes", "true"]
-        force_weights_only_load = (
-            os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0") in true_values
-        )
-        force_no_weights_only_load = (
-            os.getenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0") in true_values
-        )
-    '''
-)
-# torch 2.5-like: one switch, an inline list, lower-cased.
-TORCH_25_LIKE = textwrap.dedent(
-    '''
-    def load(f, weights_only=None):
-        if os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in ["1", "y", "yes", "true"]:
-            weights_only = True
-    '''
-)
+#: torch.load's switch reading as torch 2.8 wrote it: raw values, compared case-sensitively.
+TORCH_28_LIKE = dict(lower=False)
+#: torch 2.5-like: one switch, lower-cased, and a full load by default.
+TORCH_25_LIKE = dict(reads_no=False, default=False)
 
 
 def _forced_weights_only_by_torch(value: str) -> bool:
@@ -70,33 +54,45 @@ def _forced_weights_only_by_torch(value: str) -> bool:
     return False
 
 
+def _both_refused_by_torch() -> bool:
+    """Whether this torch's real torch.load refuses every load with both switches set (>= 2.6)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+    data = io.BytesIO()
+    torch.save({"x": 1}, data)
+    with mock.patch.dict(os.environ, {**env, WO: "1", NO: "1"}, clear=True):
+        data.seek(0)
+        try:
+            torch.load(data)
+        except RuntimeError:
+            return True
+    return False
+
+
 class TestSwitchReadings(unittest.TestCase):
-    def test_running_torch_source_is_read(self) -> None:
-        readings = load_modes.torch_switch_readings()
-        self.assertIn(WO, readings)
-        self.assertEqual(set(readings[WO].true_values), {"1", "y", "yes", "true"})
+    def test_running_torch_is_asked(self) -> None:
+        found, _any_case, _strips = load_call.truthy_spellings(WO)
+        self.assertTrue({"1", "y", "yes", "true"} <= set(found))
+        self.assertEqual(list(found), [s for s in load_call.CANDIDATE_SPELLINGS if _forced_weights_only_by_torch(s)])
 
     def test_predicted_truthiness_matches_a_real_load(self) -> None:
         for value in ("1", "Y", "true", "TRUE", "YES", "yes ", " 1", "on", "0", ""):
             with self.subTest(value=value):
-                self.assertEqual(load_modes.is_truthy(value, WO), _forced_weights_only_by_torch(value))
+                self.assertEqual(load_call.is_truthy(value, WO), _forced_weights_only_by_torch(value))
                 exp = predict("weights_only_false", Checkpoint.save(TinyNet()), environ={WO: value})
                 self.assertEqual(exp.weights_only, _forced_weights_only_by_torch(value))
 
     def test_torch_28_compares_case_sensitively(self) -> None:
-        readings = load_modes.switch_readings_from_source(TORCH_28_LIKE)
-        self.assertEqual(set(readings), {WO, NO})
-        for name in (WO, NO):
-            self.assertEqual(readings[name].transforms, ())
-            self.assertTrue(readings[name].is_set("true"))
-            self.assertFalse(readings[name].is_set("TRUE"))
-            self.assertFalse(readings[name].is_set("Y"))
-        self.assertIn("case-sensitive", readings[WO].describe())
+        with load_standin(switch_reader(**TORCH_28_LIKE)):
+            for name in (WO, NO):
+                self.assertTrue(load_call.is_truthy("true", name))
+                self.assertFalse(load_call.is_truthy("TRUE", name))
+                self.assertFalse(load_call.is_truthy("Y", name))
+            self.assertIn("case-sensitive", load_call.describe_spellings(WO))
+            self.assertTrue(load_call.torch_reads_force_no_weights_only())
 
     def test_prediction_on_a_torch_28_like_reading(self) -> None:
-        readings = load_modes.switch_readings_from_source(TORCH_28_LIKE)
-        with mock.patch.object(switch_module, "torch_switch_readings", return_value=readings):
-            switches = load_modes.WeightsOnlySwitches.from_environ({WO: "TRUE", NO: "yes"})
+        with load_standin(switch_reader(**TORCH_28_LIKE)):
+            switches = load_call.WeightsOnlySwitches.from_environ({WO: "TRUE", NO: "yes"})
             self.assertEqual((switches.force_weights_only, switches.force_no_weights_only), (False, True))
             exp = predict("weights_only_false", Checkpoint.save(TinyNet()), environ={WO: "TRUE"})
             self.assertEqual((exp.weights_only, exp.loads), (False, True))
@@ -106,36 +102,35 @@ class TestSwitchReadings(unittest.TestCase):
     def test_doctor_names_this_torchs_spellings(self) -> None:
         from torch_serial_testing.cli import doctor
 
-        readings = load_modes.switch_readings_from_source(TORCH_28_LIKE)
         problems: list[str] = []
-        with mock.patch.object(switch_module, "torch_switch_readings", return_value=readings):
+        with load_standin(switch_reader(**TORCH_28_LIKE)):
             active, text = doctor._force_effect(WO, "TRUE", False, problems)
         self.assertFalse(active)
         self.assertIn("case-sensitive", text)
         self.assertIn("case-sensitive", problems[0])
 
     def test_torch_25_like_reads_one_switch(self) -> None:
-        readings = load_modes.switch_readings_from_source(TORCH_25_LIKE)
-        self.assertEqual(set(readings), {WO})
-        self.assertTrue(readings[WO].is_set("Yes"))
-        with mock.patch.object(switch_module, "torch_switch_readings", return_value=readings):
-            self.assertFalse(load_modes.is_truthy("1", NO))
-            self.assertFalse(load_modes.torch_reads_force_no_weights_only())
+        with load_standin(switch_reader(**TORCH_25_LIKE)):
+            self.assertTrue(load_call.is_truthy("Yes", WO))
+            self.assertFalse(load_call.is_truthy("1", NO))
+            self.assertFalse(load_call.torch_reads_force_no_weights_only())
+            self.assertFalse(load_call.WeightsOnlySwitches.from_environ({WO: "1", NO: "1"}).conflict)
 
-    def test_without_source_the_version_decides(self) -> None:
-        from torch_serial_testing import torch_source
+    def test_without_an_answer_nothing_is_decided(self) -> None:
+        # Formerly, without torch's source, the version decided which switches it reads; now a
+        # canary load that cannot run decides nothing, and the predictions say so.
+        def broken(*args, **kwargs):
+            raise OSError("no torch.serialization.load here")
 
-        load_modes.torch_switch_readings.cache_clear()
-        try:
-            with mock.patch.object(torch_source, "source_of", side_effect=OSError("no source")), \
-                 mock.patch.object(torch, "__version__", "2.5.1"):
-                self.assertEqual(set(load_modes.torch_switch_readings()), {WO})
-        finally:
-            load_modes.torch_switch_readings.cache_clear()
-        # Read from the source again: the second switch exactly where this torch's load reads it (>= 2.6).
-        reads_no = NO in inspect.getsource(torch.serialization)
-        self.assertEqual(NO in load_modes.torch_switch_readings(), reads_no)
-        self.assertIn(WO, load_modes.torch_switch_readings())
+        with load_standin(broken), mock.patch.object(torch, "__version__", "2.5.1"):
+            with self.assertRaisesRegex(ProbeFailed, "canary raised OSError"):
+                load_call.torch_reads_force_no_weights_only()
+            exp = predict("default", Checkpoint.save(TinyNet()), environ={NO: "1"})
+            self.assertIn("canary raised OSError: no torch.serialization.load here", exp.unknown)
+        # Asked of torch again: the second switch exactly where this torch's load reads it (>= 2.6).
+        self.assertEqual(load_call.torch_reads_force_no_weights_only(), _both_refused_by_torch())
+        self.assertEqual(load_call.WeightsOnlySwitches.from_environ({WO: "1", NO: "1"}).conflict,
+                         _both_refused_by_torch())
 
 
 class TestPredictArguments(unittest.TestCase):
@@ -159,8 +154,8 @@ class TestPredictArguments(unittest.TestCase):
         np = __import__("numpy")
         exp = predict("safe_globals", self.checkpoint, [Sub, np.dtype])
         self.assertFalse(exp.loads)  # TinyNet is still missing, and nothing is misread
-        self.assertEqual(load_modes.declared_names([Sub, np.dtype])[1], "numpy.dtype")
-        self.assertTrue(load_modes.declared_names([Sub])[0].endswith("Sub"))
+        self.assertEqual(declared_names([Sub, np.dtype])[1], "numpy.dtype")
+        self.assertTrue(declared_names([Sub])[0].endswith("Sub"))
         # the real torch agrees: a subclass declared as an object loads
         result = load(Checkpoint.save(torch.ones(2).as_subclass(corpus.MyTensor)), "safe_globals", [corpus.MyTensor])
         self.assertTrue(result.loaded)

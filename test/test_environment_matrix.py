@@ -11,11 +11,8 @@ process for every rule and spelling; a few subprocesses run
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -32,10 +29,14 @@ from torch_serial_testing import (
 )
 from torch_serial_testing.policy.declared import normalize_safe_globals
 from torch_serial_testing.torch_facts.registry import torch_allowlist
-from torch_serial_testing.loading.load import TRUE_VALUES
-from torch_serial_testing.torch_facts.load_call import WeightsOnlySwitches, torch_default_weights_only
+from torch_serial_testing.torch_facts.load_call import (
+    CANDIDATE_SPELLINGS,
+    WeightsOnlySwitches,
+    torch_default_weights_only,
+    truthy_spellings,
+)
 
-from roundtrip_fixtures import MODE_SKIPS, torch_sets
+from roundtrip_fixtures import MODE_SKIPS, READS_FORCE_NO_WEIGHTS_ONLY, torch_sets
 import subprocess_env
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,27 +51,12 @@ ODD_TRUE = ("TRUE", "Yes", "y")
 ODD_FALSE = ("0", "", "false")
 
 
-_LOAD_SOURCE = inspect.getsource(torch.serialization.load)
-
-
-def _torch_true_values() -> tuple[str, ...]:
-    """The truthy spellings as written in torch.load's source.
-
-    torch >= 2.6 names them ``true_values = [...]``; before, the one switch it reads is
-    compared against an inline list (``os.getenv("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "0").lower() in [...]``).
-    """
-    match = re.search(r"true_values\s*=\s*(\[[^\]]*\])", _LOAD_SOURCE) or re.search(
-        rf"getenv\(\s*[\"']{WO}[\"']\s*,\s*[\"']0[\"']\s*\)\.lower\(\)\s+in\s+(\[[^\]]*\])", _LOAD_SOURCE
-    )
-    if match is None:  # pragma: no cover - a torch that moved the rule
-        raise unittest.SkipTest("cannot find the truthy spellings in torch.load's source")
-    return tuple(ast.literal_eval(match.group(1)))
-
-
-TORCH_TRUE = _torch_true_values()
+#: The spellings torch.load counts as set, among those people write for "on" -- asked of
+#: torch.load itself (roundtrip_fixtures.torch_sets), never read from its source.
+TORCH_TRUE = tuple(s for s in CANDIDATE_SPELLINGS if torch_sets(WO, s))
 #: Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6; before, it is
 #: ignored: no forced full load, no warning, no conflict with TORCH_FORCE_WEIGHTS_ONLY_LOAD).
-TORCH_READS_NO = NO in _LOAD_SOURCE
+TORCH_READS_NO = READS_FORCE_NO_WEIGHTS_ONLY  # observed by roundtrip_fixtures with real torch.load calls
 #: What a bare torch.load does here without any switch (True since torch 2.6).
 TORCH_DEFAULT = torch_default_weights_only()[0]
 #: What EnvCheckNet's full-module checkpoint needs beyond torch's allowlist: the class, and
@@ -107,7 +93,9 @@ SPELLINGS = ("1", "y", "Y", "yes", "Yes", "YES", "true", "TRUE", "True",
 
 class TestWeightsOnlySwitches(unittest.TestCase):
     def test_truthy_spellings_match_torch(self) -> None:
-        self.assertEqual(sorted(TRUE_VALUES), sorted(TORCH_TRUE))
+        self.assertEqual(truthy_spellings(WO)[0], TORCH_TRUE)
+        self.assertTrue({"1", "true"} <= set(TORCH_TRUE))  # every torch reads the plain spellings
+        self.assertEqual(truthy_spellings(NO)[0], tuple(s for s in CANDIDATE_SPELLINGS if torch_sets(NO, s)))
         for value in SPELLINGS:
             with self.subTest(value=value):
                 # torch.load itself says how it reads each spelling (2.6-2.12 compare as written)

@@ -9,7 +9,6 @@ derived below from the load mode, the environment and what the checkpoint
 needs -- not copied from a run.
 """
 
-import inspect
 import json
 import os
 import re
@@ -19,12 +18,10 @@ import tempfile
 import unittest
 from pathlib import Path
 
-import torch
-
 from torch_serial_testing.torch_facts.registry import torch_allowlist
 from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
 
-from roundtrip_fixtures import MODE_SKIPS
+from roundtrip_fixtures import MODE_SKIPS, READS_FORCE_NO_WEIGHTS_ONLY
 from python_compat import expected_tests_run
 from subprocess_env import child_env
 
@@ -52,8 +49,9 @@ MODULE_GLOBALS = tuple(sorted(
     | ({"builtins.set"} - torch_allowlist())
 ))
 # Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6); before, it
-# is ignored: no forced full load, no warning, and no error when both switches are set.
-TORCH_READS_FORCE_NO = FORCE_NO_WO in inspect.getsource(torch.serialization.load)
+# is ignored: no forced full load, no warning, and no error when both switches are set
+# (observed on a real torch.load).
+TORCH_READS_FORCE_NO = READS_FORCE_NO_WEIGHTS_ONLY
 # A bare torch.load here without any switch, and why (weights-only since torch 2.6).
 TORCH_DEFAULT, TORCH_DEFAULT_WHY = torch_default_weights_only()
 

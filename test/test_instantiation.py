@@ -13,7 +13,6 @@ from unittest import mock
 
 import torch
 
-from device_filters import FILTERS_ALIAS_BACKEND
 from python_compat import verbose_ids
 from roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, TINY_SAFE_GLOBALS, TinyNet
 from subprocess_env import child_env, import_path
@@ -21,12 +20,11 @@ from torch_serial_testing import (
     RoundTripConfigError,
     SerializationRoundTripTestCase,
     cross_engine,
-    engines,
     instantiate_round_trip_tests,
     no_round_trip_dims,
     round_trip_dims,
 )
-from torch_serial_testing.torch_facts import devices
+from torch_serial_testing.torch_facts import devices, engines
 from torch_serial_testing.torch_facts.devices import resolve_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -168,48 +166,110 @@ class TestDimensions(unittest.TestCase):
             resolve_devices(("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cpu"})
 
     def test_privateuse1_backend_naming_and_aliases(self):
-        # Renaming privateuse1 is irreversible, so it runs in a subprocess.
+        # Renaming privateuse1 is irreversible, so it runs in a subprocess.  Whether the env filters
+        # read the backend's name (npu) as privateuse1 is asked of pytorch's filter by the library:
+        # in a fresh interpreter while the test module is not imported here, in this process once
+        # it is.  The child also asks the real filter itself; both answers must equal it.
         code = textwrap.dedent("""
-            import torch, types
+            import sys, torch, types
             from torch_serial_testing.torch_facts import devices
             print(devices.class_suffix("privateuse1"))
             torch.utils.rename_privateuse1_backend("npu")
             mod = types.ModuleType("torch.npu"); mod.is_available = lambda: True; torch._register_device_module("npu", mod)
             print(devices.class_suffix("privateuse1"), devices.available_device_types())
             print(devices.resolve_devices(("cpu", "npu"), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "privateuse1"}))
+            print("fresh" if "torch.testing._internal.common_device_type" not in sys.modules else "imported")
+            print(devices.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
+            from torch.testing._internal import common_device_type as cdt
+            class Base:
+                device_type = "privateuse1"
+            print("pytorch drops it" if Base not in list(cdt.filter_desired_device_types([Base], ["npu"], None))
+                  else "pytorch keeps it")
+            devices._aliasing.clear()  # ask again, now in this process
             print(devices.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
         """)
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env=child_env(drop=())).stdout.split("\n")
+                             env=child_env(drop=("PYTORCH_TESTING_DEVICE_",))).stdout.split("\n")
         self.assertEqual(out[0], "PRIVATEUSE1")
         self.assertEqual(out[1], "NPU ('cpu', 'npu')")
         self.assertEqual(out[2], "('npu',)")
-        # excluding the backend by its name: as pytorch's filter reads that name (torch 2.4: it does not)
-        self.assertEqual(out[3], "('cpu',)" if FILTERS_ALIAS_BACKEND else "('cpu', 'privateuse1')")
+        self.assertEqual(out[3], "fresh")  # the first answer came from a fresh interpreter
+        # excluding the backend by its name: exactly as pytorch's own filter reads that name
+        # (torch 2.4's compares names as written and keeps the privateuse1 base)
+        self.assertIn(out[5], ("pytorch drops it", "pytorch keeps it"))
+        expected = "('cpu',)" if out[5] == "pytorch drops it" else "('cpu', 'privateuse1')"
+        self.assertEqual(out[4], expected)
+        self.assertEqual(out[6], expected)
 
+    def test_filter_aliasing_is_asked_of_pytorchs_filter(self):
+        # The shapes pytorch's filter has had, as behaviours: names compared as written (2.4), the
+        # backend's name replaced inside the filter (2.5-2.14), replaced by a helper the filter calls
+        # (2.15).  Only the last two make ``npu`` and ``privateuse1`` one name in the env filters;
+        # the library's probe calls whichever filter is there and reads what it does.
+        from torch.testing._internal import common_device_type as cdt  # tests may import it, the library never
 
-    def test_filter_renaming_read_from_pytorchs_text(self):
-        # The three shapes pytorch's filter has had: names compared as written (2.4), the backend's
-        # name replaced inside the filter (2.5-2.14), replaced by a helper the filter calls (2.15).
-        # Only the last two make ``npu`` and ``privateuse1`` one name in the env filters.
-        plain = ("def filter_desired_device_types(bases, except_for=None, only_for=None):\n"
-                 "    return [b for b in bases if b.device_type not in (except_for or [])]\n\n"
-                 "def unrelated():\n    return torch._C._get_privateuse1_backend_name()\n")
-        inline = ("def filter_desired_device_types(bases, except_for=None, only_for=None):\n"
-                  "    name = torch._C._get_privateuse1_backend_name()\n"
-                  "    return [b for b in bases if b.device_type.replace(name, 'privateuse1') not in except_for]\n")
-        helper = ("def _rename():\n    name = torch._C._get_privateuse1_backend_name()\n"
-                  "    return lambda x: x.replace(name, 'privateuse1')\n\n"
-                  "def filter_desired_device_types(bases, except_for=None, only_for=None):\n"
-                  "    rename = _rename()\n"
-                  "    return [b for b in bases if rename(b.device_type) not in except_for]\n\n"
-                  "def other():\n    pass\n")
-        self.assertFalse(devices._filter_renames_backend("\n" + plain))
-        self.assertTrue(devices._filter_renames_backend("\n" + inline))
-        self.assertTrue(devices._filter_renames_backend("\n" + helper))
-        self.assertTrue(devices._filter_renames_backend("no filter here\n"))  # unreadable: today's rule
-        # and the pytorch that runs here: the library reads its file as the tests read its code
-        self.assertEqual(devices._filters_alias_backend_name(), FILTERS_ALIAS_BACKEND)
+        backend = "npu"
+        calls = []
+
+        def plain(bases, except_for=None, only_for=None):
+            calls.append((list(bases), except_for, only_for))
+            return [b for b in bases if b.device_type not in (except_for or []) and
+                    (not only_for or b.device_type in only_for)]
+
+        def inline(bases, except_for=None, only_for=None):
+            calls.append((list(bases), except_for, only_for))
+            excl = [x.replace(backend, "privateuse1") for x in (except_for or [])]
+            only = [x.replace(backend, "privateuse1") for x in (only_for or [])]
+            return [b for b in bases if b.device_type not in excl and (not only or b.device_type in only)]
+
+        def normalizer():
+            return lambda name: name.replace(backend, "privateuse1")
+
+        def helper(bases, except_for=None, only_for=None):
+            calls.append((list(bases), except_for, only_for))
+            rename = normalizer()
+            excl = [rename(x) for x in (except_for or [])]
+            only = [rename(x) for x in (only_for or [])]
+            return [b for b in bases if rename(b.device_type) not in excl and (not only or rename(b.device_type) in only)]
+
+        for fn, aliases in ((plain, False), (inline, True), (helper, True)):
+            with self.subTest(filter=fn.__name__), mock.patch.dict(devices._aliasing, clear=True), \
+                    mock.patch.object(cdt, "filter_desired_device_types", fn):
+                calls.clear()
+                self.assertIs(devices._filters_alias_backend_name(backend), aliases)
+                # asked once, of the filter that is there: a privateuse1 test base, the backend's name
+                self.assertEqual(len(calls), 1)
+                (bases, except_for, only_for), = calls
+                self.assertEqual([b.device_type for b in bases], ["privateuse1"])
+                self.assertIn(backend, list(except_for or []) + list(only_for or []))
+                # remembered: a second question does not call the filter again
+                self.assertIs(devices._filters_alias_backend_name(backend), aliases)
+                self.assertEqual(len(calls), 1)
+        # and pytorch's real filter here, asked the same way by the test itself
+        class Base:
+            device_type = "privateuse1"
+
+        with mock.patch.dict(devices._aliasing, clear=True):
+            self.assertIs(devices._filters_alias_backend_name(backend),
+                          Base in list(cdt.filter_desired_device_types([Base], None, [backend])))
+
+    def test_filter_aliasing_that_cannot_be_asked_says_so(self):
+        # Without pytorch's test module imported, the library asks a fresh interpreter; when that
+        # fails, instantiation stops saying why and what to do -- never a guessed rule.
+        failed = subprocess.CompletedProcess([], 1, "", "Traceback ...\nImportError: no common_device_type here\n")
+        modules = {k: v for k, v in sys.modules.items() if k != "torch.testing._internal.common_device_type"}
+        with mock.patch.dict(devices._aliasing, clear=True), mock.patch.dict(sys.modules, modules, clear=True), \
+                mock.patch.object(subprocess, "run", return_value=failed) as ran:
+            with self.assertRaisesRegex(
+                RoundTripConfigError,
+                r"cannot tell how pytorch's filter_desired_device_types reads PYTORCH_TESTING_DEVICE_ONLY_FOR/"
+                r"PYTORCH_TESTING_DEVICE_EXCEPT_FOR for the npu backend: asking it in a fresh interpreter "
+                r"failed \(ImportError: no common_device_type here\); import "
+                r"torch.testing._internal.common_device_type before instantiating, or unset the filters",
+            ):
+                devices._filters_alias_backend_name("npu")
+        self.assertEqual(ran.call_count, 1)
+        self.assertNotIn("npu", devices._aliasing)  # a failed question is not remembered
 
 
 class TestBadInput(unittest.TestCase):

@@ -22,14 +22,9 @@ from unittest import mock
 
 import torch
 
-from torch_serial_testing import (
-    GlobalState,
-    SerializationRoundTripTestCase,
-    allowlist,
-    engines,
-    instantiate_round_trip_tests,
-    thread_warnings,
-)
+from torch_serial_testing import GlobalState, SerializationRoundTripTestCase, instantiate_round_trip_tests
+from torch_serial_testing.testing import isolation
+from torch_serial_testing.torch_facts import engines, loader, registry
 
 from isolation_fixtures import (
     Gate,
@@ -245,8 +240,9 @@ class TestInterruptInEachRestoreStep(StateCase):
         cls = _interrupted_class()
         for when in ("before", "after"):
             with self.subTest(when=when), clean_env():
-                patched = _once(allowlist.restore_registry, when)
-                with mock.patch.object(allowlist, "restore_registry", patched):
+                patched = _once(registry.restore_registry, when)
+                # where the test's restore calls it (isolation imported it from torch_facts.registry)
+                with mock.patch.object(isolation, "restore_registry", patched):
                     with self.assertRaises(KeyboardInterrupt):
                         run_tests(cls("test_leak_everything"))
                 self.assertRestored()
@@ -289,15 +285,15 @@ class TestInterruptInEachRestoreStep(StateCase):
     def test_warning_observation_restore(self) -> None:
         if not READS_FORCE_NO:
             self.skipTest(f"torch {torch.__version__} does not read {NO_WO} (torch < 2.6)")
-        from torch_serial_testing.loading import load as load_modes
+        from torch_serial_testing.loading import load as loading
 
         for when in ("before", "after"):
             with self.subTest(when=when), clean_env(**{NO_WO: "1"}):
-                with mock.patch.object(thread_warnings, "_uninstall", _once(thread_warnings._uninstall, when)):
+                with mock.patch.object(loader, "_uninstall", _once(loader._uninstall, when)):
                     with self.assertRaises(KeyboardInterrupt):
-                        load_modes.round_trip(Gate(), "default")
-                self.assertFalse(thread_warnings.installed())
-                self.assertTrue(load_modes.round_trip(Gate(), "default").expectation.warns)
+                        loading.round_trip(Gate(), "default")
+                self.assertFalse(loader.proxy_installed())
+                self.assertTrue(loading.round_trip(Gate(), "default").expectation.warns)
             self.assertRestored()
 
 

@@ -27,11 +27,12 @@ import torch
 from torch_serial_testing import (
     LeakedGlobalStateError,
     SerializationRoundTripTestCase,
-    engines,
 )
-from torch_serial_testing.loading import load as load_modes
-from torch_serial_testing.policy.declared import normalize_safe_globals
 from torch_serial_testing.core.names import qualified_name
+from torch_serial_testing.loading import load as loading
+from torch_serial_testing.policy.declared import normalize_safe_globals
+from torch_serial_testing.torch_facts import engines
+from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
 from torch_serial_testing.torch_facts.registry import snapshot_registry
 
 from roundtrip_fixtures import MODE_SKIPS, SAFE_GLOBALS_SKIP, assert_mode_skips_here
@@ -43,7 +44,7 @@ WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 # torch.utils.serialization.config (torch >= 2.6) is watched only where torch has it.
 HAS_SERIALIZATION_CONFIG = importlib.util.find_spec("torch.utils.serialization") is not None
 # A bare torch.load is weights-only since torch 2.6; before, the `default` mode is a full load.
-TORCH_DEFAULT_WO = load_modes.torch_default_weights_only()[0]
+TORCH_DEFAULT_WO = torch_default_weights_only()[0]
 
 
 class PreRegistered:
@@ -315,12 +316,12 @@ class TestConcurrentRoundTrips(unittest.TestCase):
         declared = normalize_safe_globals([Net, set])  # set: needed where torch's allowlist lacks it (< 2.6)
         # Warm up: torch's first load may import modules that register globals at import time.
         import_registering_modules()
-        if assert_mode_skips_here(self, "safe_globals", lambda: load_modes.round_trip(Net(), "safe_globals", declared)):
+        if assert_mode_skips_here(self, "safe_globals", lambda: loading.round_trip(Net(), "safe_globals", declared)):
             # torch < 2.5: the safe_globals mode skips (asserted above); the threads use the other modes.
-            load_modes.round_trip(Net(), "weights_only_false")
+            loading.round_trip(Net(), "weights_only_false")
             modes = ("weights_only_false", "default", "weights_only_false", "default")
         else:
-            load_modes.round_trip(Net(), "safe_globals", declared)
+            loading.round_trip(Net(), "safe_globals", declared)
             modes = ("weights_only_false", "safe_globals", "default", "safe_globals")
         before = snapshot_registry()
         # The module loads in `default` only where a bare torch.load is a full load (< 2.6).
@@ -334,7 +335,7 @@ class TestConcurrentRoundTrips(unittest.TestCase):
             for i in range(10):
                 try:
                     obj: Any = Net() if i % 2 == 0 else Net().state_dict()
-                    result = load_modes.round_trip(obj, mode, declared)
+                    result = loading.round_trip(obj, mode, declared)
                     want = expected[mode] or i % 2 == 1  # a state_dict loads in every mode
                     outcomes.append((mode, result.loaded))
                     if result.loaded != want:
@@ -381,6 +382,8 @@ def _gather_ids() -> list[str]:
     for module, classes in ORDER_MODULES.items():
         suite = loader.discover(HERE, pattern=f"{module}.py", top_level_dir=HERE)
         walk(suite)
+    if loader.errors:  # a module that does not import: say so, not a KeyError on 'unittest'
+        raise AssertionError("could not collect the order-independence tests:\n" + "\n".join(loader.errors))
     wanted = [i for i in ids if ORDER_MODULES[i.split(".")[0]] is None or i.split(".")[1] in ORDER_MODULES[i.split(".")[0]]]
     return wanted
 

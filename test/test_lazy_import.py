@@ -11,9 +11,14 @@ import subprocess
 import sys
 import unittest
 
+#: The round-trip machinery (module paths below ``torch_serial_testing.``): the static scan
+#: (every module of ``scan``), the prediction and the load, the comparison, and the torch facts
+#: only a load or a scan asks for (the load decision, the loader proxy, the unpickler rules,
+#: torch's records).
 ROUND_TRIP_MACHINERY = (
-    "archive", "checkpoint", "comparison", "load_modes", "pickle_scan", "prediction", "replaced_loader",
-    "switches", "thread_warnings", "torch_source", "torch_unpickler_rules", "unpickler_model",
+    "scan", "scan.archive", "scan.build_state", "scan.checkpoint", "scan.model", "scan.walker",
+    "loading.prediction", "loading.load", "testing.comparison",
+    "torch_facts.load_call", "torch_facts.loader", "torch_facts.unpickler", "torch_facts.records",
 )
 
 
@@ -37,25 +42,61 @@ class LazyImportTest(unittest.TestCase):
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch_serial_testing.'))))\n"
         )
         loaded = {m.split(".", 1)[1] for m in got}
-        self.assertIn("case", loaded)
+        self.assertIn("testing.case", loaded)
+        self.assertIn("testing.instantiation", loaded)
         self.assertEqual(sorted(loaded & set(ROUND_TRIP_MACHINERY)), [])
+        # nothing of the scan package at all, whatever its modules are called
+        self.assertEqual(sorted(m for m in loaded if m == "scan" or m.startswith("scan.")), [])
+
+    def test_first_round_trip_imports_the_machinery(self) -> None:
+        # the counterpart: the machinery listed above is what a round trip really uses
+        got = _run(
+            "import json, sys\n"
+            "import torch_serial_testing as tst\n"
+            "tst.round_trip({'a': 1}, 'default')\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch_serial_testing.'))))\n"
+        )
+        loaded = {m.split(".", 1)[1] for m in got}
+        for module in ("scan", "scan.checkpoint", "scan.walker", "loading.prediction", "loading.load",
+                       "torch_facts.load_call", "torch_facts.unpickler"):
+            self.assertIn(module, loaded)
 
     def test_public_names_resolve_on_first_use(self) -> None:
         got = _run(
             "import json, torch_serial_testing as tst\n"
             "from torch_serial_testing import *\n"
             "missing = [n for n in tst.__all__ if n not in dir(tst)]\n"
-            "import torch_serial_testing.checkpoint\n"  # a later submodule import must not rebind scan_limits
+            "import torch_serial_testing.scan.checkpoint, torch_serial_testing.core.limits\n"
+            "import torch_serial_testing.loading.load\n"  # later submodule imports must not rebind public names
+            "old = {}\n"
+            "for name in ('load_modes', 'checkpoint', 'case', 'prediction', 'allowlist', 'pickle_scan'):\n"
+            "    try:\n"
+            "        getattr(tst, name)\n"
+            "    except AttributeError as e:\n"
+            "        old[name] = str(e)\n"
+            "    else:\n"
+            "        old[name] = None\n"
             "print(json.dumps({'missing': missing, 'round_trip': round_trip.__module__,\n"
+            "                  'load': type(tst.load).__name__, 'load_module': tst.load.__module__,\n"
             "                  'Checkpoint': tst.Checkpoint.__module__, 'scan_limits': callable(tst.scan_limits),\n"
             "                  'scan_limits_is_function': type(tst.scan_limits).__name__,\n"
-            "                  'load_modes': tst.load_modes.__name__}))\n"
+            "                  'predict': tst.predict.__module__, 'comparison': tst.assert_round_trip_equal.__module__,\n"
+            "                  'cached': 'predict' in vars(tst), 'old': old}))\n"
         )
         self.assertEqual(got["missing"], [])
-        self.assertEqual(got["round_trip"], "torch_serial_testing.load_modes")
-        self.assertEqual(got["Checkpoint"], "torch_serial_testing.checkpoint")
+        self.assertEqual(got["round_trip"], "torch_serial_testing.loading.load")
+        self.assertEqual(got["load"], "function")
+        self.assertEqual(got["load_module"], "torch_serial_testing.loading.load")
+        self.assertEqual(got["Checkpoint"], "torch_serial_testing.scan.checkpoint")
+        self.assertTrue(got["scan_limits"])
         self.assertEqual(got["scan_limits_is_function"], "function")
-        self.assertEqual(got["load_modes"], "torch_serial_testing.load_modes")  # old submodule attributes work
+        self.assertEqual(got["predict"], "torch_serial_testing.loading.prediction")
+        self.assertEqual(got["comparison"], "torch_serial_testing.testing.comparison")
+        self.assertTrue(got["cached"])  # resolved once, then a plain module attribute
+        # The old flat submodules are gone by design (issue 25: old internal paths need not survive):
+        # asking for one is a plain AttributeError, not a lazily imported module.
+        for name, error in got["old"].items():
+            self.assertEqual(error, f"module 'torch_serial_testing' has no attribute {name!r}", name)
 
     def test_unknown_attribute_is_an_attribute_error(self) -> None:
         import torch_serial_testing as tst

@@ -24,15 +24,30 @@ from roundtrip_fixtures import (
     assert_mode_skips_here,
     default_outcome,
 )
-from torch_serial_testing import Checkpoint, LoadMode
+from other_torches import RaisingUnpickler, load_standin, switch_reader, unpickler_standin
+from torch_serial_testing import Checkpoint, LoadMode, predict
 from torch_serial_testing.loading import load as load_modes
 from torch_serial_testing.loading import prediction
+from torch_serial_testing.torch_facts import load_call
+from torch_serial_testing.torch_facts.loader import torch_load_replacement
+from torch_serial_testing.torch_facts.probes import ProbeFailed
 from torch_serial_testing.policy.declared import normalize_safe_globals
 from torch_serial_testing.torch_facts.registry import preserved_registry
 from torch_serial_testing.core.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
 
-WO, NO_WO = load_modes.FORCE_WO, load_modes.FORCE_NO_WO
+WO, NO_WO = load_call.FORCE_WO, load_call.FORCE_NO_WO
 TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)  # TinyNet, and set where torch's allowlist lacks it
+
+
+def forgotten_predictions():
+    """What the prediction remembers (the allowed sets, the expectations) forgotten for a ``with``
+    block: a test that replaces one of its inputs gets predictions made from the replacement."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.dict(prediction._allowed_cache, clear=True))
+    stack.enter_context(mock.patch.dict(prediction._expectations, clear=True))
+    return stack
 
 
 class TestLoadModeNames(unittest.TestCase):
@@ -57,25 +72,25 @@ class TestSwitches(unittest.TestCase):
         for value in ["1", "y", "yes", "true", "Y", "YES", "True", "TRUE", "yEs"]:
             with self.subTest(value=value):
                 # as torch.load itself reads it (2.13 lower-cases, 2.6-2.12 compare as written)
-                self.assertIs(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only,
+                self.assertIs(load_call.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only,
                               torch_sets(WO, value))
                 # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD counts only where torch reads it (torch >= 2.6).
                 self.assertIs(
-                    load_modes.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only,
+                    load_call.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only,
                     READS_FORCE_NO_WEIGHTS_ONLY and torch_sets(NO_WO, value),
                 )
         self.assertTrue(torch_sets(WO, "1") and torch_sets(WO, "true"))  # the probe sees the plain spellings
         for value in ["0", "", "false", "no", "n", "2", " 1", "on"]:
             with self.subTest(value=value):
-                self.assertFalse(load_modes.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
-                self.assertFalse(load_modes.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only)
+                self.assertFalse(load_call.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
+                self.assertFalse(load_call.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only)
 
     def _predict(self, mode, environ):
-        return load_modes.predict(mode, Checkpoint.save(TinyNet()), TINY, environ=environ)
+        return predict(mode, Checkpoint.save(TinyNet()), TINY, environ=environ)
 
     def test_defaults(self):
         # The expectation is what a real bare torch.load does here (observed in roundtrip_fixtures).
-        self.assertEqual(load_modes.torch_default_weights_only(), (DEFAULT_WEIGHTS_ONLY, DEFAULT_WHY))
+        self.assertEqual(load_call.torch_default_weights_only(), (DEFAULT_WEIGHTS_ONLY, DEFAULT_WHY))
         exp = self._predict("default", {})
         missing = tuple(TINY_GLOBALS) if DEFAULT_WEIGHTS_ONLY else ()
         self.assertEqual((exp.weights_only, exp.loads, exp.missing), (DEFAULT_WEIGHTS_ONLY, not DEFAULT_WEIGHTS_ONLY, missing))
@@ -122,17 +137,24 @@ class TestSwitches(unittest.TestCase):
         ckpt = Checkpoint.save(TinyNet())
         with preserved_registry():
             torch.serialization.add_safe_globals(list(TINY_SAFE_GLOBALS))
-            self.assertTrue(load_modes.predict("default", ckpt, environ=WEIGHTS_ONLY_BARE_ENV).loads)
-        self.assertFalse(load_modes.predict("default", ckpt, environ=WEIGHTS_ONLY_BARE_ENV).loads)
+            self.assertTrue(predict("default", ckpt, environ=WEIGHTS_ONLY_BARE_ENV).loads)
+        self.assertFalse(predict("default", ckpt, environ=WEIGHTS_ONLY_BARE_ENV).loads)
 
-    def test_version_fallback_without_feature(self):
-        # Simulates a torch without _default_to_weights_only: the version decides.
-        with mock.patch.object(torch.serialization, "_default_to_weights_only", None, create=True), \
-             mock.patch.object(torch, "__version__", "2.5.1"):
-            self.assertEqual(load_modes.torch_default_weights_only()[0], False)
-        with mock.patch.object(torch.serialization, "_default_to_weights_only", None, create=True), \
-             mock.patch.object(torch, "__version__", "2.6.0"):
-            self.assertEqual(load_modes.torch_default_weights_only()[0], True)
+    def test_the_default_is_asked_of_torch_never_of_its_version(self):
+        # Formerly a torch without _default_to_weights_only made the version decide; now the
+        # default is what a bare torch.load of the canary does, and the version only words why.
+        with load_standin(switch_reader(reads_no=False, default=False)), mock.patch.object(torch, "__version__", "2.5.1"):
+            self.assertEqual(load_call.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)"))
+        with load_standin(switch_reader(default=True)), mock.patch.object(torch, "__version__", "2.5.1"):
+            self.assertEqual(load_call.torch_default_weights_only(), (True, "since torch 2.6"))
+        # a torch.load that cannot run without the function it calls: no default is guessed
+        if hasattr(torch.serialization, "_default_to_weights_only"):
+            with mock.patch.object(torch.serialization, "_default_to_weights_only", None), clean_env():
+                with self.assertRaisesRegex(ProbeFailed, "canary raised TypeError"):
+                    load_call.torch_default_weights_only()
+                exp = self._predict("default", {})
+                self.assertFalse(exp.loads)
+                self.assertIn("canary raised TypeError", exp.unknown)
 
 
 class TestOpcodes(unittest.TestCase):
@@ -143,18 +165,22 @@ class TestOpcodes(unittest.TestCase):
             with self.subTest(type(obj).__name__):
                 self.assertEqual(Checkpoint.save(obj).info.unsupported_opcodes, ())
 
-    def test_opcode_set_read_from_torch_source_with_fallback(self):
-        from torch_serial_testing.scan import checkpoint
+    def test_opcode_set_asked_of_torch_without_fallback(self):
+        from other_torches import torch_zip_of
+        from torch_serial_testing.torch_facts.unpickler import unpickler_rules
 
-        checkpoint.weights_only_opcodes.cache_clear()
-        try:
-            self.assertTrue({"GLOBAL", "REDUCE", "BINPERSID", "STOP"} <= checkpoint.weights_only_opcodes())
-            self.assertNotIn("STACK_GLOBAL", checkpoint.weights_only_opcodes())
-            checkpoint.weights_only_opcodes.cache_clear()
-            with mock.patch("torch_serial_testing.torch_unpickler_rules.source_of", side_effect=OSError("no source")):
-                self.assertIs(checkpoint.weights_only_opcodes(), checkpoint.WEIGHTS_ONLY_OPCODES)
-        finally:
-            checkpoint.weights_only_opcodes.cache_clear()
+        opcodes = unpickler_rules().opcodes
+        self.assertTrue({"GLOBAL", "REDUCE", "BINPERSID", "STOP"} <= opcodes)
+        self.assertNotIn("STACK_GLOBAL", opcodes)
+        stack_global = torch_zip_of(b"\x80\x02X\x02\x00\x00\x00osX\x06\x00\x00\x00getcwd\x93.")
+        self.assertEqual(tst.scan_checkpoint(stack_global).unsupported_opcodes, ("STACK_GLOBAL",))
+        # an unpickler the probes cannot run: no opcode set is assumed (formerly torch 2.13's was)
+        with unpickler_standin(RaisingUnpickler):
+            info = tst.scan_checkpoint(stack_global)
+            self.assertEqual(info.unsupported_opcodes, ())
+            self.assertEqual([c.kind for c in info.checks], ["unknown"])
+            self.assertIsNone(info.weights_only_blocker)
+            self.assertIn("could not be probed", info.checks[0].message)
 
 
 class TestRealTorchAgrees(unittest.TestCase):
@@ -168,7 +194,7 @@ class TestRealTorchAgrees(unittest.TestCase):
                 with self.subTest(env=env, mode=mode.value), clean_env(**env):
                     if assert_mode_skips_here(self, mode, lambda: tst.round_trip(TinyNet(), mode, TINY)):
                         continue  # safe_globals before torch 2.5: skipped with the reason, nothing loaded
-                    expected = load_modes.predict(mode, Checkpoint.save(TinyNet()), TINY)
+                    expected = predict(mode, Checkpoint.save(TinyNet()), TINY)
                     result = tst.round_trip(TinyNet(), mode, TINY)
                     self.assertEqual(result.loaded, expected.loads)
                     if result.loaded:
@@ -190,14 +216,19 @@ class TestRealTorchAgrees(unittest.TestCase):
     def test_unexpected_success_fails(self):
         # A prediction of rejection that torch does not honour is reported, not hidden.
         ckpt = Checkpoint.save({"t": torch.ones(2)})
-        with clean_env(**WEIGHTS_ONLY_BARE_ENV), mock.patch.object(prediction, "torch_allowlist", lambda: frozenset()):
+        # (the model believes torch's allowlist empty, and torch's refusal of each global is asked of
+        # torch itself: both are replaced)
+        refusal = "Unsupported global: GLOBAL {} was not an allowed global by default.".format
+        with clean_env(**WEIGHTS_ONLY_BARE_ENV), mock.patch.object(prediction, "torch_allowlist", lambda: frozenset()), \
+             mock.patch.object(prediction, "global_refusal", refusal), forgotten_predictions():
             with self.assertRaisesRegex(UnexpectedLoadOutcome, "unexpected success"):
                 load_modes.load(ckpt, "default")
 
     def test_unexpected_rejection_fails(self):
         ckpt = Checkpoint.save(TinyNet())
         with clean_env(**WEIGHTS_ONLY_BARE_ENV), \
-             mock.patch.object(prediction, "registered_globals", lambda: frozenset(TINY_GLOBALS)):
+             mock.patch.object(prediction, "registered_globals", lambda: frozenset(TINY_GLOBALS)), \
+             forgotten_predictions():
             with self.assertRaisesRegex(UnexpectedLoadOutcome, r"expected to load .*torch rejected it"):
                 load_modes.load(ckpt, "default")
 
@@ -208,7 +239,7 @@ class TestRealTorchAgrees(unittest.TestCase):
             return real(*args, **kwargs)
 
         with clean_env(), mock.patch.object(torch, "load", patched_load):
-            self.assertIn("patched_load", load_modes.torch_load_replacement())
+            self.assertIn("patched_load", torch_load_replacement())
             result = tst.round_trip(TinyNet(), "default")
             self.assertIn("torch.load is replaced by", result.summary)
 
@@ -249,7 +280,7 @@ class TestRealTorchAgrees(unittest.TestCase):
                 r"torch's own rules require: expected to load .*torch rejected it",
             ):
                 tst.round_trip(TinyNet(), "weights_only_false")
-        self.assertIsNone(load_modes.torch_load_replacement())
+        self.assertIsNone(torch_load_replacement())
 
     def test_map_location(self):
         result = tst.round_trip({"t": torch.ones(2)}, "default", map_location="cpu")

@@ -199,6 +199,133 @@ class TestDeviceFiltersMatchPytorchWithoutBackend(unittest.TestCase):
         assert_filters_match_pytorch(self, [cdt.CPUTestBase, cdt.CUDATestBase], ("cpu", "cuda"), values)
 
 
+ALIASING_CHILD = r"""
+import json, subprocess, sys, types
+from unittest import mock
+import torch
+from torch_serial_testing.core.errors import RoundTripConfigError
+from torch_serial_testing.torch_facts import devices
+from torch_serial_testing.torch_facts.devices import EXCEPT_FOR, ONLY_FOR, resolve_devices
+
+CDT = "torch.testing._internal.common_device_type"
+torch.utils.rename_privateuse1_backend("npu")  # a registered, available backend (irreversible: a child)
+module = types.ModuleType("torch.npu")
+module.is_available = lambda: True
+torch._register_device_module("npu", module)
+VALUES = ["", "cpu", "npu", "privateuse1", "cpu,npu", "npu,privateuse1", "NPU"]
+out = {"cdt_before": CDT in sys.modules}
+runs = []
+real_run = subprocess.run
+
+def counting_run(*args, **kwargs):
+    runs.append(args[0][:2])
+    return real_run(*args, **kwargs)
+
+def selections():
+    found = {}
+    for only in VALUES:
+        for excl in VALUES:
+            try:
+                found[f"{only}|{excl}"] = list(resolve_devices(("cpu", "privateuse1"), {ONLY_FOR: only, EXCEPT_FOR: excl}))
+            except RoundTripConfigError:
+                found[f"{only}|{excl}"] = None
+    return found
+
+def pytorchs(cdt):
+    bases = [type("CpuBase", (), {"device_type": "cpu"}), type("Pu1Base", (), {"device_type": "privateuse1"})]
+    found = {}
+    for only in VALUES:
+        for excl in VALUES:
+            try:
+                found[f"{only}|{excl}"] = [b.device_type for b in cdt.filter_desired_device_types(
+                    bases, excl.split(",") if excl else [], only.split(",") if only else [])]
+            except AssertionError:
+                found[f"{only}|{excl}"] = None
+    return found
+
+# 1. pytorch's test module not imported: the library asks a fresh interpreter, once, and imports nothing
+with mock.patch.object(subprocess, "run", counting_run):
+    out["fresh"] = devices._filters_alias_backend_name("npu")
+    out["fresh_selections"] = selections()
+out["fresh_runs"] = runs[:]
+out["cdt_after"] = CDT in sys.modules
+
+# 2. a fresh interpreter that cannot run: a clear error, never a guess
+devices._aliasing.clear()
+with mock.patch.object(sys, "executable", "/bin/false"):
+    try:
+        out["failed"] = ["answered", devices._filters_alias_backend_name("npu")]
+    except RoundTripConfigError as e:
+        out["failed"] = ["raised", str(e)]
+
+# 3. imported: asked in this process, of the real function -- and of a stand-in behaving like
+# torch 2.4's filter (names compared as written), which the probe must read as not aliasing
+devices._aliasing.clear()
+from torch.testing._internal import common_device_type as cdt
+runs.clear()
+
+def as_written(device_type_test_bases, except_for=None, only_for=None):
+    both = set(except_for or []) & set(only_for or [])
+    if both:
+        raise AssertionError(f"device ({both}) appeared in both except_for and only_for")
+    bases = list(device_type_test_bases)
+    if except_for:
+        bases = [b for b in bases if b.device_type not in except_for]
+    if only_for:
+        bases = [b for b in bases if b.device_type in only_for]
+    return bases
+
+with mock.patch.object(subprocess, "run", counting_run):
+    out["in_process"] = devices._filters_alias_backend_name("npu")
+    out["in_process_mismatches"] = [k for k, v in pytorchs(cdt).items() if selections()[k] != v]
+    devices._aliasing.clear()
+    with mock.patch.object(cdt, "filter_desired_device_types", as_written):
+        out["as_written"] = devices._filters_alias_backend_name("npu")
+        out["as_written_selections"] = selections()
+        out["as_written_mismatches"] = [k for k, v in pytorchs(cdt).items() if selections()[k] != v]
+    devices._aliasing.clear()
+out["in_process_runs"] = runs[:]
+print("RESULT", json.dumps(out))
+"""
+
+
+class TestTheLibraryAsksPytorchsFilter(unittest.TestCase):
+    """devices._filters_alias_backend_name: pytorch's real filter_desired_device_types is asked --
+    in this process when pytorch's test module is imported, else in a fresh interpreter."""
+
+    def test_both_paths_and_a_filter_like_torch_2_4(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE_", "PYTORCH_TESTING_DEVICE_"))}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(TEST_DIR), os.environ.get("PYTHONPATH")) if p)
+        proc = subprocess.run([sys.executable, "-c", ALIASING_CHILD], cwd=TEST_DIR, env=env, capture_output=True,
+                              text=True, timeout=600, stdin=subprocess.DEVNULL)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        r = json.loads(line[len("RESULT "):])
+        # 1. not imported: one fresh interpreter answers, as pytorch's filter reads the name here
+        self.assertFalse(r["cdt_before"])
+        self.assertEqual(r["fresh"], FILTERS_ALIAS_BACKEND)
+        self.assertEqual(r["fresh_runs"], [[sys.executable, "-c"]])
+        self.assertFalse(r["cdt_after"], "the library imported torch.testing._internal.common_device_type")
+        sel = r["fresh_selections"]
+        self.assertEqual(sel["privateuse1|"], ["privateuse1"])
+        self.assertEqual((sel["npu|"], sel["|npu"]), (["privateuse1"], ["cpu"]) if FILTERS_ALIAS_BACKEND
+                         else ([], ["cpu", "privateuse1"]))
+        # 2. it cannot run: refused with the reason and the way out
+        self.assertEqual(r["failed"][0], "raised", r["failed"])
+        self.assertRegex(r["failed"][1], r"cannot tell how pytorch's filter_desired_device_types reads "
+                         r"PYTORCH_TESTING_DEVICE_ONLY_FOR/PYTORCH_TESTING_DEVICE_EXCEPT_FOR for the npu backend: "
+                         r"asking it in a fresh interpreter failed \(.*\); import "
+                         r"torch\.testing\._internal\.common_device_type before instantiating, or unset the filters")
+        # 3. imported: asked here, no child; and the answer follows the filter's behaviour
+        self.assertEqual(r["in_process"], FILTERS_ALIAS_BACKEND)
+        self.assertEqual(r["in_process_runs"], [])
+        self.assertEqual(r["in_process_mismatches"], [])
+        self.assertIs(r["as_written"], False)
+        self.assertEqual(r["as_written_mismatches"], [])
+        sel = r["as_written_selections"]
+        self.assertEqual((sel["npu|"], sel["|npu"], sel["privateuse1|"]), ([], ["cpu", "privateuse1"], ["privateuse1"]))
+
+
 class TestPrivateuse1IsJudgedByTheRegisteredBackend(unittest.TestCase):
     """device_skip_reason("privateuse1") asks the registered backend (the class used to always skip)."""
 

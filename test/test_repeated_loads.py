@@ -16,6 +16,7 @@ from torch_serial_testing.torch_facts import load_call as decision
 from torch_serial_testing.core import environ
 from torch_serial_testing.loading import load as load_modes
 from torch_serial_testing.torch_facts import load_call as switches
+from torch_serial_testing.torch_facts.registry import allowlisted
 from torch_serial_testing.policy.declared import as_safe_globals
 from torch_serial_testing.core.errors import RoundTripConfigError
 
@@ -118,7 +119,7 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
         with clean_env(**{WO: "1"}):
             rejected = tst.predict("default", ckpt)
             self.assertFalse(rejected.loads)
-            with tst.allowlist.allowlisted(TINY_SAFE_GLOBALS):
+            with allowlisted(TINY_SAFE_GLOBALS):
                 self.assertTrue(tst.predict("default", ckpt).loads)
             self.assertIs(tst.predict("default", ckpt), rejected)
 

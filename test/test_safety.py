@@ -10,7 +10,6 @@ absence of the sentinel here means something.  Broken bytes must give a clear
 from __future__ import annotations
 
 import atexit
-import inspect
 import io
 import json
 import os
@@ -45,11 +44,13 @@ from torch_serial_testing import (  # noqa: E402
     required_globals,
     scan_checkpoint,
 )
-from torch_serial_testing.policy.declared import SafeGlobal, normalize_safe_globals# noqa: E402
-from torch_serial_testing.torch_facts.load_call import torch_default_weights_only# noqa: E402
-from torch_serial_testing.torch_facts.unpickler import torch_refuses_torchscript_weights_only# noqa: E402
+from torch_serial_testing.policy.declared import SafeGlobal, normalize_safe_globals  # noqa: E402
+from torch_serial_testing.torch_facts.load_call import torch_default_weights_only  # noqa: E402
+from torch_serial_testing.torch_facts.loader import torch_load_replacement  # noqa: E402
+from torch_serial_testing.torch_facts.records import torchscript_refusal  # noqa: E402
+from torch_serial_testing.torch_facts.registry import torch_allowlist  # noqa: E402
 
-from roundtrip_fixtures import SAFE_GLOBALS_SKIP, assert_mode_skips_here  # noqa: E402
+from roundtrip_fixtures import READS_FORCE_NO_WEIGHTS_ONLY, SAFE_GLOBALS_SKIP, assert_mode_skips_here  # noqa: E402
 from subprocess_env import child_env  # noqa: E402
 
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -65,14 +66,29 @@ DEFAULT_REFUSAL = re.escape(
     "did not just produce: only Checkpoint.save() output may be fully unpickled"
 )
 # Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6; ignored before).
-TORCH_READS_FORCE_NO = FORCE_NO_WO in inspect.getsource(torch.serialization.load)
-# What a weights-only torch.load raises for a record torch refuses (a missing storage): torch before
-# 2.5 turns every RuntimeError inside the weights-only unpickler into pickle.UnpicklingError.
-TORCH_WO_RECORD_ERROR = (
-    "UnpicklingError"
-    if re.search(r"except RuntimeError as e:\s*raise pickle\.UnpicklingError", inspect.getsource(torch.serialization.load))
-    else "RuntimeError"
-)
+TORCH_READS_FORCE_NO = READS_FORCE_NO_WEIGHTS_ONLY
+
+
+def _missing_storage_error() -> str:
+    """What a weights-only torch.load raises for a record torch refuses (a missing storage),
+    asked of torch: torch before 2.5 turns every RuntimeError inside the weights-only unpickler
+    into pickle.UnpicklingError.  (The bytes are torch's own save of a tensor, its storage
+    record dropped: nothing to run.)"""
+    import zipfile
+
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(4.0)}, buf)
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    try:
+        torch.load(io.BytesIO(H.torch_zip(pkl, {})), weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError) as e:
+        return type(e).__name__
+    raise AssertionError("torch loaded a checkpoint whose storage record is missing")
+
+
+TORCH_WO_RECORD_ERROR = _missing_storage_error()
+assert TORCH_WO_RECORD_ERROR in ("RuntimeError", "UnpicklingError"), TORCH_WO_RECORD_ERROR
 
 # torch's weights-only unpickler refuses these opcodes before it ever sees the global
 # (STACK_GLOBAL/SHORT_BINUNICODE, INST/UNICODE): the scan records them, so the rejection is
@@ -203,7 +219,7 @@ class TestStaticScan(SentinelMixin, unittest.TestCase):
                 flagged = [g for g in required_globals(data) if dangerous_reason(g)]
                 if name in forged:
                     self.assertEqual(flagged, [])
-                    self.assertNotIn(H.DANGEROUS_GLOBALS[name], tst.allowlist.torch_allowlist())
+                    self.assertNotIn(H.DANGEROUS_GLOBALS[name], torch_allowlist())
                 else:
                     self.assertIn(H.DANGEROUS_GLOBALS[name], flagged)
 
@@ -338,7 +354,7 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
             return original(f, map_location=map_location, weights_only=weights_only, **kwargs)
 
         with mock.patch.object(torch, "load", backend_load):
-            self.assertIsNotNone(tst.load_modes.torch_load_replacement())
+            self.assertIsNotNone(torch_load_replacement())
             self.assertDefaultModeNeverRuns("os_system", "posix_system", "state_dict_with_payload", "legacy_cve_2025_32434")
 
     def assertDefaultModeNeverRuns(self, *names: str) -> None:  # noqa: N802
@@ -561,7 +577,12 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         except RuntimeError as e:
             self.assertIn("TorchScript", str(e))
             refused = True
-        self.assertEqual(torch_refuses_torchscript_weights_only(), refused)  # the library's model of it
+            refusal = str(e)
+        # the library's probe of it: torch's own refusal message, or None where torch hands it to jit
+        self.assertEqual(torchscript_refusal() is not None, refused)
+        if refused:
+            self.assertIn("TorchScript", torchscript_refusal())
+            self.assertIn(torchscript_refusal(), refusal)
         if refused:
             self.assertLoadRefusedInEveryMode(data, "TorchScript archive: load it with torch.jit.load")
             return

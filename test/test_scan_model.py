@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import importlib
 import io
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -27,7 +28,17 @@ import torch
 from torch_serial_testing import Checkpoint, predict, required_globals, scan_checkpoint
 from torch_serial_testing.torch_facts.registry import allowlisted, torch_allowlist
 from torch_serial_testing.scan.model import numpy_dtype_class
-from torch_serial_testing.scan.walker import special_global_messages, weights_only_opcodes
+from torch_serial_testing.torch_facts.probes import ProbeFailed
+from torch_serial_testing.torch_facts.unpickler import PersidRules, global_refusal, unpickler_rules
+
+from other_torches import (
+    Torch26Spelling,
+    Torch28Persid,
+    Torch28Setitem,
+    saved,
+    simulated_rules,
+    unpickler_standin,
+)
 
 try:
     import numpy as np
@@ -281,6 +292,30 @@ class TestFullLoadGlobals(unittest.TestCase):
         info = self.scan(b"\x8c\x02os\x8c\x06system\x93")  # STACK_GLOBAL from strings
         self.assertIn("os.system", info.full_load_globals)
 
+    def test_python_2_names_renamed_as_this_torch_renames_them(self) -> None:
+        # torch 2.5 on renames copy_reg/__builtin__ names in every pickle; torch 2.4 only in a
+        # protocol 2 one.  This torch's rule is asked of it; the model follows the rule it is given.
+        rules = unpickler_rules()
+        for proto, body in ((2, b"\x80\x02c__builtin__\nset\n."), (0, b"c__builtin__\nset\n.")):
+            with self.subTest(protocol=proto):
+                data = _torch_zip(body)
+                renamed = proto == 2 or rules.renames == "always"
+                self.assertEqual(scan_checkpoint(data).globals, ("builtins.set" if renamed else "__builtin__.set",))
+                exp = predict("safe_globals", Checkpoint.from_bytes(data))
+                loaded, message = torch_weights_only(data, [])
+                self.assertEqual(exp.loads, loaded, message)
+                if not loaded:
+                    self.assertIn(exp.rejection, message)
+        with simulated_rules(renames="protocol_2"):  # torch 2.4's rule
+            self.assertEqual(scan_checkpoint(_torch_zip(b"c__builtin__\nset\n)0.")).globals, ("__builtin__.set",))
+            info = scan_checkpoint(_torch_zip(b"\x80\x02c__builtin__\nset\n)0."))
+            self.assertEqual(info.globals, ("builtins.set",))
+            self.assertEqual(info.checks[0].name, "builtins.set")
+        with simulated_rules(renames="always"):
+            info = scan_checkpoint(_torch_zip(b"ccopy_reg\n_reconstructor\n)0."))
+            self.assertEqual(info.globals, ("copyreg._reconstructor",))
+            self.assertEqual(info.full_load_globals, ("copyreg._reconstructor",))  # pickle renames it too
+
     def test_blocked_modules_are_blockers(self) -> None:
         info = self.scan(b"c__builtin__\nintern\n")  # torch maps it to sys.intern: module sys is blocked
         self.assertIn("whose module sys is blocked", info.weights_only_blocker)
@@ -296,67 +331,69 @@ def _torch_zip(data_pkl: bytes) -> bytes:
 
 
 class TestBuiltinsSpelling(unittest.TestCase):
-    """torch >= 2.7 names ``builtins.frozenset`` as ``frozenset`` in its refusal; torch 2.4 to 2.6 in full."""
+    """torch >= 2.7 names ``builtins.frozenset`` as ``frozenset`` in its refusal; torch 2.4 to 2.6 in full.
 
-    def setUp(self) -> None:
-        from torch_serial_testing.torch_facts import unpickler as rules
-
-        self.rule = rules.message_drops_builtins_prefix
-        # every rule read from torch's source: a scan under the mocked source below must not
-        # leave its readings cached for the tests that follow (in whatever order they run)
-        for cached in (
-            rules._unpickler_source, self.rule, rules.special_global_messages, rules.weights_only_opcodes,
-            rules.container_rules,
-        ):
-            cached.cache_clear()
-            self.addCleanup(cached.cache_clear)
+    The spelling is torch's own refusal of that global, asked of its unpickler
+    (``global_refusal``); a torch 2.6-like stand-in unpickler shows it is read, not assumed.
+    """
 
     def test_this_torch(self) -> None:
-        from torch import _weights_only_unpickler as wou
+        checkpoint = Checkpoint.save({"frozen": frozenset([1]), "n": 1})
+        exp = predict("safe_globals", checkpoint)
+        self.assertEqual(exp.rejection, global_refusal("builtins.frozenset"))
+        loaded, message = torch_weights_only(checkpoint.rewound().getvalue(), [])
+        self.assertFalse(loaded)
+        self.assertIn(exp.rejection, message)  # the spelling torch uses is the one predicted
+        self.assertEqual("GLOBAL builtins.frozenset " in exp.rejection, "GLOBAL builtins.frozenset " in message)
 
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import source_of
-
-        self.assertEqual(self.rule(), "builtins_name" in source_of(wou.Unpickler.load))
-        exp = predict("default", Checkpoint.save({"frozen": frozenset([1]), "n": 1}))
-        if exp.weights_only:  # the spelling torch uses is the one predicted
-            loaded, message = torch_weights_only(Checkpoint.save({"frozen": frozenset([1]), "n": 1}).rewound().getvalue(), [])
+    def test_a_torch_26_like_unpickler_keeps_the_prefix(self) -> None:
+        with unpickler_standin(Torch26Spelling):
+            # fresh bytes (predictions are remembered per scan): the full name is predicted
+            checkpoint = Checkpoint.save({"frozen": frozenset([1]), "n": 2})
+            exp = predict("safe_globals", checkpoint)
+            self.assertIn("GLOBAL builtins.frozenset was not", exp.rejection)
+            loaded, message = torch_weights_only(checkpoint.rewound().getvalue(), [])
             self.assertFalse(loaded)
             self.assertIn(exp.rejection, message)
 
-    def test_a_torch_26_like_source_keeps_the_prefix(self) -> None:
-        source = (
-            "def load(self):\n"
-            "    raise UnpicklingError(\n"
-            "        f\"Unsupported global: GLOBAL {full_path} was not an allowed global by default. \"\n"
-            "    )\n"
-        )
-        with mock.patch("torch_serial_testing.torch_unpickler_rules.source_of", return_value=source):
-            self.assertFalse(self.rule())
-            # fresh bytes (predictions are remembered per scan): the full name is predicted
-            exp = predict("safe_globals", Checkpoint.save({"frozen": frozenset([1]), "n": 2}))
-        self.assertIn("GLOBAL builtins.frozenset was not", exp.rejection)
+
+#: Globals torch 2.6 .. 2.13 refuse with a message naming none of them, until the module that
+#: registers them is imported (2.15's special refusals do not include the NJT ones).
+SPECIAL_GLOBALS = (
+    "torch.nested._internal.nested_tensor.NestedTensor",
+    "torch._dynamo.decorators._DimRange",
+    "torch.distributed.tensor.DTensor",
+    "torch.distributed.device_mesh.DeviceMesh",
+)
 
 
 class TestDerivedFromTorch(unittest.TestCase):
-    def test_opcodes_and_special_messages_come_from_torchs_source(self) -> None:
-        self.assertTrue({"GLOBAL", "REDUCE", "BUILD", "BINPERSID", "STOP"} <= weights_only_opcodes())
-        self.assertNotIn("STACK_GLOBAL", weights_only_opcodes())
-        special = special_global_messages()
-        from torch import _weights_only_unpickler as wou
+    def test_opcodes_come_from_torch(self) -> None:
+        opcodes = unpickler_rules().opcodes
+        self.assertTrue({"GLOBAL", "REDUCE", "BUILD", "BINPERSID", "STOP"} <= opcodes)
+        # an opcode torch refuses is one the model refuses, with torch's message
+        loaded, message = torch_weights_only(_torch_zip(b"\x80\x02X\x02\x00\x00\x00osX\x06\x00\x00\x00getcwd\x93."), [])
+        self.assertEqual("STACK_GLOBAL" in opcodes, loaded)
+        info = scan_checkpoint(_torch_zip(b"\x80\x02X\x02\x00\x00\x00osX\x06\x00\x00\x00getcwd\x93."))
+        if not loaded:
+            self.assertEqual(info.unsupported_opcodes, ("STACK_GLOBAL",))
+            self.assertIn(info.weights_only_blocker, message)
 
-        from torch_serial_testing.UNKNOWN_UNKNOWN_torch_source import source_of
-
-        source = source_of(wou.Unpickler.load)
-        # Every refusal read is one this torch's unpickler makes: its global and the start of its
-        # message are in the source (the message may be split over adjacent string literals).
-        for name, message in special.items():
-            self.assertIn(f'"{name}"', source)
-            self.assertIn(message[:20], source)
-        # torch 2.6 .. 2.13 refuse a jagged nested tensor's globals with a message naming none; the
-        # entry must be read wherever this torch's source has that refusal (2.15's special refusals
-        # do not include it).
-        if "must be imported to load nested jagged tensors" in source:
-            self.assertIn("nested jagged tensors", special["torch.nested._internal.nested_tensor.NestedTensor"])
+    def test_special_messages_are_torchs_own(self) -> None:
+        # Every refusal predicted for one of these globals is the one this torch's unpickler makes
+        # here and now, whether it names the global or not.
+        for name in SPECIAL_GLOBALS:
+            with self.subTest(name):
+                module, _, attr = name.rpartition(".")
+                data = _torch_zip(b"\x80\x02c" + f"{module}\n{attr}\n".encode() + b"}.")
+                loaded, message = torch_weights_only(data, [])
+                exp = predict("safe_globals", Checkpoint.from_bytes(data))
+                self.assertEqual(exp.loads, loaded, message)
+                if not loaded:
+                    self.assertEqual(exp.rejection, global_refusal(name))
+                    self.assertIn(exp.rejection, message)
+                    if name not in message:  # a message naming no global: still this torch's words
+                        self.assertRegex(exp.rejection, "must be imported to load")
 
     def test_message_naming_no_global_in_a_fresh_process(self) -> None:
         # A jagged nested tensor loaded before torch._dynamo registered its globals (R6).
@@ -394,119 +431,77 @@ class TestDerivedFromTorch(unittest.TestCase):
 
 
 
+class Torch28(Torch28Persid, Torch28Setitem):
+    """torch 2.8's weights-only unpickler as far as its container and persistent-id checks go:
+    no SETITEM target check, the inverted id type check, a refused id named by its item."""
+
+
 class TestContainerRulesFollowTorch(unittest.TestCase):
-    """The container and persistent-id rules are read from the running torch's unpickler source:
-    torch 2.13 checks SETITEM/APPEND targets and names a refused id's type; torch 2.8 did neither."""
-
-    # Excerpts of torch 2.8.0's and 2.13.0's torch/_weights_only_unpickler.py (Unpickler.load), as
-    # installed; the first branch spelled ``if`` so that each excerpt parses.
-    TORCH_28_LIKE = textwrap.dedent('''
-        if key[0] == APPEND[0]:
-            item = self.stack.pop()
-            list_obj = self.stack[-1]
-            if type(list_obj) is not list:
-                raise UnpicklingError(
-                    f"Can only append to lists, but got {type(list_obj)}"
-                )
-            list_obj.append(item)
-        elif key[0] == SETITEM[0]:
-            (v, k) = (self.stack.pop(), self.stack.pop())
-            self.stack[-1][k] = v
-        elif key[0] == BINPERSID[0]:
-            pid = self.stack.pop()
-            # Only allow persistent load of storage
-            if type(pid) is not tuple and not type(pid) is not int:
-                raise UnpicklingError(
-                    f"persistent_load id must be tuple or int, but got {type(pid)}"
-                )
-            if type(pid) is tuple and len(pid) > 0 and _maybe_decode_ascii(pid[0]) != "storage":
-                raise UnpicklingError(
-                    f"Only persistent_load of storage is allowed, but got {pid[0]}"
-                )
-    ''')
-    TORCH_213_LIKE = textwrap.dedent('''
-        if key[0] == SETITEM[0]:
-            (v, k) = (self.stack.pop(), self.stack.pop())
-            self._check_set_item_target("SETITEM")
-            self.stack[-1][k] = v
-        elif key[0] == APPEND[0]:
-            item = self.stack.pop()
-            list_obj = self.stack[-1]
-            if type(list_obj) is not list:
-                raise UnpicklingError(
-                    f"Can only append to lists, but got {type(list_obj)}"
-                )
-        elif key[0] == BINPERSID[0]:
-            pid = self.stack.pop()
-            if type(pid) is not tuple and type(pid) is not int:
-                raise UnpicklingError(
-                    f"persistent_load id must be tuple or int, but got {type(pid)}"
-                )
-            if type(pid) is tuple and len(pid) > 0 and _maybe_decode_ascii(pid[0]) != "storage":
-                raise UnpicklingError(
-                    f"Only persistent_load of storage is allowed, but got {type(pid[0])}"
-                )
-        def _check_set_item_target(self, opcode: str):
-            if type(self.stack[-1]) not in [dict, OrderedDict, Counter]:
-                raise UnpicklingError(
-                    f"Can only {opcode} for dict, collections.OrderedDict, "
-                    f"collections.Counter, but got {type(self.stack[-1])}"
-                )
-    ''')
-
-    def rules(self, source: str):
-        from torch_serial_testing.scan import model as unpickler_model
-
-        unpickler_model.container_rules.cache_clear()
-        self.addCleanup(unpickler_model.container_rules.cache_clear)
-        with mock.patch("torch_serial_testing.torch_unpickler_rules.source_of", return_value=source):
-            return unpickler_model.container_rules()
+    """The container and persistent-id rules are asked of the running torch's unpickler: torch 2.13
+    checks SETITEM/APPEND targets and names a refused id's type; torch 2.8 did neither."""
 
     def test_this_torch(self) -> None:
-        import inspect as _inspect
+        rules = unpickler_rules()
+        # a dict subclass, allowlisted: loads exactly where this torch checks no SETITEM target
+        loaded, message = torch_weights_only(saved({"d": DictSub(a=1)}), [DictSub])
+        self.assertEqual(rules.containers["SETITEM"] is None, loaded, message)
+        if not loaded:
+            self.assertIn(rules.containers["SETITEM"].message, message)
+        # a deque: refused wherever APPENDS is checked (every torch with a weights-only unpickler)
+        loaded, message = torch_weights_only(saved({"q": collections.deque([1, 2])}), [collections.deque])
+        self.assertEqual(rules.containers["APPENDS"] is None, loaded, message)
+        self.assertIsNotNone(rules.containers["APPEND"])
 
-        from torch import _weights_only_unpickler as wou
+    def test_a_torch_28_like_unpickler(self) -> None:
+        with unpickler_standin(Torch28):
+            rules = unpickler_rules()
+            self.assertEqual((rules.containers["SETITEM"], rules.containers["SETITEMS"]), (None, None))
+            self.assertIsNotNone(rules.containers["APPEND"])
+            self.assertEqual((rules.persid.names_type, rules.persid.refused), (False, {"int"}))
+            # and the model built from them agrees with torch.load meeting the same unpickler
+            data = saved({"d": DictSub(a=1), "n": 28})
+            self.assertIsNone(Checkpoint.from_bytes(data).info.weights_only_blocker)
+            self.assertTrue(predict("safe_globals", Checkpoint.from_bytes(data), [DictSub]).loads)
+            self.assertEqual(torch_weights_only(data, [DictSub]), (True, ""))
 
-        source = _inspect.getsource(wou)
-        rules = self.rules(source)
-        self.assertEqual(rules.setitem_checked, "Can only SETITEM" in source or "collections.Counter, but got" in source)
-        self.assertEqual(rules.append_checked, "Can only append to lists" in source)
+    def test_a_torch_213_like_unpickler(self) -> None:
+        rules = unpickler_rules()
+        if rules.containers["SETITEM"] is None:
+            self.skipTest(f"torch {torch.__version__} checks no SETITEM target (test_this_torch compares it)")
+        self.assertEqual((rules.persid.names_type, rules.persid.refused), (True, {"other"}))
+        self.assertEqual(rules.persid, PersidRules())
 
-    def test_a_torch_28_like_source(self) -> None:
-        rules = self.rules(self.TORCH_28_LIKE)
-        self.assertEqual((rules.setitem_checked, rules.append_checked, rules.persid_names_type), (False, True, False))
-        self.assertEqual(rules.persid_refused, {"int"})  # `not type(pid) is not int`: ints only
+    def test_an_unreadable_persistent_id_answer_is_not_guessed(self) -> None:
+        # Formerly an unreadable check kept torch 2.13's rule; now the rules are unknown, and so
+        # is every weights-only prediction that needs them.
+        class Mute(Torch28Persid):
+            def _tst_checked(self, pid: Any) -> Any:
+                try:
+                    return super()._tst_checked(pid)
+                except pickle.UnpicklingError as e:
+                    if str(e).startswith("Only persistent_load of storage"):
+                        raise pickle.UnpicklingError("Only persistent_load of storage is allowed") from None
+                    raise
 
-    def test_a_torch_213_like_source(self) -> None:
-        rules = self.rules(self.TORCH_213_LIKE)
-        self.assertEqual((rules.setitem_checked, rules.append_checked, rules.persid_names_type), (True, True, True))
-        self.assertEqual(rules.persid_refused, {"other"})
-
-    def test_persistent_id_check_is_never_run_beyond_type_tests(self) -> None:
-        from torch_serial_testing.torch_facts.unpickler import persid_refused_from_source
-
-        hostile = self.TORCH_213_LIKE.replace("type(pid) is not int", "__import__('os').system('false')")
-        self.assertIsNone(persid_refused_from_source(hostile))
-        self.assertIsNone(persid_refused_from_source("x = ("))
-        # an unreadable check keeps torch 2.13's rule
-        rules = self.rules(hostile)
-        self.assertEqual(rules.persid_refused, {"other"})
+        with unpickler_standin(Mute):
+            with self.assertRaisesRegex(ProbeFailed, "names neither it nor its type"):
+                unpickler_rules()
+            exp = predict("safe_globals", Checkpoint.save({"t": torch.ones(1), "n": "mute"}))
+            self.assertFalse(exp.loads)
+            self.assertIn("names neither it nor its type", exp.unknown)
 
     def test_predictions_follow_the_rules(self) -> None:
-        from torch_serial_testing.scan import walker as pickle_scan
-        from torch_serial_testing.torch_facts import unpickler as torch_unpickler_rules
-        from torch_serial_testing.scan import model as unpickler_model
-
-        data = {"d": DictSub(a=1)}
-        torch_rules = unpickler_model.container_rules()
-        blocked = Checkpoint.save(data).info.weights_only_blocker
-        self.assertEqual(blocked is not None, torch_rules.setitem_checked)
-        old = torch_unpickler_rules.ContainerRules(setitem_checked=False, append_checked=False, persid_names_type=False)
-        with mock.patch.object(pickle_scan, "container_rules", return_value=old):
+        rules = unpickler_rules()
+        blocked = Checkpoint.save({"d": DictSub(a=1)}).info.weights_only_blocker
+        self.assertEqual(blocked is not None, rules.containers["SETITEM"] is not None)
+        old = dict.fromkeys(("SETITEM", "SETITEMS", "APPEND", "APPENDS"))
+        with simulated_rules(containers=old, persid=PersidRules(names_type=False)):
             # a fresh checkpoint object (the scan is cached by bytes: change them)
             info = Checkpoint.save({"d": DictSub(a=1), "x": 1}).info
-        self.assertIsNone(info.weights_only_blocker)
-        self.assertIn(f"{__name__}.DictSub", info.globals)
+            self.assertIsNone(info.weights_only_blocker)
+            self.assertIn(f"{__name__}.DictSub", info.globals)
+            self.assertEqual(scan_checkpoint(_torch_zip(b"\x80\x02X\x06\x00\x00\x00module\x85Q."))
+                             .weights_only_blocker, "Only persistent_load of storage is allowed, but got module")
 
 
 if __name__ == "__main__":

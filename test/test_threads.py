@@ -7,6 +7,7 @@ and its warning observation, and lets another thread act exactly then.
 
 from __future__ import annotations
 
+import sys
 import threading
 import unittest
 import warnings
@@ -15,8 +16,9 @@ from typing import Any
 import torch
 
 from torch_serial_testing import Checkpoint
-
-from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.loading import load as loading
+from torch_serial_testing.loading.prediction import predict
+from torch_serial_testing.torch_facts import loader
 from torch_serial_testing.torch_facts.registry import snapshot_registry
 
 from isolation_fixtures import (
@@ -41,7 +43,7 @@ class TestPredictTakesTheLock(unittest.TestCase):
     def test_predict_during_a_safe_globals_round_trip_in_another_thread(self) -> None:
         ckpt = Checkpoint.save(Gate())
         with clean_env():
-            expected = load_modes.predict("default", ckpt)
+            expected = predict("default", ckpt)
         self.assertEqual(expected.loads, not TORCH_DEFAULT_WO)
         inside = threading.Event()
         predicted = threading.Event()
@@ -49,7 +51,7 @@ class TestPredictTakesTheLock(unittest.TestCase):
 
         def predictor() -> None:
             inside.wait(60)
-            answers.append(load_modes.predict("default", ckpt).loads)
+            answers.append(predict("default", ckpt).loads)
             predicted.set()
 
         def in_load() -> None:
@@ -59,7 +61,7 @@ class TestPredictTakesTheLock(unittest.TestCase):
         thread = threading.Thread(target=predictor)
         with clean_env(), hook(in_load):
             thread.start()
-            result = load_modes.load(ckpt, "safe_globals", GATE_SAFE_GLOBALS)
+            result = loading.load(ckpt, "safe_globals", GATE_SAFE_GLOBALS)
             thread.join()
         self.assertTrue(result.loaded)
         # Gate is registered only inside the other thread's context: a bare load here rejects it.
@@ -68,7 +70,7 @@ class TestPredictTakesTheLock(unittest.TestCase):
     def test_concurrent_predictions_never_see_a_round_trips_context(self) -> None:
         ckpt = Checkpoint.save(Gate())
         with clean_env():
-            expected = load_modes.predict("default", ckpt).loads
+            expected = predict("default", ckpt).loads
             stop = threading.Event()
             wrong: list[int] = []
             count = [0]
@@ -76,14 +78,14 @@ class TestPredictTakesTheLock(unittest.TestCase):
             def predictor() -> None:
                 while not stop.is_set():
                     count[0] += 1
-                    if load_modes.predict("default", ckpt).loads != expected:
+                    if predict("default", ckpt).loads != expected:
                         wrong.append(count[0])
 
             thread = threading.Thread(target=predictor)
             thread.start()
             try:
                 for _ in range(40):
-                    self.assertTrue(load_modes.round_trip(Gate(), "safe_globals", GATE_SAFE_GLOBALS).loaded)
+                    self.assertTrue(loading.round_trip(Gate(), "safe_globals", GATE_SAFE_GLOBALS).loaded)
             finally:
                 stop.set()
                 thread.join()
@@ -127,7 +129,7 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
             warnings.simplefilter("error")
             thread.start()
             with hook(in_load):
-                result = load_modes.round_trip(Gate(), "default")
+                result = loading.round_trip(Gate(), "default")
             thread.join()
         self.assertEqual(other, ["raised"])
         self.assertTrue(result.loaded)
@@ -152,19 +154,40 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
             warnings.simplefilter("always")
             thread.start()
             with hook(in_load):
-                result = load_modes.round_trip(Gate(), "default")
+                result = loading.round_trip(Gate(), "default")
             thread.join()
         self.assertTrue(result.loaded)
         # Both reach the caller's record exactly once (nothing swallowed, nothing re-emitted twice),
         # and torch's FORCE_NO warning is consumed by the library, which asserts it.
         self.assertEqual(sorted(str(w.message) for w in caught), ["from the other thread", "from this thread's load"])
 
+    def test_a_warning_through_the_proxy_keeps_its_location(self) -> None:
+        # While the load observes, torch.serialization's ``warnings`` is the proxy: anything but
+        # torch's FORCE_NO warning goes on to the real warnings.warn from where it was raised.
+        import torch.serialization as ser
+
+        where: list[tuple[bool, int]] = []
+
+        def in_load() -> None:
+            where.append((loader.proxy_installed(), sys._getframe().f_lineno)); ser.warnings.warn("through the proxy", UserWarning)  # noqa: E702,E501
+
+        with clean_env(**{NO_WO: "1"}), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with hook(in_load):
+                result = loading.round_trip(Gate(), "default")
+        self.assertTrue(result.loaded)
+        self.assertTrue(result.expectation.warns)  # torch's own warning: observed and consumed
+        self.assertEqual([(w.category, str(w.message), w.filename, w.lineno) for w in caught],
+                         [(UserWarning, "through the proxy", __file__, where[0][1])])
+        self.assertEqual(where[0][0], True)  # it did pass through the proxy
+        self.assertFalse(loader.proxy_installed())
+
     def test_own_warning_under_error_raises_as_is(self) -> None:
         with clean_env(**{NO_WO: "1"}), warnings.catch_warnings():
             warnings.simplefilter("error")
             with hook(lambda: warnings.warn("raised inside the load", UserWarning)):
                 with self.assertRaisesRegex(UserWarning, "raised inside the load"):
-                    load_modes.round_trip(Gate(), "default")
+                    loading.round_trip(Gate(), "default")
 
     def test_stress_many_round_trips_against_a_warning_thread(self) -> None:
         stop = threading.Event()
@@ -188,7 +211,7 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
                 for i in range(60):
                     obj: Any = Gate() if i % 2 else Gate().state_dict()
                     try:
-                        result = load_modes.round_trip(obj, "default")
+                        result = loading.round_trip(obj, "default")
                         if not (result.loaded and result.expectation.warns):
                             failures.append(f"#{i}: {result.summary}")
                     except BaseException as e:  # noqa: BLE001 - listed below
@@ -208,7 +231,7 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
         def worker(mode: str) -> None:
             for _ in range(10):
                 try:
-                    load_modes.round_trip(Gate(), mode, GATE_SAFE_GLOBALS)
+                    loading.round_trip(Gate(), mode, GATE_SAFE_GLOBALS)
                 except BaseException as e:  # noqa: BLE001 - listed below
                     errors.append(f"{mode}: {type(e).__name__}: {e}")
 

@@ -22,11 +22,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402,F401
 
 from torch_serial_testing import Checkpoint  # noqa: E402
-
-from torch_serial_testing import cli
-from torch_serial_testing.cli.inspection import inspect_report# noqa: E402
-from torch_serial_testing.core.names import pickle_forms# noqa: E402
-from torch_serial_testing.policy.trust import judge_name# noqa: E402
+from torch_serial_testing.cli.contract import EXIT_DANGEROUS  # noqa: E402
+from torch_serial_testing.cli.inspection import inspect_report  # noqa: E402
+from torch_serial_testing.core.names import pickle_forms  # noqa: E402
+from torch_serial_testing.policy.trust import judge_name  # noqa: E402
 
 from test_trust_policy import _call_checkpoint  # noqa: E402
 
@@ -58,7 +57,7 @@ class TestCompatSpellings(unittest.TestCase):
         for name in COMPAT_GADGETS:
             with self.subTest(name):
                 r = inspect_report("f.pt", [], data=_call_checkpoint(*name.rsplit(".", 1)))
-                self.assertEqual((r["status"], r["exit_code"], r["snippet"]), ("dangerous", cli.EXIT_DANGEROUS, None))
+                self.assertEqual((r["status"], r["exit_code"], r["snippet"]), ("dangerous", EXIT_DANGEROUS, None))
 
 
 class TestFullLoadNames(unittest.TestCase):
@@ -82,13 +81,13 @@ class TestFullLoadNames(unittest.TestCase):
                      ("pickle.loads", "torch.nn.modules.linear.Linear")):
             with self.subTest(full=full):
                 r = self.report(self.info(full_load_globals=full))
-                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", cli.EXIT_DANGEROUS))
+                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))
                 self.assertIn("a full unpickle of this file resolves a global as", r["dangerous"][0]["reason"])
                 self.assertIsNone(r["snippet"])
 
     def test_a_weights_only_blocker_means_no_snippet(self) -> None:
         r = self.report(self.info(weights_only_blocker="Unsupported operand 147"))
-        self.assertEqual((r["status"], r["exit_code"], r["snippet"]), ("unloadable", cli.EXIT_DANGEROUS, None))
+        self.assertEqual((r["status"], r["exit_code"], r["snippet"]), ("unloadable", EXIT_DANGEROUS, None))
         self.assertIn("Unsupported operand 147", r["error"])
 
 
@@ -147,7 +146,7 @@ class TestCannotTellIsDangerous(unittest.TestCase):
                              ("numpy.distutils.cpuinfo", "getstatusoutput"), ("torch", "not_an_attribute")):
             with self.subTest(module=module):
                 r = inspect_report("f.pt", [], data=_call_checkpoint(module, name))
-                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", cli.EXIT_DANGEROUS))
+                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))
                 self.assertIsNone(r["snippet"])
                 self.assertNothingImported()
 
@@ -164,7 +163,7 @@ class TestCannotTellIsDangerous(unittest.TestCase):
             sys.exit(rc)
         """)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        self.assertEqual(proc.returncode, cli.EXIT_DANGEROUS, proc.stderr[-2000:])
+        self.assertEqual(proc.returncode, EXIT_DANGEROUS, proc.stderr[-2000:])
         self.assertIn("cannot tell", proc.stdout)
         self.assertNothingImported()
 

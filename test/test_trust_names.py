@@ -27,16 +27,17 @@ from torch_serial_testing import (  # noqa: E402
     Checkpoint,
     RoundTripConfigError,
     SerializationRoundTripTestCase,
-    cli,
     refusal_notes,
     safe_globals_snippet,
 )
-from torch_serial_testing.policy.declared import normalize_safe_globals# noqa: E402
-from torch_serial_testing.torch_facts.registry import preserved_registry
-from torch_serial_testing.cli.doctor import doctor_report, format_doctor# noqa: E402
-from torch_serial_testing.cli.inspection import format_inspect, inspect_report# noqa: E402
-from torch_serial_testing.core.names import escape_text, name_problem, show_name# noqa: E402
-from torch_serial_testing.policy.trust import judge_name# noqa: E402
+from torch_serial_testing import cli  # noqa: E402
+from torch_serial_testing.policy.declared import normalize_safe_globals  # noqa: E402
+from torch_serial_testing.torch_facts.registry import preserved_registry  # noqa: E402
+from torch_serial_testing.cli.doctor import doctor_report, format_doctor  # noqa: E402
+from torch_serial_testing.cli.contract import EXIT_DANGEROUS  # noqa: E402
+from torch_serial_testing.cli.inspection import format_inspect, inspect_report  # noqa: E402
+from torch_serial_testing.core.names import escape_text, name_problem, show_name  # noqa: E402
+from torch_serial_testing.policy.trust import judge_name  # noqa: E402
 
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 
@@ -188,7 +189,7 @@ class TestReportsEscapeEverything(unittest.TestCase):
         for label, (module, name) in HOSTILE_NAMES.items():
             with self.subTest(label):
                 r, text = self.report(_hostile_checkpoint(module, name))
-                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", cli.EXIT_DANGEROUS))
+                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))
                 self.assertIsNone(r["snippet"])
                 self.assertEqual([m["name"] for m in r["malformed"]] + [d["name"] for d in r["dangerous"]],
                                  [f"{module}.{name}"])
@@ -202,7 +203,7 @@ class TestReportsEscapeEverything(unittest.TestCase):
     def test_a_name_past_the_scan_cap_is_unreadable(self) -> None:
         # Longer than ScanLimits.max_name_length: the scan stops there (exit 2), nothing is suggested.
         r, text = self.report(_hostile_checkpoint("torch", "a" * 5000))
-        self.assertEqual((r["status"], r["exit_code"], r["snippet"]), ("unreadable", cli.EXIT_DANGEROUS, None))
+        self.assertEqual((r["status"], r["exit_code"], r["snippet"]), ("unreadable", EXIT_DANGEROUS, None))
         self.assertRegex(r["error"], "name")
         for line in text.splitlines():
             self.assertTrue(line.isprintable(), repr(line))
@@ -217,7 +218,7 @@ class TestReportsEscapeEverything(unittest.TestCase):
     def test_checkpoint_path_and_errors_are_escaped(self) -> None:
         r = inspect_report("evil\x1b[2J.pt", [], data=b"\x1b[2Jnot a checkpoint")
         text = format_inspect(r)
-        self.assertEqual(r["exit_code"], cli.EXIT_DANGEROUS)
+        self.assertEqual(r["exit_code"], EXIT_DANGEROUS)
         self.assertIn("evil\\x1b[2J.pt", text)
         for line in text.splitlines():
             self.assertTrue(line.isprintable(), repr(line))
@@ -232,7 +233,7 @@ class TestReportsEscapeEverything(unittest.TestCase):
             out = io.StringIO()
             with redirect_stdout(out):
                 code = cli.main(["inspect", path])
-        self.assertEqual(code, cli.EXIT_DANGEROUS)
+        self.assertEqual(code, EXIT_DANGEROUS)
         self.assertEqual([l for l in out.getvalue().splitlines() if l.startswith("status:")],
                          ["status: DANGEROUS (exit 2)"])
         self.assertIn("'torch.Size\\nstatus: LOADS (exit 0)'", out.getvalue())

@@ -23,15 +23,15 @@ from torch_serial_testing import (  # noqa: E402
     RoundTripConfigError,
     SerializationRoundTripTestCase,
     UnsafeCallable,
-    cli,
     dangerous_reason,
     judge_global,
     required_globals,
 )
-from torch_serial_testing.policy.declared import normalize_safe_globals# noqa: E402
-from torch_serial_testing.torch_facts.registry import torch_allowlist_objects
-from torch_serial_testing.cli.inspection import format_inspect, inspect_report# noqa: E402
-from torch_serial_testing.policy.trust import judge_name# noqa: E402
+from torch_serial_testing.policy.declared import normalize_safe_globals  # noqa: E402
+from torch_serial_testing.torch_facts.registry import torch_allowlist_objects  # noqa: E402
+from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS  # noqa: E402
+from torch_serial_testing.cli.inspection import format_inspect, inspect_report  # noqa: E402
+from torch_serial_testing.policy.trust import judge_name  # noqa: E402
 
 from roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 
@@ -118,12 +118,12 @@ class TestDenylistFamilies(unittest.TestCase):
             module, _, attr = name.rpartition(".")
             with self.subTest(family):
                 r = inspect_report("f.pt", [], data=_call_checkpoint(module, attr))
-                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", cli.EXIT_DANGEROUS))
+                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))
                 self.assertEqual([d["name"] for d in r["dangerous"]], [name])
                 self.assertIsNone(r["snippet"])
                 # and allowlisting it by hand is reported as unsafe, never as loading
                 r = inspect_report("f.pt", [name], data=_call_checkpoint(module, attr))
-                self.assertEqual(r["exit_code"], cli.EXIT_DANGEROUS)
+                self.assertEqual(r["exit_code"], EXIT_DANGEROUS)
                 if not SAFE_GLOBALS_SKIP:
                     self.assertEqual(r["modes"]["safe_globals"]["outcome"], "unsafe")
 
@@ -206,7 +206,7 @@ class TestClassesOnly(unittest.TestCase):
         self.assertIn(RECONSTRUCT_NAME, needed)
         data = Checkpoint.save(state).rewound().getvalue()
         r = inspect_report("np.pt", [], data=data)
-        self.assertEqual((r["status"], r["exit_code"]), ("needs_opt_in", cli.EXIT_ATTENTION))
+        self.assertEqual((r["status"], r["exit_code"]), ("needs_opt_in", EXIT_ATTENTION))
         # numpy pickles an array's bytes through _codecs.encode: a function, on torch's own allowlist
         # since torch 2.5; where it is not (asked of torch), it needs the same explicit opt-in.
         codecs_needed = "_codecs.encode" not in torch_allowlist_objects()

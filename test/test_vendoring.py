@@ -362,15 +362,15 @@ class TestVendorCommand(unittest.TestCase):
         self.assertFalse((self.root / FLAGSHIP_REL).exists())
 
         # a changed file and a file the package no longer has: --check names both, vendor repairs
-        (self.dest / "case.py").write_text("# edited\n")
+        (self.dest / "testing" / "case.py").write_text("# edited\n")
         (self.dest / "old_module.py").write_text("# gone upstream\n")
         stale = vendor_cli(str(self.root), "--check")
         self.assertEqual(stale.returncode, 1)
-        self.assertIn("test/torch_serial_testing/case.py (differs)", stale.stdout)
+        self.assertIn("test/torch_serial_testing/testing/case.py (differs)", stale.stdout)
         self.assertIn("test/torch_serial_testing/old_module.py (not in the package)", stale.stdout)
         self.assertIn("status: STALE", stale.stdout)
         fixed = vendor_cli(str(self.root))
-        self.assertIn("wrote test/torch_serial_testing/case.py", fixed.stdout)
+        self.assertIn("wrote test/torch_serial_testing/testing/case.py", fixed.stdout)
         self.assertIn("removed test/torch_serial_testing/old_module.py", fixed.stdout)
         self.assertEqual(vendor_cli(str(self.root), "--check").returncode, 0)
 

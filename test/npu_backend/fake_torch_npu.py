@@ -1,7 +1,7 @@
 """A faithful fake of what ``import torch_npu`` does to serialization (torch-npu 2.13 / 2.14).
 
 torch_npu cannot be imported without Ascend's CANN libraries, so the tests use this
-stand-in.  It reproduces the facts that matter to a round trip, read from torch-npu's
+stand-in.  It reproduces the facts that matter to a round trip, taken from torch-npu's
 Python source (``torch_npu/utils/serialization.py``, ``_init/patches/api_patches.py``,
 ``utils/_error_code.py``, ``utils/storage.py``):
 
@@ -69,10 +69,34 @@ def _rebuild_npu_tensor(storage, storage_offset, size, stride, requires_grad, ba
     return tensor
 
 
-def _torch_reads_force_no() -> bool:
-    import inspect
+_reads_force_no: list[bool] = []
 
-    return FORCE_NO_WO in inspect.getsource(torch.serialization.load)
+
+def _torch_reads_force_no() -> bool:
+    """Whether the torch under the fake reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD (torch >= 2.6).
+
+    Asked of torch once: with both switches set to ``1``, a torch that reads the second one
+    refuses a load of a plain tensor with RuntimeError; an older one obeys the first alone.
+    """
+    if not _reads_force_no:
+        import io
+
+        buf = io.BytesIO()
+        torch.serialization.save(torch.zeros(1), buf)
+        before = {name: os.environ.get(name) for name in (FORCE_WO, FORCE_NO_WO)}
+        os.environ[FORCE_WO] = os.environ[FORCE_NO_WO] = "1"
+        try:
+            torch.serialization.load(io.BytesIO(buf.getvalue()))
+            reads = False
+        except RuntimeError:
+            reads = True
+        finally:
+            for name, value in before.items():
+                os.environ.pop(name, None)
+                if value is not None:
+                    os.environ[name] = value
+        _reads_force_no.append(reads)
+    return _reads_force_no[0]
 
 
 def _is_zip(f: Any) -> bool:
@@ -145,6 +169,7 @@ def install() -> None:
     """What ``import torch_npu`` does to serialization (idempotent)."""
     if not _original:
         _original.update(load=torch.load, save=torch.save)
+    _torch_reads_force_no()  # asked before torch.load is the fake's (and remembered)
     torch.load = load
     torch.save = save
     torch.serialization.add_safe_globals([_rebuild_npu_tensor])

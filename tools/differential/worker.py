@@ -98,16 +98,18 @@ def probe(data: bytes) -> dict[str, Any]:
 
 def predicted(variant: str, checkpoint: Any, declared: list[Any]) -> dict[str, Any]:
     """What the library's predict() says about *variant* here."""
-    from torch_serial_testing.loading import load as load_modes
     from torch_serial_testing.core.errors import ConflictingEnvironmentError
+    from torch_serial_testing.loading.prediction import predict
 
     mode = variant.partition(":")[0]
     try:
-        exp = load_modes.predict(mode, checkpoint, declared)
+        exp = predict(mode, checkpoint, declared)
     except ConflictingEnvironmentError as e:
         return {"outcome": "conflict", "warns": False, "reason": str(e)}
     except Exception as e:  # noqa: BLE001 - a prediction that cannot be made is a disagreement
         return {"outcome": "predict-error", "type": type(e).__name__, "reason": _first_line(e)}
+    if exp.unknown:  # a probe of this torch failed: not predicted, which is a disagreement too
+        return {"outcome": "unknown", "warns": exp.warns, "reason": exp.unknown[:200]}
     return {
         "outcome": "loads" if exp.loads else "rejects",
         "warns": exp.warns,
@@ -128,24 +130,27 @@ def declared_for(variant: str, checkpoint: Any) -> tuple[list[Any], Optional[str
     """
     if variant != "safe_globals:required":
         return [], None
-    from torch_serial_testing.torch_facts import registry as allowlist
+    from torch_serial_testing.core.names import qualified_name
+    from torch_serial_testing.loading.required import required_globals
+    from torch_serial_testing.policy.declared import resolve_global
+    from torch_serial_testing.torch_facts.registry import registry_takes_named_entries
 
     try:
-        names = allowlist.required_globals(checkpoint)
+        names = required_globals(checkpoint)
     except Exception as e:  # noqa: BLE001
         return [], f"required_globals raised {type(e).__name__}: {_first_line(e)}"
     out: list[Any] = []
     for name in names:
         try:
-            obj = allowlist.resolve_global(name)
+            obj = resolve_global(name)
         except Exception as e:  # noqa: BLE001
             return [], f"required global {name} is not importable: {_first_line(e)}"
         try:
-            own = allowlist.qualified_name(obj)
+            own = qualified_name(obj)
         except Exception:  # noqa: BLE001
             own = None
         out.append(obj if own == name else (obj, name))
-    if any(isinstance(e, tuple) for e in out) and not allowlist.registry_takes_named_entries():
+    if any(isinstance(e, tuple) for e in out) and not registry_takes_named_entries():
         # torch 2.4 allowlists objects only, by their own name: this declaration cannot be made
         named = ", ".join(n for e in out if isinstance(e, tuple) for n in e[1:])
         return [], f"required globals {named} can only be allowlisted as (obj, name), which this torch cannot take"
@@ -191,6 +196,8 @@ def compare(pred: dict[str, Any], act: dict[str, Any], kind: str, fmt: str, chec
         if fmt.startswith("legacy-p") and fmt[-1] in "01" and pred["type"] == "CheckpointFormatError":
             return "R1 legacy protocol 0/1 not read as a torch checkpoint"
         return f"predict() raised {pred['type']}"
+    if po == "unknown":
+        return "not predicted here (a probe of torch failed): " + pred["reason"][:80]
     if (po == "conflict") != (ao == "conflict"):
         return "env: both-switches conflict"
     if po == "conflict":

@@ -8,8 +8,9 @@ JSON (``--json``; schema 1; keys are stable, values ``null`` when unknown).  Com
 ``torch_load_replaced_by`` (string or null).
 
 doctor: ``status`` "ok" | "attention" | "error"; ``problems`` (list of strings: why status is
-not "ok"); ``default_weights_only`` ({``value``: bool or null when every load fails,
-``reason``, ``warns``: bool, ``torch_default``: bool, ``torch_default_reason``});
+not "ok"); ``default_weights_only`` ({``value``: bool or null when every load fails or torch
+cannot be asked (``reason`` then starts "unknown: "), ``reason``, ``warns``: bool,
+``torch_default``: bool (null when unknown), ``torch_default_reason``});
 ``environment`` (keyed by TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD,
 TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD, each {``raw``: string or
 null, ``value``: the value torch uses -- bool for the three switches, float seconds (or
@@ -21,7 +22,8 @@ registered process-wide); ``quantized_engines`` ({``supported``: list, ``current
 inspect: ``status`` "loads" | "needs_allowlist" | "needs_opt_in" | "needs_trusted_loader" |
 "dangerous" | "unloadable" | "unreadable" | "environment_error"; ``checkpoint`` (the
 argument); ``nbytes`` (int or null); ``format`` ("zip" | "torchscript" | "legacy" | "tar" |
-null); ``error`` (string or null: why it is unreadable or every load fails); ``globals`` (every
+null); ``error`` (string or null: why it is unreadable, every load fails, or what torch.load does
+here cannot be predicted -- status "environment_error", the modes' outcome "error"); ``globals`` (every
 global the pickle names); ``required_globals`` (those beyond torch's allowlist);
 ``dangerous`` (denylisted, or the policy cannot tell what it is), ``malformed`` (not a dotted
 Python name), ``unknown`` (absent here) and ``needs_opt_in`` (verified, but not a class)
@@ -65,9 +67,10 @@ EXIT_CODES: dict[int, dict[str, str]] = {
     },
     EXIT_DANGEROUS: {
         "inspect": "dangerous or unloadable input: a DANGEROUS or malformed global, a global this torch "
-                   "lacks, unreadable / truncated / not a checkpoint, or both TORCH_FORCE_* switches set "
-                   "(every torch.load fails)",
-        "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError)",
+                   "lacks, unreadable / truncated / not a checkpoint, both TORCH_FORCE_* switches set "
+                   "(every torch.load fails), or this torch cannot be asked what torch.load does",
+        "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError), or this "
+                  "torch cannot be asked what torch.load does",
         "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
     },
     EXIT_USAGE: {"all": "usage error (bad arguments, unknown subcommand)"},

@@ -3,7 +3,7 @@
 Reports torch's build, whether ``torch.load`` is torch's own, the ``weights_only``
 default of a bare ``torch.load`` and why, the four environment switches (raw value
 and effect), the registered safe globals, engines and devices.  The report is the
-JSON object documented in :mod:`torch_serial_testing.cli`.
+JSON object documented in :mod:`.contract`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..torch_facts.load_call import (
     FORCE_NO_WO, FORCE_WO, decide, describe_spellings, is_truthy, torch_default_weights_only,
     torch_reads_force_no_weights_only,
 )
+from ..torch_facts.probes import ProbeFailed
 from .contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, SCHEMA_VERSION, torch_info
 
 WAIT_LIMIT = "TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT"
@@ -67,12 +68,16 @@ def _json_float(x: float) -> Any:
     return x if math.isfinite(x) else ("nan" if math.isnan(x) else "inf")
 
 
-def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]) -> tuple[bool, str]:
+def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]) -> tuple[Optional[bool], str]:
     if raw is None:
         return False, "unset: no effect"
-    active = is_truthy(raw, name)
-    spellings = describe_spellings(name)
-    if name == FORCE_NO_WO and not torch_reads_force_no_weights_only():
+    try:
+        active = is_truthy(raw, name)
+        spellings = describe_spellings(name)
+        reads = name != FORCE_NO_WO or torch_reads_force_no_weights_only()
+    except ProbeFailed as e:  # reported as an error by doctor_report (the bare load cannot be asked either)
+        return None, f"unknown: this torch cannot be asked how it reads {name} ({e})"
+    if not reads:
         problems.append(f"{name}={raw!r} is ignored: this torch's torch.load does not read it (torch < 2.6)")
         return False, "ignored: this torch's torch.load does not read it (it was added in torch 2.6)"
     if not active:
@@ -163,8 +168,15 @@ def _autoload_effect(raw: Optional[str], eps: list[str], problems: list[str]) ->
 
 def _replaced_loader_explanation(replaced: str, safe: list[str]) -> str:
     """What a replaced ``torch.load`` means for round-trip tests (torch_npu's is the common case)."""
-    foreign = [name for name in safe if not name.startswith("torch.")]
-    registered = f"here: {', '.join(foreign)}" if foreign else "none here"
+    from ..torch_facts.registry import torch_own_registrations
+
+    # torch registers some itself (2.14: every builtin exception too); the others came from elsewhere
+    try:
+        foreign = [name for name in safe if name not in torch_own_registrations()] if safe else []
+    except ProbeFailed as e:
+        registered = f"here, with torch's own: {', '.join(safe)}; which are torch's own is unknown: {e}"
+    else:
+        registered = f"here: {', '.join(foreign)}" if foreign else "none here"
     return (
         f"torch.load is replaced by {replaced} (an out-of-tree backend such as torch_npu patches it at "
         "import); torch.serialization.load is still torch's own. Round-trip tests are judged by their outcome "
@@ -190,20 +202,27 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
     problems: list[str] = []
     errors: list[str] = []
     raw = {name: env.get(name) for name in ENV_VARS}
-    torch_default, torch_why = torch_default_weights_only()
+    try:
+        torch_default, torch_why = torch_default_weights_only()
+    except ProbeFailed as e:
+        torch_default, torch_why = None, f"unknown: {e}"
+    full_by_default: list[str] = []  # listed after the environment's problems, as it always was
     try:  # a bare torch.load(f), as torch decides it here: the default load mode
         decision = decide(LoadMode.DEFAULT, env)
     except ConflictingEnvironmentError as e:
         errors.append(str(e))
         wo: dict[str, Any] = {"value": None, "reason": "both TORCH_FORCE_* switches are set: every torch.load "
                               "raises RuntimeError", "warns": False}
+    except ProbeFailed as e:  # never a guess: what this torch does is unknown, and that is the report
+        errors.append(f"cannot tell what torch.load does here: {e}")
+        wo = {"value": None, "reason": f"unknown: {e}", "warns": False}
     else:
         cause = {"force_wo": f"forced by {FORCE_WO}={raw[FORCE_WO]}",
                  "force_no": f"forced by {FORCE_NO_WO}={raw[FORCE_NO_WO]} (torch warns)"}
         wo = {"value": decision.weights_only, "reason": cause.get(decision.cause, f"torch's default {torch_why}"),
               "warns": decision.warns}
         if decision.cause == "default" and not decision.weights_only:
-            problems.append(f"a bare torch.load is weights_only=False here ({torch_why}): it fully unpickles")
+            full_by_default.append(f"a bare torch.load is weights_only=False here ({torch_why}): it fully unpickles")
     wo["torch_default"] = torch_default
     wo["torch_default_reason"] = torch_why
 
@@ -221,6 +240,7 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
     eps = _backend_entry_points()
     enabled, effect = _autoload_effect(raw[AUTOLOAD], eps, problems)
     environment[AUTOLOAD] = {"raw": raw[AUTOLOAD], "value": enabled, "effect": effect}
+    problems.extend(full_by_default)
 
     replaced = torch_load_replacement()
     safe = sorted(registered_globals())
@@ -264,7 +284,8 @@ def format_doctor(r: dict[str, Any]) -> str:
                           else "torch's own (torch.serialization.load)"),
     ]
     if wo["value"] is None:
-        lines.append(f"bare torch.load(f): FAILS -- {wo['reason']}")
+        lines.append(f"bare torch.load(f): {'UNKNOWN' if wo['reason'].startswith('unknown: ') else 'FAILS'} -- "
+                     f"{wo['reason']}")
     else:
         lines.append(f"bare torch.load(f): weights_only={wo['value']} -- {wo['reason']}")
     lines.append(f"  torch's own default here: weights_only={wo['torch_default']} ({wo['torch_default_reason']})")

@@ -2,7 +2,7 @@
 
 The checkpoint's pickle opcodes are scanned (never unpickled; ``torch.load`` is
 never called on the input); every global it needs is judged by the trust policy
-(:mod:`torch_serial_testing.trust`, which never imports what a checkpoint names);
+(:mod:`torch_serial_testing.policy.trust`, which never imports what a checkpoint names);
 the report says what each load mode would do and offers a snippet holding only
 imports of verified classes and one ``safe_globals`` call.  Names are data: every
 one is shown escaped, and the text report escapes every non-printable character.
@@ -17,6 +17,8 @@ from ..core.names import escape_text, show_name
 from .contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, SCHEMA_VERSION, torch_info
 
 MODES = ("weights_only_false", "safe_globals", "default")
+#: loading.prediction.undecided's reason: torch could not be asked what weights_only the call gets.
+_UNDECIDED = "what torch.load decides here is unknown"
 
 __all__ = ["inspect_report", "format_inspect"]
 
@@ -125,6 +127,7 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
 
     modes: dict[str, dict[str, Any]] = {}
     conflict: Optional[str] = None
+    unpredictable: Optional[str] = None
     for mode in LoadMode:
         try:
             exp = predict(mode, ckpt, sgs, environ)
@@ -134,6 +137,7 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
                                  "summary": "error: RuntimeError on every torch.load: " + conflict}
             continue
         modes[mode.value] = _mode_result(mode.value, exp, info.format, refused_given, callable_given)
+        unpredictable = unpredictable or exp.unknown
         unavailable = mode_skip_reason(mode)
         if unavailable:
             modes[mode.value]["summary"] += (
@@ -143,10 +147,14 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
 
     if blocker and not conflict:
         report["error"] = f"no allowlist makes it load weights-only here: {blocker}"
+    if unpredictable and not conflict:  # never a guess: this torch could not be asked what it does
+        report["error"] = f"cannot predict what torch.load does here: {unpredictable}"
     if conflict:
         status, report["error"] = "environment_error", conflict
     elif dangerous or malformed:
         status = "dangerous"
+    elif unpredictable:
+        status = "environment_error"
     elif info.format in ("torchscript", "tar"):  # never weights-only: a loader only for trusted files
         status = "needs_trusted_loader"
     elif unknown or blocker:
@@ -169,6 +177,11 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
 
 def _mode_result(mode: str, exp: Any, fmt: str, refused_given: list[str], callable_given: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {"weights_only": exp.weights_only, "missing": list(exp.missing)}
+    if exp.unknown:  # a probe of this torch failed: no outcome is claimed
+        out["weights_only"] = None if exp.reason == _UNDECIDED else exp.weights_only
+        out["outcome"] = "error"
+        out["summary"] = f"error: cannot predict this load here ({exp.unknown}); {exp.reason}"
+        return out
     why = exp.reason + ("; torch warns (UserWarning)" if exp.warns else "")
     if not exp.weights_only:
         target = "hands the archive to torch.jit.load, which runs its TorchScript code" if fmt == "torchscript" \

@@ -79,7 +79,7 @@ def run_all(steps: Sequence[Callable[[], None]]) -> None:
     first_interrupt: Optional[BaseException] = None
     first_error: Optional[BaseException] = None
     for step in steps:
-        for _attempt in range(2):
+        for _attempt in (1, 2):  # no call here: a signal delivered as range() returned would skip the step
             try:
                 step()
                 break

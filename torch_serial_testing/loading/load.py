@@ -32,7 +32,7 @@ from ..core.errors import CheckpointFormatError, RoundTripConfigError, Unexpecte
 from ..core.modes import LoadMode
 from ..policy.declared import as_safe_globals, declared_entries
 from ..scan.checkpoint import Checkpoint
-from ..torch_facts.load_call import FORCE_NO_WO, decide
+from ..torch_facts.load_call import FORCE_NO_WO, Decision, decide
 from ..torch_facts.loader import (
     FORCE_NO_NOTICE,
     Observation,
@@ -50,7 +50,7 @@ from ..torch_facts.registry import (
     snapshot_registry,
     torch_own_registrations,
 )
-from .prediction import Expectation, _as_checkpoint, _expected
+from .prediction import Expectation, _as_checkpoint, _expected, undecided
 
 __all__ = ["LoadResult", "load", "round_trip", "mode_skip_reason", "replacement_notes"]
 
@@ -112,10 +112,11 @@ def load(
     safe_globals = as_safe_globals(safe_globals)
     with registry_lock:
         try:
-            decision = decide(mode)  # the environment is read once per load
-        except ProbeFailed as e:
-            raise UnexpectedLoadOutcome(f"{mode.value}: cannot tell what torch.load does here: {e}") from None
-        expectation = _expected(mode, checkpoint, declared_entries(safe_globals), decision)
+            decision: Optional[Decision] = decide(mode)  # the environment is read once per load
+        except ProbeFailed as e:  # loaded all the same, and reported as not predicted (see _verify)
+            decision, expectation = None, undecided(mode, e)
+        else:
+            expectation = _expected(mode, checkpoint, declared_entries(safe_globals), decision)
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
             raise UnsafeLoadRefused(
                 f"refusing a weights_only=False load ({expectation.reason}) of bytes this process did "
@@ -143,7 +144,7 @@ def load(
         # which warnings it showed once (see torch_facts.loader).
         # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment;
         # without the variable there is nothing to observe (a replaced loader is always watched).
-        observing = expectation.replaced_by is not None or decision.force_no_set
+        observing = expectation.replaced_by is not None or (decision is not None and decision.force_no_set)
         # torch's safe_globals context exit drops entries registered before it (and a replaced
         # loader may register its own): the registry is restored after those loads.
         preserve = mode is LoadMode.SAFE_GLOBALS or expectation.replaced_by is not None

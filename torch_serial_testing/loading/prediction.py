@@ -22,6 +22,7 @@ from ..scan.build_state import build_failure
 from ..scan.checkpoint import Checkpoint
 from ..scan.model import Check, class_repr, container_refused, loaded_class
 from ..torch_facts.load_call import Decision, decide
+from ..torch_facts.loader import torch_load_replacement
 from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.records import torchscript_refusal
 from ..torch_facts.registry import (
@@ -30,10 +31,11 @@ from ..torch_facts.registry import (
     torch_allowed_type_names,
     torch_allowlist,
     torch_allowlist_objects,
+    torch_allowlist_table,
 )
 from ..torch_facts.unpickler import UnpicklerRules, global_refusal, unpickler_rules
 
-__all__ = ["Expectation", "declared_names", "predict"]
+__all__ = ["Expectation", "declared_names", "predict", "undecided"]
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,19 @@ def _predict(
     mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], environ: Optional[Mapping[str, str]]
 ) -> Expectation:
     """:func:`predict` once its arguments are checked (load() calls this with its own checked ones)."""
-    return _expected(mode, checkpoint, declared, decide(mode, environ))
+    try:
+        decision = decide(mode, environ)
+    except ProbeFailed as e:
+        return undecided(mode, e)
+    return _expected(mode, checkpoint, declared, decision)
+
+
+def undecided(mode: LoadMode, error: ProbeFailed) -> Expectation:
+    """The expectation of a load whose effective ``weights_only`` torch could not be asked
+    (its canary load failed): unknown.  ``weights_only`` is then the argument the call passes,
+    True for a bare call (the safe reading: foreign bytes are loaded weights-only anyway)."""
+    return Expectation(mode, mode.explicit_weights_only is not False, False, False, (),
+                       "what torch.load decides here is unknown", torch_load_replacement(), unknown=str(error))
 
 
 def _expected(
@@ -239,13 +253,13 @@ def _replay(
             missing.append(c.name)
             if rejection is None and unknown is None:
                 try:
-                    rejection = global_refusal(c.name)
+                    rejection = global_refusal(c.name, proto=rules.renames == "always")
                 except ProbeFailed as e:
                     unknown = str(e)
                 if rejection is None and unknown is None:  # allowlisted after all: torch loads it
                     missing.pop()
         elif c.kind == "type":
-            if c.name in allowed.types or c.name in allowed.names:
+            if c.name in allowed.types:  # torch < 2.6 builds none of its own allowlist's types
                 continue
             if c.name not in missing:
                 missing.append(c.name)
@@ -281,7 +295,8 @@ def _as_if_allowlisted(check: Check) -> Any:
     return loaded_class(check.name) or (list if check.kind.startswith("append") else dict)
 
 
-_allowed_cache: dict[Any, _Allowed] = {}
+#: key -> (torch's allowlist table it was computed from, the allowed set).
+_allowed_cache: dict[Any, tuple[Any, _Allowed]] = {}
 
 
 def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
@@ -290,24 +305,27 @@ def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _All
     Types are matched by object in torch (``type(inst) in allowed.values()``); the model
     matches them by the objects' real ``module.qualname`` and by any name they are allowed
     under.  torch before 2.6 builds only user-allowlisted types (``BuildRules``).  Remembered
-    while torch's allowlist, the process-wide registry and the declaration are the same.
+    while torch's allowlist, the process-wide registry, the declaration and that BUILD rule
+    are the same.
     """
     import torch
 
+    table = torch_allowlist_table()
+    buildable = rules.build.torch_types_buildable
     try:
         registry = torch.serialization.get_safe_globals()
-        key: Any = (id(torch._weights_only_unpickler._get_allowed_globals()),
-                    frozenset(registry) if registry else None, tuple(declared), id(rules))
+        key: Any = (id(table), frozenset(registry) if registry else None, tuple(declared), buildable)
         hit = _allowed_cache.get(key)
     except TypeError:  # something unhashable registered or declared: compute every time
         key, hit = None, None
-    if hit is None:
-        hit = _compute_allowed(declared, rules)
-        if key is not None:
-            if len(_allowed_cache) > 64:
-                _allowed_cache.clear()
-            _allowed_cache[key] = hit
-    return hit
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    allowed = _compute_allowed(declared, rules)
+    if key is not None:
+        if len(_allowed_cache) > 64:
+            _allowed_cache.clear()
+        _allowed_cache[key] = (table, allowed)  # keeps the table alive: its id stays its own
+    return allowed
 
 
 def _compute_allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:

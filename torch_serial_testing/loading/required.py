@@ -40,6 +40,7 @@ def required_globals(
         )
     (kind, value), = given.items()
     from ..scan.checkpoint import Checkpoint, scan_checkpoint  # the scan, imported where one is made
+    from ..torch_facts.unpickler import unpickler_rules
 
     if kind == "obj":
         info = Checkpoint.save(value).info
@@ -65,10 +66,13 @@ def required_globals(
             "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply"
         )
     allowed = torch_allowlist()
-    # Types BUILD is applied to count too (numpy.dtypes.Float64DType never appears as a GLOBAL).
-    needed = set(info.globals) | set(getattr(info, "type_checks", ()))
-    type_names = torch_allowed_type_names()
-    return sorted(g for g in needed if g not in allowed and g not in type_names)
+    needed = {g for g in info.globals if g not in allowed}
+    # Types BUILD is applied to count too (numpy.dtypes.Float64DType never appears as a GLOBAL);
+    # those on torch's own allowlist only where this torch's BUILD does not build them (2.4, 2.5).
+    types = set(info.type_checks)
+    if types and unpickler_rules().build.torch_types_buildable:
+        types -= allowed | torch_allowed_type_names()
+    return sorted(needed | types)
 
 
 def _scan_ambiguous(value: Any) -> Any:

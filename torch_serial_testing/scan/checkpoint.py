@@ -8,7 +8,7 @@ ever loaded by torch's weights-only unpickler.
 
 Second, a *static scan* (:func:`scan_checkpoint`): every pickle torch would
 unpickle is read the way torch reads it (:mod:`.archive`) and walked opcode by
-opcode against a model of torch's weights-only unpickler (:mod:`.pickle_scan`);
+opcode against a model of torch's weights-only unpickler (:mod:`.walker`);
 nothing is imported or executed, tensor storages are never touched, and the work
 is bounded (:mod:`..core.limits`).  The result is computed once per checkpoint, and small
 checkpoints' results are remembered by their bytes (the one scan cache).
@@ -220,7 +220,7 @@ def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> Ch
     Reads exactly the records torch reads (:mod:`.archive`).  Raises
     :class:`CheckpointFormatError` naming what is wrong for empty, truncated,
     damaged, unrecognised or over-limit bytes (*limits*, default
-    :func:`~.scan_limits.default_scan_limits`).
+    :func:`~..core.limits.default_scan_limits`).
     """
     limits = default_scan_limits() if limits is None else limits
     if isinstance(f, Checkpoint):

@@ -20,126 +20,22 @@ one branch of one chain, the ones ``torch.save`` writes most first.
 from __future__ import annotations
 
 import pickle
-import pickletools
 from typing import Any, Optional
 
 from ..core.errors import CheckpointFormatError
-from ..core.limits import ScanLimits
-from ..torch_facts.probes import ProbeFailed
-from ..torch_facts.records import storage_type_names
-from ..torch_facts.unpickler import UnpicklerRules, unpickler_rules
+from .walk_rules import WalkRules, walk_rules
 from .build_state import state_shape
+from .stream import (
+    ARG, NAMES, check_budget, checked_global_name, damaged, memo_error, memo_index, need, read_argument, stream_error,
+    text_int, text_value,
+)
 from .model import (
     BOOL, BUILD_FREE, BYTEARRAY, BYTES, FLOAT, FROZENSET, INT, LIST, NONE, PICKLEBUFFER, SET, STORAGE, STR,
     UNKNOWN, UNRESOLVED, DictValue, Global, Obj, ScanState, add_dict_keys, class_repr, container_check,
     describe_value, full_load_name, persid_refusal, reduce_result, type_of,
 )
 
-__all__ = ["scan_pickle", "walk_rules"]
-
-# Opcode byte -> how its argument is laid out, from the stdlib's own opcode table.
-_FIXED, _LINE, _TWO_LINES, _LEN1, _LEN4, _LEN8 = range(6)
-_ARG: dict[int, tuple[int, int]] = {}
-for _op in pickletools.opcodes:
-    _a = _op.arg
-    _c = ord(_op.code)
-    if _a is None:
-        _ARG[_c] = (_FIXED, 0)
-    elif _a.n >= 0:
-        _ARG[_c] = (_FIXED, _a.n)
-    elif _a.name == "stringnl_noescape_pair":
-        _ARG[_c] = (_TWO_LINES, 0)
-    elif _a.n == pickletools.UP_TO_NEWLINE:
-        _ARG[_c] = (_LINE, 0)
-    elif _a.n == pickletools.TAKEN_FROM_ARGUMENT1:
-        _ARG[_c] = (_LEN1, 0)
-    elif _a.n in (pickletools.TAKEN_FROM_ARGUMENT4, pickletools.TAKEN_FROM_ARGUMENT4U):
-        _ARG[_c] = (_LEN4, 0)
-    elif _a.n == pickletools.TAKEN_FROM_ARGUMENT8U:
-        _ARG[_c] = (_LEN8, 0)
-_NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
-del _op, _a, _c
-
-
-class WalkRules:
-    """The rules one walk follows: this torch's, or None when they could not be probed
-    (the walk then records one ``"unknown"`` check and no weights-only checks)."""
-
-    __slots__ = ("rules", "supported", "failure", "storage_names")
-
-    def __init__(self, rules: Optional[UnpicklerRules], failure: Optional[str]) -> None:
-        self.rules = rules
-        self.failure = failure
-        names = rules.opcodes if rules is not None else frozenset(op.name for op in pickletools.opcodes)
-        self.supported = frozenset(ord(op.code) for op in pickletools.opcodes if op.name in names)
-        try:
-            self.storage_names = storage_type_names()
-        except ProbeFailed:
-            self.storage_names = frozenset()
-
-
-_walk_rules: list[tuple[Any, WalkRules]] = []
-
-
-def walk_rules() -> WalkRules:
-    """The rules of this torch for a walk (probed once per unpickler; see :func:`unpickler_rules`)."""
-    try:
-        rules: Optional[UnpicklerRules] = unpickler_rules()
-        failure = None
-    except ProbeFailed as e:
-        rules, failure = None, str(e)
-    if _walk_rules and _walk_rules[0][0] is rules and rules is not None:
-        return _walk_rules[0][1]
-    made = WalkRules(rules, failure)
-    _walk_rules[:] = [(rules, made)]
-    return made
-
-
-def _damaged(what: str, pos: int) -> CheckpointFormatError:
-    return CheckpointFormatError(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
-
-
-def _need(stack: list[Any], k: int, at: int) -> None:
-    if len(stack) < k:
-        raise _damaged(f"stack underflow (needs {k} values)", at)
-
-
-def _memo_error(limits: ScanLimits) -> CheckpointFormatError:
-    return CheckpointFormatError(
-        f"the pickle stores more than ScanLimits.max_memo_entries={limits.max_memo_entries} memo entries; "
-        "raise it with scan_limits(max_memo_entries=...) if the checkpoint is trusted to be that large"
-    )
-
-
-def _check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> None:
-    """Checked every 1024 opcodes: the caps that bound time and memory."""
-    if n > budget:
-        raise CheckpointFormatError(
-            f"the pickle has more than ScanLimits.max_opcodes={limits.max_opcodes} opcodes; "
-            "raise it with scan_limits(max_opcodes=...) if the checkpoint is trusted to be that large"
-        )
-    if depth > limits.max_stack_depth:
-        raise CheckpointFormatError(
-            f"the pickle stack grew past ScanLimits.max_stack_depth={limits.max_stack_depth} entries"
-        )
-    if memo > limits.max_memo_entries:
-        raise _memo_error(limits)
-
-
-def _text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:
-    """The value of INT / LONG written as text (protocol 0/1)."""
-    text = raw[:-1] if code == 0x4C and raw.endswith(b"L") else raw
-    if len(text) > limits.max_int_digits:
-        raise CheckpointFormatError(
-            f"an integer of {len(text)} digits at byte {at} exceeds ScanLimits.max_int_digits="
-            f"{limits.max_int_digits} (Python refuses to read it too)"
-        )
-    if code == 0x49 and text in (b"00", b"01"):
-        return BOOL
-    try:
-        return int(text)
-    except ValueError:
-        raise _damaged("an integer that is not a number", at) from None
+__all__ = ["scan_pickle", "walk_rules", "WalkRules"]
 
 
 def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
@@ -175,7 +71,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
     budget = limits.max_opcodes - state.opcodes
     n = 0
     unpack = int.from_bytes
-    arg_table = _ARG
+    arg_table = ARG
     renames_always = torch_rules is None or torch_rules.renames == "always"
     import_map = torch_rules.import_mapping if torch_rules is not None else {}
     name_map = torch_rules.name_mapping if torch_rules is not None else {}
@@ -184,7 +80,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
 
     def pop_mark() -> list[Any]:
         if not marks:
-            raise _damaged("MARK missing", at)
+            raise damaged("MARK missing", at)
         i = marks.pop()
         items = stack[i:]
         del stack[i:]
@@ -192,19 +88,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
 
     def add_global(module: str, name: str, via: str) -> tuple[str, str]:
         """Record a global; return its weights-only spelling (module, name)."""
-        if len(module) + len(name) + 1 > max_name:
-            raise CheckpointFormatError(
-                f"a global name of {len(module) + len(name) + 1} characters at byte {at} exceeds "
-                f"ScanLimits.max_name_length={max_name}; raise it with scan_limits(max_name_length=...)"
-            )
-        for part in (module, name):
-            try:
-                part.encode("utf-8")
-            except UnicodeEncodeError:
-                raise CheckpointFormatError(
-                    f"a global name at byte {at} contains a lone surrogate ({(module + '.' + name)!a}): "
-                    "no module can have that name"
-                ) from None
+        checked_global_name(module, name, at, max_name)
         if not renames_always and proto != 2:  # torch 2.4 renames nothing outside protocol 2
             wo_module, wo_name = module, name
         elif (module, name) in name_map:
@@ -226,12 +110,12 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
             code = data[pos]
             n += 1
             if not n & 1023:
-                _check_budget(n, budget, len(stack) + len(marks), len(memo), limits)
+                check_budget(n, budget, len(stack) + len(marks), len(memo), limits)
             at = pos
             if code not in supported:
-                state.refused_opcodes.add(_NAMES.get(code, str(code)))
-                if wo and code in _NAMES:
-                    refuse(torch_rules.unsupported.format(code=code), _NAMES[code])  # type: ignore[union-attr]
+                state.refused_opcodes.add(NAMES.get(code, str(code)))
+                if wo and code in NAMES:
+                    refuse(torch_rules.unsupported.format(code=code), NAMES[code])  # type: ignore[union-attr]
             # -- the opcodes torch.save writes most, their small arguments decoded here --------
             if code == 0x71:  # BINPUT (1-byte index)
                 memo[data[pos + 1]] = stack[-1]
@@ -241,7 +125,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 try:
                     push(memo[data[pos + 1]])
                 except KeyError:
-                    raise _damaged(f"memo entry {data[pos + 1]} read before it was written", at) from None
+                    raise damaged(f"memo entry {data[pos + 1]} read before it was written", at) from None
                 pos += 2
                 continue
             if code == 0x4B:  # BININT1
@@ -252,16 +136,16 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 width = 4 if code == 0x58 else (1 if code == 0x8C else 8)
                 p = pos + 1 + width
                 if p > end:
-                    raise _damaged("truncated length", at)
+                    raise damaged("truncated length", at)
                 length = unpack(data[pos + 1:p], "little")
                 pos = p + length
                 if pos > end:
-                    raise _damaged("a string beyond the end of the stream", at)
+                    raise damaged("a string beyond the end of the stream", at)
                 if length <= max_name:
                     try:
                         push(data[p:pos].decode("utf-8", "surrogatepass"))
                     except UnicodeDecodeError:
-                        raise _damaged("a string that is not UTF-8", at) from None
+                        raise damaged("a string that is not UTF-8", at) from None
                 else:
                     push(STR)
                 continue
@@ -296,7 +180,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 memo[unpack(data[pos + 1:pos + 5], "little")] = stack[-1]
                 pos += 5
                 if len(memo) > max_memo:
-                    raise _memo_error(limits)
+                    raise memo_error(limits)
                 continue
             if code == 0x89 or code == 0x88:  # NEWFALSE, NEWTRUE
                 push(BOOL)
@@ -307,72 +191,32 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 try:
                     push(memo[idx])
                 except KeyError:
-                    raise _damaged(f"memo entry {idx} read before it was written", at) from None
+                    raise damaged(f"memo entry {idx} read before it was written", at) from None
                 pos += 5
                 continue
             # -- every other opcode: its argument by the stdlib's layout, then its effect ---------
             spec = arg_table.get(code)
             if spec is None:
-                raise _damaged(f"unknown opcode {code}", pos)
-            kind, size = spec
-            pos += 1
-            arg: Any = None
-            if kind == _FIXED:
-                if size:
-                    if pos + size > end:
-                        raise _damaged("truncated argument", at)
-                    arg = data[pos:pos + size]
-                    pos += size
-            elif kind == _LEN4 or kind == _LEN1 or kind == _LEN8:
-                width = 4 if kind == _LEN4 else (1 if kind == _LEN1 else 8)
-                if pos + width > end:
-                    raise _damaged("truncated length", at)
-                length = unpack(data[pos:pos + width], "little")
-                pos += width
-                if length > end - pos:
-                    raise _damaged(f"a {length}-byte argument beyond the end of the stream", at)
-                arg = (pos, length)
-                pos += length
-            else:
-                nl = data.find(b"\n", pos, min(end, pos + max_name + limits.max_int_digits + 2))
-                if nl < 0:
-                    raise _damaged("a text argument without newline (or longer than the limits)", at)
-                arg = data[pos:nl]
-                pos = nl + 1
-                if kind == _TWO_LINES:
-                    nl = data.find(b"\n", pos, min(end, pos + max_name + 2))
-                    if nl < 0:
-                        raise _damaged("a global name without newline (or longer than ScanLimits.max_name_length)", at)
-                    arg = (arg, data[pos:nl])
-                    pos = nl + 1
+                raise damaged(f"unknown opcode {code}", pos)
+            arg, pos = read_argument(data, pos + 1, spec, limits, at)
 
             if code == 0x70 or code == 0x94:  # PUT, MEMOIZE
                 if not stack:
-                    raise _damaged(f"{'PUT' if code == 0x70 else 'MEMOIZE'} with an empty stack", at)
-                if code == 0x94:
-                    idx = len(memo)
-                else:
-                    try:
-                        idx = int(arg)
-                    except ValueError:
-                        raise _damaged("PUT with a non-integer index", at) from None
-                memo[idx] = stack[-1]
+                    raise damaged(f"{'PUT' if code == 0x70 else 'MEMOIZE'} with an empty stack", at)
+                memo[len(memo) if code == 0x94 else memo_index(arg, "PUT", at)] = stack[-1]
                 if len(memo) > max_memo:
-                    raise _memo_error(limits)
+                    raise memo_error(limits)
             elif code == 0x67:  # GET
-                try:
-                    idx = int(arg)
-                except ValueError:
-                    raise _damaged("GET with a non-integer index", at) from None
+                idx = memo_index(arg, "GET", at)
                 try:
                     push(memo[idx])
                 except KeyError:
-                    raise _damaged(f"memo entry {idx} read before it was written", at) from None
+                    raise damaged(f"memo entry {idx} read before it was written", at) from None
             elif code == 0x86:  # TUPLE2
-                _need(stack, 2, at)
+                need(stack, 2, at)
                 stack[-2:] = [(stack[-2], stack[-1])]
             elif code == 0x87:  # TUPLE3
-                _need(stack, 3, at)
+                need(stack, 3, at)
                 stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
             elif code == 0x4D or code == 0x4A:  # BININT2, BININT
                 push(unpack(arg, "little", signed=code == 0x4A))
@@ -380,7 +224,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 try:
                     module, name = arg[0].decode("utf-8"), arg[1].decode("utf-8")
                 except UnicodeDecodeError:
-                    raise _damaged("a global name that is not UTF-8", at) from None
+                    raise damaged("a global name that is not UTF-8", at) from None
                 wo_module, wo_attr = add_global(module, name, "GLOBAL" if code == 0x63 else "INST")
                 wo_name = f"{wo_module}.{wo_attr}"
                 if code == 0x69:
@@ -395,7 +239,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                             check("global", wo_name)
                     push(Global(wo_name))
             elif code == 0x93:  # STACK_GLOBAL
-                _need(stack, 2, at)
+                need(stack, 2, at)
                 module, name = stack[-2], stack[-1]
                 del stack[-2:]
                 if isinstance(module, str) and isinstance(name, str):
@@ -405,7 +249,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                     full[UNRESOLVED] = "STACK_GLOBAL"
                     push(UNKNOWN)
             elif code == 0x81 or code == 0x92:  # NEWOBJ, NEWOBJ_EX
-                _need(stack, 3 if code == 0x92 else 2, at)
+                need(stack, 3 if code == 0x92 else 2, at)
                 del stack[-2 if code == 0x92 else -1:]
                 cls = stack[-1]
                 if isinstance(cls, Global):
@@ -415,7 +259,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                         refuse(torch_rules.newobj_refusal + describe_value(cls))  # type: ignore[union-attr]
                     stack[-1] = UNKNOWN
             elif code == 0x62:  # BUILD
-                _need(stack, 2, at)
+                need(stack, 2, at)
                 build = stack.pop()
                 if wo:
                     t = type_of(stack[-1])
@@ -426,11 +270,11 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                         check("build", t, "", state_shape(build))
             elif code == 0x61 or code == 0x65:  # APPEND, APPENDS
                 if code == 0x61:
-                    _need(stack, 2, at)
+                    need(stack, 2, at)
                     stack.pop()
                 else:
                     pop_mark()
-                    _need(stack, 1, at)
+                    need(stack, 1, at)
                 t = type_of(stack[-1]) if wo else None
                 if t is not None:
                     target = container_check(torch_rules, "APPEND" if code == 0x61 else "APPENDS", t)  # type: ignore[arg-type]
@@ -439,12 +283,12 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                         wo = target.kind != "refused"
             elif code == 0x73 or code == 0x75:  # SETITEM, SETITEMS
                 if code == 0x73:
-                    _need(stack, 3, at)
+                    need(stack, 3, at)
                     keys: Any = stack[-2:-1]
                     del stack[-2:]
                 else:
                     keys = pop_mark()[0::2]
-                    _need(stack, 1, at)
+                    need(stack, 1, at)
                 add_dict_keys(stack[-1], keys)  # a dict the pickle built: its keys, for BUILD states
                 t = type_of(stack[-1]) if wo else None
                 if t is not None:
@@ -454,7 +298,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                         wo = target.kind != "refused"
             elif code == 0x51 or code == 0x50:  # BINPERSID, PERSID
                 if code == 0x51:
-                    _need(stack, 1, at)
+                    need(stack, 1, at)
                     pid = stack.pop()
                 else:
                     pid = UNKNOWN
@@ -486,27 +330,18 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 pass
             elif code == 0x2E:  # STOP
                 if not stack:
-                    raise _damaged("STOP with an empty stack", at)
+                    raise damaged("STOP with an empty stack", at)
                 state.opcodes += n
                 state.bytes_scanned += pos - start
                 state.max_memo = max(state.max_memo, len(memo))
                 state.weights_only_live = wo
                 return pos, stack[-1]
             elif code == 0x49 or code == 0x4C:  # INT, LONG (text)
-                push(_text_int(arg, code, at, limits))
+                push(text_int(arg, code, at, limits))
             elif code == 0x53 or code == 0x55 or code == 0x54 or code == 0x56:
                 # STRING, SHORT_BINSTRING, BINSTRING, UNICODE: torch decodes them as UTF-8 str.
-                if code == 0x53 or code == 0x56:
-                    raw = arg
-                    if code == 0x53 and len(raw) >= 2 and raw[:1] == raw[-1:] and raw[:1] in (b"'", b'"'):
-                        raw = raw[1:-1]
-                else:
-                    p, length = arg
-                    raw = data[p:p + length] if length <= max_name else b""
-                try:
-                    push(raw.decode("utf-8") if 0 < len(raw) <= max_name else STR)
-                except UnicodeDecodeError:
-                    push(BYTES)
+                value = text_value(code, arg, data, max_name)
+                push(STR if value is None else BYTES if type(value) is bytes else value)
             elif code in (0x42, 0x43, 0x8E):  # BINBYTES, SHORT_BINBYTES, BINBYTES8
                 push(BYTES)
             elif code == 0x96:  # BYTEARRAY8
@@ -514,12 +349,12 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
             elif code == 0x97:  # NEXT_BUFFER
                 push(PICKLEBUFFER)
             elif code == 0x98:  # READONLY_BUFFER
-                _need(stack, 1, at)
+                need(stack, 1, at)
             elif code == 0x8F:  # EMPTY_SET
                 push(SET)
             elif code == 0x90:  # ADDITEMS
                 pop_mark()
-                _need(stack, 1, at)
+                need(stack, 1, at)
             elif code == 0x91:  # FROZENSET
                 pop_mark()
                 push(FROZENSET)
@@ -531,42 +366,32 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
             elif code == 0x6F:  # OBJ
                 items = pop_mark()
                 if not items:
-                    raise _damaged("OBJ without a class", at)
+                    raise damaged("OBJ without a class", at)
                 cls = items[0]
                 push(Obj(cls.name) if isinstance(cls, Global) else UNKNOWN)
             elif code == 0x30:  # POP (of a MARK when one is on top, as pickle does)
                 if marks and marks[-1] == len(stack):
                     marks.pop()
                 else:
-                    _need(stack, 1, at)
+                    need(stack, 1, at)
                     stack.pop()
             elif code == 0x31:  # POP_MARK
                 pop_mark()
             elif code == 0x32:  # DUP
-                _need(stack, 1, at)
+                need(stack, 1, at)
                 push(stack[-1])
             elif code in (0x82, 0x83, 0x84):  # EXT1, EXT2, EXT4
                 ext = f"<extension registry code {unpack(arg, 'little')}>"
                 globals_.add(ext)
-                full[ext] = _NAMES[code]
+                full[ext] = NAMES[code]
                 push(UNKNOWN)
             else:  # pragma: no cover - every opcode of pickletools.opcodes is handled above
-                raise _damaged(f"opcode {_NAMES.get(code, code)} not modelled", at)
+                raise damaged(f"opcode {NAMES.get(code, code)} not modelled", at)
             if len(stack) > max_stack:
                 raise CheckpointFormatError(
                     f"the pickle stack grew past ScanLimits.max_stack_depth={max_stack} entries at byte {at}"
                 )
-    except IndexError:
-        if pos >= end:
-            raise CheckpointFormatError(
-                "the pickle stream ended early (no STOP opcode): the checkpoint is truncated"
-            ) from None
-        raise _damaged("stack underflow, or an argument past the end of the stream", at) from None
-    except KeyError as e:
-        raise _damaged(f"memo entry {e} read before it was written", at) from None
     except CheckpointFormatError:
         raise
-    except UnicodeDecodeError:
-        raise _damaged("a string that is not UTF-8", at) from None
-    except (ValueError, TypeError, OverflowError) as e:
-        raise _damaged(f"{type(e).__name__}: {e}", at) from None
+    except (IndexError, KeyError, ValueError, TypeError, OverflowError) as e:  # UnicodeDecodeError is a ValueError
+        raise stream_error(e, pos, end, at) from None

@@ -13,36 +13,26 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
-import os
-import pickle
-import sys
-import unittest
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, Sequence
 
-from ..core.errors import ConflictingEnvironmentError, LeakedGlobalStateError, RoundTripConfigError, dimension
+from ..core.errors import LeakedGlobalStateError, RoundTripConfigError, dimension
 from ..core.interrupts import deferred_interrupts, run_all
 from ..core.modes import LoadMode
 from ..core.names import qualified_name, show_name
-from ..policy.declared import SafeGlobal, as_safe_globals, normalize_safe_globals
+from ..policy.declared import SafeGlobal, normalize_safe_globals
 from ..torch_facts.engines import override_qengine, validate_qengines
-from ..torch_facts.registry import safe_globals_context_missing
 from .casespec import CaseSpec
-from .declarations import Declaration, check_declared, local_class_message, refuse_local
+from .checked_loads import MISSING, REPORT_ENV, declared_argument, load_in_test, save
+from .declarations import Declaration, refuse_local
 from .golden import stable_names
 from .ignored_warnings import start_ignoring, stop_ignoring
 from .isolation import GlobalState
 from .outcomes import ExpectedRejection, not_instantiated, rejection_outside_subtest, required_args
 
 if TYPE_CHECKING:
-    from ..loading.load import LoadResult
     from ..scan.checkpoint import Checkpoint
 
 __all__ = ["SerializationRoundTripTestCase", "ExpectedRejection", "CaseSpec", "REPORT_ENV"]
-
-#: Set to a file path to get one JSON line per round trip (test id, mode, outcome).
-REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
-_MISSING: Any = object()
 
 
 def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -70,11 +60,6 @@ def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     wrapper._tst_wrapped = True  # type: ignore[attr-defined]
     return wrapper
-
-
-def _is_module(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.nn.Module)
 
 
 class SerializationRoundTripTestCase:
@@ -199,13 +184,13 @@ class SerializationRoundTripTestCase:
             test_result.stream.flush()
 
     @contextlib.contextmanager
-    def subTest(self, msg: Any = _MISSING, **params: Any) -> Iterator[None]:  # noqa: N802 - unittest API
+    def subTest(self, msg: Any = MISSING, **params: Any) -> Iterator[None]:  # noqa: N802 - unittest API
         """``unittest`` subTest in which an expected rejection ends only that subtest, as a pass.
 
         When the block yields (a generator) and the generator is closed, the ``GeneratorExit``
         passes through instead of being recorded as the subtest's error.
         """
-        args = () if msg is _MISSING else (msg,)
+        args = () if msg is MISSING else (msg,)
         closing: Optional[GeneratorExit] = None
         with super().subTest(*args, **params):  # type: ignore[misc]
             try:
@@ -282,7 +267,7 @@ class SerializationRoundTripTestCase:
         *,
         mode: Optional[LoadMode | str] = None,
         safe_globals: Optional[Sequence[Any]] = None,
-        map_location: Any = _MISSING,
+        map_location: Any = MISSING,
     ) -> Any:
         """Save *obj* to memory and load it back in this test's mode (or *mode*).
 
@@ -296,8 +281,8 @@ class SerializationRoundTripTestCase:
             declared: Sequence[SafeGlobal] = self._tst_safe_globals
         else:
             where = Declaration(type(self).__name__, None, "round_trip")
-            declared = self._declared_argument(safe_globals)
-        return self._load(self._save(obj), mode, declared, where, map_location, obj)
+            declared = declared_argument(safe_globals)
+        return load_in_test(self, save(obj), mode, declared, where, map_location, obj)
 
     def round_trip_state_dict(
         self,
@@ -321,9 +306,9 @@ class SerializationRoundTripTestCase:
             declared: Sequence[SafeGlobal] = self._tst_state_dict_safe_globals
         else:
             where = Declaration(type(self).__name__, None, "round_trip_state_dict")
-            declared = self._declared_argument(safe_globals)
+            declared = declared_argument(safe_globals)
         state_dict = module.state_dict()
-        state = self._load(self._save(state_dict), mode, declared, where, _MISSING, state_dict)
+        state = load_in_test(self, save(state_dict), mode, declared, where, MISSING, state_dict)
         with self.loading_engine():
             fresh = self.build_module(factory)
             fresh.load_state_dict(state, strict=strict)
@@ -331,7 +316,7 @@ class SerializationRoundTripTestCase:
 
     def save_checkpoint(self, obj: Any) -> Checkpoint:
         """``torch.save`` *obj* into memory; the result may later be loaded in any mode."""
-        return self._save(obj)
+        return save(obj)
 
     def load_checkpoint(
         self,
@@ -339,7 +324,7 @@ class SerializationRoundTripTestCase:
         *,
         mode: Optional[LoadMode | str] = None,
         safe_globals: Optional[Sequence[Any]] = None,
-        map_location: Any = _MISSING,
+        map_location: Any = MISSING,
     ) -> Any:
         """Load *checkpoint* in a mode under this test's load engine, asserting the predicted outcome."""
         if safe_globals is None:
@@ -347,94 +332,8 @@ class SerializationRoundTripTestCase:
             declared: Sequence[SafeGlobal] = self._tst_safe_globals
         else:
             where = Declaration(type(self).__name__, None, "load_checkpoint")
-            declared = self._declared_argument(safe_globals)
-        return self._load(checkpoint, mode, declared, where, map_location, _MISSING)
-
-    # -- the shared save and load paths ------------------------------------------------------
-
-    @staticmethod
-    def _declared_argument(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
-        refuse_local(safe_globals, "safe_globals=")
-        declared = as_safe_globals(safe_globals)
-        return declared
-
-    @staticmethod
-    def _save(obj: Any) -> Checkpoint:
-        from ..scan.checkpoint import Checkpoint  # the round-trip machinery: imported on the first round trip
-
-        try:
-            return Checkpoint.save(obj)
-        except (AttributeError, pickle.PicklingError, TypeError) as e:
-            if "<locals>" not in str(e):
-                raise
-            local = next((w.strip("'\"<>,:") for w in str(e).split() if "<locals>" in w), "a class")
-            raise RoundTripConfigError(
-                f"torch.save failed: {type(e).__name__}: {e}\n" + local_class_message(local)
-            ) from e
-
-    def _load(
-        self,
-        checkpoint: Checkpoint,
-        mode: Optional[LoadMode | str],
-        declared: Sequence[SafeGlobal],
-        where: Declaration,
-        map_location: Any,
-        saved: Any,
-    ) -> Any:
-        resolved = LoadMode.parse(mode) if mode is not None else self.load_mode
-        if resolved is None:
-            raise RoundTripConfigError(
-                "this test has no load mode: pass mode=LoadMode.DEFAULT (or another mode), generate "
-                "the tests with instantiate_round_trip_tests(...), or (if the method narrowed its "
-                "dimensions with round_trip_dims(load_modes=()) / no_round_trip_dims) give it back "
-                "its load modes"
-            )
-        unavailable = safe_globals_context_missing() if resolved is LoadMode.SAFE_GLOBALS else None
-        if unavailable:  # before judging the declaration: the mode cannot run here at all
-            raise unittest.SkipTest(unavailable)
-        from ..loading import load as loading  # imported on the first round trip, with the scan and the prediction
-        from ..torch_facts.load_call import WeightsOnlySwitches
-
-        switches = WeightsOnlySwitches.from_environ()
-        if switches.conflict:  # the environment breaks every load: that, not the declaration, is the news
-            raise ConflictingEnvironmentError(switches.conflict_message())
-        if resolved is LoadMode.SAFE_GLOBALS:
-            saved_type = None
-            if saved is not _MISSING and not _is_module(saved):
-                saved_type = type(saved).__name__
-            check_declared(checkpoint, declared, where, allow_unneeded=self.allow_unneeded_safe_globals,
-                           saved_type=saved_type)
-        if map_location is _MISSING:
-            map_location = self._tst_case.map_location if self._tst_case else None
-        with self.loading_engine():
-            result = loading.load(checkpoint, resolved, declared, map_location)
-        self._report(result)
-        if not result.loaded:
-            rejection = ExpectedRejection(result.summary)
-            self._tst_in_flight = rejection
-            raise rejection
-        return result.value
-
-    def _report(self, result: LoadResult) -> None:
-        summary = result.summary
-        if summary not in self.round_trip_outcomes:
-            self.round_trip_outcomes.append(summary)
-            outcome = getattr(self, "_outcome", None)
-            test_result = getattr(outcome, "result", None)
-            if getattr(test_result, "showAll", False) and hasattr(test_result, "stream"):
-                test_result.stream.write(summary + " ... ")
-                test_result.stream.flush()
-        path = os.environ.get(REPORT_ENV)
-        if path:
-            record = {
-                "test": self.id(),  # type: ignore[attr-defined]
-                "mode": result.expectation.mode.value,
-                "loaded": result.loaded,
-                "weights_only": result.expectation.weights_only,
-                "summary": summary,
-            }
-            with open(path, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps(record) + "\n")
+            declared = declared_argument(safe_globals)
+        return load_in_test(self, checkpoint, mode, declared, where, map_location, MISSING)
 
     # -- assertions -------------------------------------------------------------------------
 

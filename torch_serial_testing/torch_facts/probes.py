@@ -53,8 +53,12 @@ class Outcome:
 
     @property
     def refused(self) -> bool:
-        """Raised ``UnpicklingError``: one of the unpickler's own checks said no."""
-        return isinstance(self.error, pickle.UnpicklingError)
+        """One of the unpickler's own checks said no: it raised ``UnpicklingError``, or (torch 2.4,
+        whose checks raise ``RuntimeError``, which ``torch.load`` turns into ``UnpicklingError``) a
+        ``RuntimeError`` raised by the unpickler's own code."""
+        if isinstance(self.error, pickle.UnpicklingError):
+            return True
+        return type(self.error) is RuntimeError and _raised_in(self.error, "torch._weights_only_unpickler")
 
     @property
     def message(self) -> str:
@@ -62,6 +66,16 @@ class Outcome:
 
     def __repr__(self) -> str:
         return f"Outcome(value={self.value!r})" if self.error is None else f"Outcome(error={self.error!r})"
+
+
+def _raised_in(error: BaseException, module: str) -> bool:
+    """Whether the innermost frame of *error*'s traceback runs code of *module*."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return bool(tb.tb_frame.f_globals.get("__name__") == module)
 
 
 PROTO_2 = pickle.PROTO + b"\x02"

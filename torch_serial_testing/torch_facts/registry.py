@@ -18,12 +18,13 @@ from typing import Any, Iterator, Optional, Sequence
 
 from ..core.interrupts import deferred_interrupts
 from ..core.names import torch_key
-from .probes import ProbeFailed, global_op, unpickle
+from .probes import STOP, ProbeFailed, global_op, unpickle
 
 __all__ = [
     "registry_lock",
     "torch_allowlist",
     "torch_allowlist_objects",
+    "torch_allowlist_table",
     "torch_allowed_type_names",
     "registered_globals",
     "snapshot_registry",
@@ -52,6 +53,11 @@ def _wou() -> Any:
 def torch_allowlist_objects() -> dict[str, Any]:
     """torch's own allowlist, name -> the object it allows under that name."""
     return dict(_wou()._get_allowed_globals())
+
+
+def torch_allowlist_table() -> Any:
+    """torch's own allowlist as torch holds it: the same object while it is unchanged (a cache key)."""
+    return _wou()._get_allowed_globals()
 
 
 def torch_allowlist() -> frozenset[str]:
@@ -154,7 +160,7 @@ def registry_takes_named_entries() -> bool:
         with preserved_registry():
             try:
                 wou._add_safe_globals([(_NamedEntryProbe, name)])
-                outcome = unpickle(global_op(name))
+                outcome = unpickle(global_op(name) + STOP)
             except ProbeFailed:
                 raise
             except Exception as e:  # noqa: BLE001 - a registry that rejects the tuple form says no

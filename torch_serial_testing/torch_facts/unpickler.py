@@ -6,7 +6,7 @@ APPEND onto an allowlisted ``list`` subclass), which persistent ids it refuses a
 words that, how BUILD applies a state (2.4/2.5: ``inst.__dict__.update(state)`` for every
 state), whether Python-2 names are renamed outside protocol 2 (2.4: not), what it says about
 a global it refuses.  :func:`unpickler_rules` learns each of these by feeding the real
-unpickler a pickle of a few opcodes (:mod:`.probes`) and reading what it did, so the static
+unpickler a pickle of a few opcodes (:mod:`.unpickler_checks`) and reading what it did, so the static
 model (:mod:`..scan`) replays the torch that runs.  A probe whose answer cannot be read
 raises :class:`~.probes.ProbeFailed`; nothing falls back to another torch's rules.
 """
@@ -14,28 +14,14 @@ raises :class:`~.probes.ProbeFailed`; nothing falls back to another torch's rule
 from __future__ import annotations
 
 import pickle
-import pickletools
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from . import probes
-from .probes import (
-    Outcome,
-    ProbeDict,
-    ProbeFailed,
-    ProbeList,
-    ProbeOther,
-    ProbePlain,
-    ProbeSlotted,
-    ProbeWithSetstate,
-    global_op,
-    small_int,
-    text,
-    unpickle,
-    with_type,
-)
-from .registry import allowlisted, registry_lock
+from . import probes, unpickler_checks as checks
+from .probes import ProbeFailed, unpickle
+from .registry import registry_lock
+from .unpickler_checks import APPEND_TARGETS, SETITEM_TARGETS, BuildRules, ContainerRule, PersidRules
 
 __all__ = [
     "APPEND_TARGETS",
@@ -47,56 +33,6 @@ __all__ = [
     "unpickler_rules",
     "global_refusal",
 ]
-
-#: What an APPEND(S) target can be, as torch's check tells them apart: exactly a ``list``, a
-#: ``list`` subclass, anything else; "allowlisted_" when its type is in the user allowlist.
-APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
-#: The same for SETITEM(S): a ``dict``, torch's own ``OrderedDict`` and ``Counter``, others.
-SETITEM_TARGETS = ("dict", "ordered_dict", "counter", "dict_subclass", "allowlisted_dict_subclass", "other",
-                   "allowlisted_other")
-
-
-@dataclass(frozen=True)
-class ContainerRule:
-    """Which targets torch's check before one container opcode refuses, and its message up to
-    the target's ``type()``, which torch appends (``<class 'collections.deque'>``)."""
-
-    refused: frozenset[str]
-    message: str
-
-
-@dataclass(frozen=True)
-class BuildRules:
-    """How this torch's BUILD applies a state to an instance of an allowlisted class.
-
-    torch 2.13 calls ``inst.__setstate__(state)`` when the instance has one, else does what
-    pickle's ``load_build`` does (splits a ``(state, slotstate)`` pair, updates ``__dict__``
-    only with a truthy state, ``setattr``s each slot) and builds instances of torch's own
-    allowlisted types too; torch 2.4 and 2.5 do ``inst.__dict__.update(state)`` whatever the
-    state and build only user-allowlisted types.
-    """
-
-    calls_setstate: bool = True
-    splits_slotstate: bool = True
-    skips_falsy_state: bool = True
-    torch_types_buildable: bool = True
-
-
-@dataclass(frozen=True)
-class PersidRules:
-    """Which persistent ids torch refuses and how it says so.
-
-    torch 2.13 refuses an id that is neither a tuple nor an int, and a tuple whose first item
-    is not ``"storage"``, naming that item's type; torch 2.8's inverted check refused only int
-    ids and named the item itself.
-    """
-
-    #: Of ``"tuple"``, ``"int"`` (exactly int) and ``"other"``: the id types refused.
-    refused: frozenset[str] = frozenset(["other"])
-    type_message: str = "persistent_load id must be tuple or int, but got "
-    storage_message: str = "Only persistent_load of storage is allowed, but got "
-    #: The storage refusal names the first item's type (True) or the item itself (False).
-    names_type: bool = True
 
 
 @dataclass(frozen=True)
@@ -161,260 +97,50 @@ def unpickler_rules() -> UnpicklerRules:
 def _probe_rules() -> UnpicklerRules:
     import torch
 
-    unsupported = _unsupported_template()
-    opcodes = frozenset(op.name for op in pickletools.opcodes if not _lacks(unsupported, op))
-    if not {"GLOBAL", "REDUCE", "BINPERSID", "STOP"} <= opcodes:
-        raise ProbeFailed(f"torch's weights-only unpickler seems to lack basic opcodes (it has {sorted(opcodes)})")
+    template = checks.unsupported_template()
     try:
         import_mapping, name_mapping = torch._utils.IMPORT_MAPPING, torch._utils.NAME_MAPPING
-        from torch import _weights_only_unpickler as wou
-
-        blocked = frozenset(wou._blocklisted_modules)
     except AttributeError as e:
         raise ProbeFailed(f"torch no longer has the table the library reads: {e}") from None
-    factories = [probes.make_probe_list, probes.make_probe_dict, probes.make_probe_other, probes.make_defaultdict,
-                 probes.make_counter, probes.make_ordered_dict, _make_probe_other_class, _make_unlisted_function]
-    with allowlisted(factories):
-        plain = _container_outcomes(allowlisted_types=False)
-        build_refusal = with_type(_refusal(_build_on(probes.make_probe_other), "BUILD on an unlisted type"),
-                                  ProbeOther)
-        newobj_refusal = with_type(_refusal(_newobj_of_unlisted_class(), "NEWOBJ of an unlisted class"), ProbeOther)
-        reduce_refusal = _ending(_refusal(_reduce_of_unlisted_function(), "REDUCE of an unlisted function"),
-                                 repr(_unlisted_function))
-    with allowlisted([*factories, ProbeList, ProbeDict, ProbeOther]):
-        listed = _container_outcomes(allowlisted_types=True)
-    with allowlisted([ProbeWithSetstate, _ProbeSlotsAndDict, ProbeSlotted, ProbePlain]):
-        build = _build_rules()
+    build_refusal, newobj_refusal, reduce_refusal = checks.refusal_prefixes()
     return UnpicklerRules(
-        opcodes=opcodes,
-        unsupported=unsupported,
-        containers=_container_rules({**plain, **listed}),
-        persid=_persid_rules(),
-        build=build,
+        opcodes=checks.supported_opcodes(template),
+        unsupported=template,
+        containers=checks.container_rules(),
+        persid=checks.persid_rules(),
+        build=checks.build_rules(),
         build_refusal=build_refusal,
         newobj_refusal=newobj_refusal,
         reduce_refusal=reduce_refusal,
-        renames=_renames(),
+        renames=checks.renames(),
         import_mapping=dict(import_mapping),
         name_mapping=dict(name_mapping),
-        blocked_modules=blocked,
+        blocked_modules=checks.blocked_modules(),
     )
-
-
-def _refusal(outcome: Outcome, what: str) -> str:
-    if not outcome.refused:
-        raise ProbeFailed(f"torch's weights-only unpickler did not refuse {what} ({outcome!r})")
-    return outcome.message
-
-
-def _ending(message: str, shown: str) -> str:
-    """*message* up to the object torch names (*shown*); ProbeFailed when it does not name it."""
-    if shown not in message:
-        raise ProbeFailed(f"torch's message {message!r} does not name the object it refused ({shown})")
-    return message[: message.index(shown)]
-
-
-# -- opcodes -------------------------------------------------------------------------------------
-
-_NOT_AN_OPCODE = 0xFF
-
-
-def _unsupported_template() -> str:
-    """torch's refusal of a byte that is no opcode at all, as a template of the byte's value."""
-    outcome = unpickle(bytes([_NOT_AN_OPCODE]))
-    message = outcome.message
-    if not outcome.refused or str(_NOT_AN_OPCODE) not in message:
-        raise ProbeFailed(f"torch's weights-only unpickler answered a byte that is no opcode with {outcome!r}")
-    return message.replace(str(_NOT_AN_OPCODE), "{code}")
-
-
-def _lacks(template: str, op: Any) -> bool:
-    """Whether the unpickler refuses opcode *op* outright (given nothing after it)."""
-    code = ord(op.code)
-    outcome = unpickle(bytes([code]))
-    return outcome.refused and outcome.message == template.format(code=code)
-
-
-# -- container targets ------------------------------------------------------------------------------
-
-
-def _make_probe_other_class() -> type:
-    return ProbeOther
-
-
-def _unlisted_function() -> None:
-    """Never allowlisted: REDUCE of it is refused."""
-
-
-def _make_unlisted_function() -> Callable[[], Any]:
-    return _unlisted_function
-
-
-def _built_by(factory: Callable[[], Any]) -> bytes:
-    return global_op(factory) + pickle.EMPTY_TUPLE + pickle.REDUCE
-
-
-def _build_on(factory: Callable[[], Any]) -> Outcome:
-    return unpickle(_built_by(factory) + pickle.EMPTY_DICT + pickle.BUILD + probes.STOP)
-
-
-def _newobj_of_unlisted_class() -> Outcome:
-    return unpickle(_built_by(_make_probe_other_class) + pickle.EMPTY_TUPLE + pickle.NEWOBJ + probes.STOP)
-
-
-def _reduce_of_unlisted_function() -> Outcome:
-    return unpickle(_built_by(_make_unlisted_function) + pickle.EMPTY_TUPLE + pickle.REDUCE + probes.STOP)
-
-
-def _targets(allowlisted_types: bool) -> dict[str, tuple[str, bytes, type]]:
-    """(opcode family, the ops building the target, its type) per target kind."""
-    pre = "allowlisted_" if allowlisted_types else ""
-    out = {
-        f"{pre}list_subclass": ("append", _built_by(probes.make_probe_list), ProbeList),
-        f"{pre}dict_subclass": ("setitem", _built_by(probes.make_probe_dict), ProbeDict),
-        f"{pre}other": ("both", _built_by(probes.make_probe_other), ProbeOther),
-    }
-    if not allowlisted_types:
-        out.update({
-            "list": ("append", pickle.EMPTY_LIST, list),
-            "dict": ("setitem", pickle.EMPTY_DICT, dict),
-            "ordered_dict": ("setitem", _built_by(probes.make_ordered_dict), type(probes.make_ordered_dict())),
-            "counter": ("setitem", _built_by(probes.make_counter), type(probes.make_counter())),
-        })
-    return out
-
-
-_CONTAINER_OPS = {
-    "APPEND": small_int(1) + pickle.APPEND,
-    "APPENDS": pickle.MARK + small_int(1) + pickle.APPENDS,
-    "SETITEM": small_int(0) + small_int(0) + pickle.SETITEM,
-    "SETITEMS": pickle.MARK + small_int(0) + small_int(0) + pickle.SETITEMS,
-}
-
-
-def _container_outcomes(allowlisted_types: bool) -> dict[tuple[str, str], tuple[Outcome, type]]:
-    out = {}
-    for kind, (family, target, cls) in _targets(allowlisted_types).items():
-        for opcode, ops in _CONTAINER_OPS.items():
-            if family == "both" or opcode.lower().startswith(family):
-                out[(opcode, kind)] = (unpickle(target + ops + probes.STOP), cls)
-    return out
-
-
-def _container_rules(outcomes: dict[tuple[str, str], tuple[Outcome, type]]) -> dict[str, Optional[ContainerRule]]:
-    rules: dict[str, Optional[ContainerRule]] = {}
-    for opcode in _CONTAINER_OPS:
-        refused = {kind: (o, cls) for (op, kind), (o, cls) in outcomes.items() if op == opcode and o.refused}
-        if not refused:
-            rules[opcode] = None
-            continue
-        if {"list", "dict"} & set(refused):
-            raise ProbeFailed(f"torch refused {opcode} onto a plain {'list' if 'list' in refused else 'dict'}")
-        messages = {with_type(o.message, cls) for o, cls in refused.values()}
-        if len(messages) != 1:
-            raise ProbeFailed(f"torch refuses {opcode} targets with different messages: {sorted(messages)}")
-        rules[opcode] = ContainerRule(frozenset(refused), messages.pop())
-    return rules
-
-
-# -- persistent ids -----------------------------------------------------------------------------------
-
-
-def _persid_rules() -> PersidRules:
-    def stub(pid: Any) -> Any:
-        return None
-
-    samples = {"tuple": text("storage") + pickle.TUPLE1, "int": small_int(0), "other": text("id")}
-    outcomes = {kind: unpickle(ops + pickle.BINPERSID + probes.STOP, persistent_load=stub)
-                for kind, ops in samples.items()}
-    refused = frozenset(kind for kind, o in outcomes.items() if o.refused)
-    if "tuple" in refused:
-        raise ProbeFailed(f"torch refused a ('storage',) persistent id ({outcomes['tuple']!r})")
-    type_message = PersidRules.type_message
-    if refused:
-        kind = sorted(refused)[0]
-        type_message = with_type(outcomes[kind].message, int if kind == "int" else str)
-    marker = "tstprobe"
-    storage = unpickle(text(marker) + pickle.TUPLE1 + pickle.BINPERSID + probes.STOP, persistent_load=stub)
-    message = _refusal(storage, "a persistent id that is not a storage")
-    if message.endswith(repr(str)):
-        return PersidRules(refused, type_message, with_type(message, str), True)
-    if message.endswith(marker):
-        return PersidRules(refused, type_message, message[: -len(marker)], False)
-    raise ProbeFailed(f"torch's refusal of a non-storage persistent id names neither it nor its type: {message!r}")
-
-
-# -- BUILD ------------------------------------------------------------------------------------------------
-
-
-class _ProbeSlotsAndDict:
-    """A slot and a ``__dict__``: a ``({}, {"a": 1})`` state loads wherever BUILD splits slot state."""
-
-    __slots__ = ("a", "__dict__")
-
-
-def _build_with(cls: type, state_ops: bytes) -> Outcome:
-    return unpickle(global_op(cls) + pickle.EMPTY_TUPLE + pickle.REDUCE + state_ops + pickle.BUILD + probes.STOP)
-
-
-def _build_rules() -> BuildRules:
-    one_slot = pickle.EMPTY_DICT + text("a") + small_int(1) + pickle.SETITEM
-    calls = _build_with(ProbeWithSetstate, pickle.EMPTY_DICT)
-    splits = _build_with(_ProbeSlotsAndDict, pickle.EMPTY_DICT + one_slot + pickle.TUPLE2)
-    skips = _build_with(ProbeSlotted, pickle.EMPTY_DICT)
-    for what, o in (("a class with __setstate__", calls), ("a plain class", _build_with(ProbePlain, pickle.EMPTY_DICT))):
-        if o.refused:
-            raise ProbeFailed(f"torch refused BUILD on an allowlisted {what} ({o!r})")
-    return BuildRules(
-        calls_setstate=calls.loaded and getattr(calls.value, "set_with", None) == {},
-        splits_slotstate=splits.loaded and getattr(splits.value, "a", None) == 1,
-        skips_falsy_state=skips.loaded,
-        torch_types_buildable=_torch_type_buildable(),
-    )
-
-
-def _torch_type_buildable() -> bool:
-    """Whether BUILD applies a state to an instance of a type only torch's own allowlist has."""
-    from torch import _weights_only_unpickler as wou
-
-    allowed = wou._get_allowed_globals()
-    name = next((n for n in ("torch.Size", "collections.Counter") if isinstance(allowed.get(n), type)), None)
-    if name is None:
-        raise ProbeFailed("torch's allowlist has neither torch.Size nor collections.Counter to probe BUILD with")
-    outcome = unpickle(global_op(name) + pickle.EMPTY_TUPLE + pickle.REDUCE + pickle.EMPTY_DICT + pickle.BUILD
-                       + probes.STOP)
-    return not outcome.refused
 
 
 # -- names ----------------------------------------------------------------------------------------------------
 
 
-def _renames() -> str:
-    """When torch renames Python-2 module names: in every pickle, or only in protocol 2 ones."""
-    probe = pickle.GLOBAL + b"__builtin__\ntstprobe\n" + probes.STOP
-    at_2, at_0 = unpickle(probe), unpickle(probe, proto=False)
-    for o in (at_2, at_0):
-        if not o.refused:
-            raise ProbeFailed(f"torch did not refuse the unknown global __builtin__.tstprobe ({o!r})")
-    renamed_2, renamed_0 = "__builtin__" not in at_2.message, "__builtin__" not in at_0.message
-    if not renamed_2:
-        raise ProbeFailed("torch no longer renames Python-2 globals (__builtin__ -> builtins) in protocol 2")
-    return "always" if renamed_0 else "protocol_2"
+_refusals: dict[tuple[str, bool], Optional[str]] = {}
 
 
-_refusals: dict[str, Optional[str]] = {}
-
-
-def global_refusal(name: str) -> Optional[str]:
+def global_refusal(name: str, *, proto: bool = True) -> Optional[str]:
     """torch's own message refusing the global *name* (``module.attr``) here and now, or None when
     it accepts it.  Asked of torch per name: special cases (a nested jagged tensor before
-    ``torch.nested`` is imported) and the spelling of ``builtins`` names come with it."""
-    known = _refusals.get(name)
-    if known is None and name not in _refusals:
+    ``torch.nested`` is imported) and the spelling of ``builtins`` names come with it.
+
+    *name* is spelled as the weights-only unpickler sees it (its Python-2 renames applied);
+    ``proto=False`` asks in a pickle without ``PROTO 2``, where a torch that renames only in
+    protocol 2 (2.4) renames nothing again -- for the names of a protocol 0/1 pickle there.
+    """
+    key = (name, proto)
+    known = _refusals.get(key)
+    if known is None and key not in _refusals:
         module, _, attr = name.partition(".")
         body = pickle.GLOBAL + module.encode("utf-8", "surrogatepass") + b"\n" + attr.encode("utf-8", "surrogatepass")
         with registry_lock:
-            outcome = unpickle(body + b"\n" + probes.STOP)
+            outcome = unpickle(body + b"\n" + probes.STOP, proto=proto)
         if outcome.loaded:
             return None  # allowlisted right now: nothing to remember
         if not outcome.refused:
@@ -422,5 +148,5 @@ def global_refusal(name: str) -> Optional[str]:
         known = outcome.message
         if len(_refusals) > 4096:
             _refusals.clear()
-        _refusals[name] = known
+        _refusals[key] = known
     return known

@@ -129,8 +129,8 @@ PACKED_WEIGHT_OFFSET = 128
 VERSION_DEPENDENT_GLOBALS = frozenset({"builtins.set"}) - torch_allowlist()
 
 # torch 2.13 deprecates creating quantized tensors (pytorch issue 184982); these tests do it on
-# purpose, so that warning is ignored during them (torch's own warnings from saving and loading
-# are quieted by the library), keeping `python -m unittest -v` output to outcomes.
+# purpose, so that warning is ignored during them.  Every other warning shows exactly as without
+# the library: torch's own from saving and loading (TypedStorage, once per process) included.
 QUANTIZED_CREATION_DEPRECATION = r".*quantized tensor creation functions.*"
 
 # The sparse dynamic quantized Linear runs only on the CPU: fbgemm/qnnpack kernels and packed

@@ -1,0 +1,181 @@
+"""Reading a pickle stream: each opcode's argument layout, its arguments, and what a damaged or
+over-limit stream raises -- the part of the walk (:mod:`.walker`) that knows nothing of torch.
+"""
+
+from __future__ import annotations
+
+import pickletools
+from typing import Any
+
+from ..core.errors import CheckpointFormatError
+from ..core.limits import ScanLimits
+from .model import BOOL
+
+__all__ = ["ARG", "NAMES", "read_argument", "checked_global_name", "stream_error", "damaged", "need",
+           "memo_error", "memo_index", "check_budget", "text_int", "text_value"]
+
+#: Opcode byte -> how its argument is laid out, from the stdlib's own opcode table.
+_FIXED, _LINE, _TWO_LINES, _LEN1, _LEN4, _LEN8 = range(6)
+ARG: dict[int, tuple[int, int]] = {}
+for _op in pickletools.opcodes:
+    _a = _op.arg
+    _c = ord(_op.code)
+    if _a is None:
+        ARG[_c] = (_FIXED, 0)
+    elif _a.n >= 0:
+        ARG[_c] = (_FIXED, _a.n)
+    elif _a.name == "stringnl_noescape_pair":
+        ARG[_c] = (_TWO_LINES, 0)
+    elif _a.n == pickletools.UP_TO_NEWLINE:
+        ARG[_c] = (_LINE, 0)
+    elif _a.n == pickletools.TAKEN_FROM_ARGUMENT1:
+        ARG[_c] = (_LEN1, 0)
+    elif _a.n in (pickletools.TAKEN_FROM_ARGUMENT4, pickletools.TAKEN_FROM_ARGUMENT4U):
+        ARG[_c] = (_LEN4, 0)
+    elif _a.n == pickletools.TAKEN_FROM_ARGUMENT8U:
+        ARG[_c] = (_LEN8, 0)
+NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
+del _op, _a, _c
+
+
+def damaged(what: str, pos: int) -> CheckpointFormatError:
+    """The error of a truncated or damaged stream: *what* is wrong at byte *pos*."""
+    return CheckpointFormatError(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
+
+
+def need(stack: list[Any], k: int, at: int) -> None:
+    if len(stack) < k:
+        raise damaged(f"stack underflow (needs {k} values)", at)
+
+
+def memo_error(limits: ScanLimits) -> CheckpointFormatError:
+    return CheckpointFormatError(
+        f"the pickle stores more than ScanLimits.max_memo_entries={limits.max_memo_entries} memo entries; "
+        "raise it with scan_limits(max_memo_entries=...) if the checkpoint is trusted to be that large"
+    )
+
+
+def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> None:
+    """Checked every 1024 opcodes: the caps that bound time and memory."""
+    if n > budget:
+        raise CheckpointFormatError(
+            f"the pickle has more than ScanLimits.max_opcodes={limits.max_opcodes} opcodes; "
+            "raise it with scan_limits(max_opcodes=...) if the checkpoint is trusted to be that large"
+        )
+    if depth > limits.max_stack_depth:
+        raise CheckpointFormatError(
+            f"the pickle stack grew past ScanLimits.max_stack_depth={limits.max_stack_depth} entries"
+        )
+    if memo > limits.max_memo_entries:
+        raise memo_error(limits)
+
+
+def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:
+    """The value of INT / LONG written as text (protocol 0/1)."""
+    text = raw[:-1] if code == 0x4C and raw.endswith(b"L") else raw
+    if len(text) > limits.max_int_digits:
+        raise CheckpointFormatError(
+            f"an integer of {len(text)} digits at byte {at} exceeds ScanLimits.max_int_digits="
+            f"{limits.max_int_digits} (Python refuses to read it too)"
+        )
+    if code == 0x49 and text in (b"00", b"01"):
+        return BOOL
+    try:
+        return int(text)
+    except ValueError:
+        raise damaged("an integer that is not a number", at) from None
+
+
+def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimits, at: int) -> tuple[Any, int]:
+    """The argument of the opcode at *at* laid out as *spec* (see :data:`ARG`), starting at *pos*,
+    and the position after it: raw bytes, ``(start, length)`` of a counted argument, a text line,
+    or a pair of them."""
+    kind, size = spec
+    end = len(data)
+    if kind == _FIXED:
+        if not size:
+            return None, pos
+        if pos + size > end:
+            raise damaged("truncated argument", at)
+        return data[pos:pos + size], pos + size
+    if kind == _LEN4 or kind == _LEN1 or kind == _LEN8:
+        width = 4 if kind == _LEN4 else (1 if kind == _LEN1 else 8)
+        if pos + width > end:
+            raise damaged("truncated length", at)
+        length = int.from_bytes(data[pos:pos + width], "little")
+        pos += width
+        if length > end - pos:
+            raise damaged(f"a {length}-byte argument beyond the end of the stream", at)
+        return (pos, length), pos + length
+    max_name = limits.max_name_length
+    nl = data.find(b"\n", pos, min(end, pos + max_name + limits.max_int_digits + 2))
+    if nl < 0:
+        raise damaged("a text argument without newline (or longer than the limits)", at)
+    arg: Any = data[pos:nl]
+    pos = nl + 1
+    if kind == _TWO_LINES:
+        nl = data.find(b"\n", pos, min(end, pos + max_name + 2))
+        if nl < 0:
+            raise damaged("a global name without newline (or longer than ScanLimits.max_name_length)", at)
+        arg = (arg, data[pos:nl])
+        pos = nl + 1
+    return arg, pos
+
+
+def checked_global_name(module: str, name: str, at: int, max_name: int) -> None:
+    """Refuse a global name no module can have, or longer than the limits allow."""
+    if len(module) + len(name) + 1 > max_name:
+        raise CheckpointFormatError(
+            f"a global name of {len(module) + len(name) + 1} characters at byte {at} exceeds "
+            f"ScanLimits.max_name_length={max_name}; raise it with scan_limits(max_name_length=...)"
+        )
+    for part in (module, name):
+        try:
+            part.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CheckpointFormatError(
+                f"a global name at byte {at} contains a lone surrogate ({(module + '.' + name)!a}): "
+                "no module can have that name"
+            ) from None
+
+
+def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatError:
+    """What an exception escaping the walk over a stream of *end* bytes means (*at*: the opcode's start)."""
+    if isinstance(e, CheckpointFormatError):
+        return e
+    if isinstance(e, IndexError):
+        if pos >= end:
+            return CheckpointFormatError("the pickle stream ended early (no STOP opcode): the checkpoint is truncated")
+        return damaged("stack underflow, or an argument past the end of the stream", at)
+    if isinstance(e, KeyError):
+        return damaged(f"memo entry {e} read before it was written", at)
+    if isinstance(e, UnicodeDecodeError):
+        return damaged("a string that is not UTF-8", at)
+    return damaged(f"{type(e).__name__}: {e}", at)
+
+
+def memo_index(arg: bytes, opcode: str, at: int) -> int:
+    """The memo index a text PUT or GET names."""
+    try:
+        return int(arg)
+    except ValueError:
+        raise damaged(f"{opcode} with a non-integer index", at) from None
+
+
+def text_value(code: int, arg: Any, data: bytes, max_name: int) -> Any:
+    """What STRING (0x53), UNICODE (0x56), SHORT_BINSTRING or BINSTRING pushes as torch reads it
+    (UTF-8 text): the str while it is short, None when too long (or empty) to keep, the bytes
+    themselves when they are not UTF-8."""
+    if code == 0x53 or code == 0x56:
+        raw = arg
+        if code == 0x53 and len(raw) >= 2 and raw[:1] == raw[-1:] and raw[:1] in (b"'", b'"'):
+            raw = raw[1:-1]
+    else:
+        p, length = arg
+        raw = data[p:p + length] if length <= max_name else b""
+    if not 0 < len(raw) <= max_name:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
