@@ -245,7 +245,7 @@ def main() -> None:
             "body",
             lambda: run_tests(leaky("test_change_then_round_trip")),
             exactly_restored,
-            files=("testing/case.py", "testing/checked_loads.py", "testing/isolation.py", "testing/ignored_warnings.py", "loading/load.py",
+            files=("testing/case.py", "testing/checked_loads.py", "testing/isolation.py", "loading/load.py",
                    "torch_facts/engines.py", "torch_facts/registry.py", "torch_facts/loader.py",
                    "core/interrupts.py"),
         )

@@ -1,16 +1,10 @@
 """Serialization round-trip tests that know what ``torch.load`` should do.
 
-Since torch 2.6 a bare ``torch.load`` is weights-only.  This library saves a
-module to memory and reloads it in every load mode -- ``weights_only=False``,
-``weights_only=True`` inside ``safe_globals``, and the bare default -- per
-quantized engine and device, and asserts in each generated test exactly what
-torch should do in the current environment.
-
-Layers, each importing only those before it: ``core`` (errors, names, modes,
-limits), ``torch_facts`` (what this torch does, asked by probes; the only layer
-touching torch's private API), ``scan`` and ``policy`` (reading checkpoints
-statically; which globals may be trusted), ``loading`` (prediction and the load
-that asserts it), ``testing`` (the mixin and generated tests), ``cli``.
+Since torch 2.6 a bare ``torch.load`` is weights-only.  The library saves a module to memory,
+reloads it in every load mode (``weights_only=False``, ``weights_only=True`` inside
+``safe_globals``, the bare default) per quantized engine and device, and asserts what torch
+should do here.  Layers, each importing only those before it: ``core``, ``torch_facts`` (the
+only one touching torch's private API), ``scan`` and ``policy``, ``loading``, ``testing``, ``cli``.
 """
 
 from __future__ import annotations
@@ -19,13 +13,8 @@ import importlib
 from typing import Any
 
 from .core.errors import (
-    AllowlistError,
-    CheckpointFormatError,
-    ConflictingEnvironmentError,
-    LeakedGlobalStateError,
-    RoundTripConfigError,
-    UnexpectedLoadOutcome,
-    UnsafeLoadRefused,
+    AllowlistError, CheckpointFormatError, ConflictingEnvironmentError, LeakedGlobalStateError, RoundTripConfigError,
+    UnexpectedLoadOutcome, UnsafeLoadRefused,
 )
 from .core.limits import ScanLimits, scan_limits
 from .core.modes import LoadMode
@@ -33,27 +22,21 @@ from .core.names import qualified_name
 from .loading.required import required_globals
 from .policy.snippet import refusal_notes, safe_globals_snippet
 from .policy.trust import UnsafeCallable, dangerous_reason, judge_global
-from .testing.aggregation import import_round_trip_tests
 from .testing.case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
-from .testing.instantiation import cross_engine, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims
+from .testing.instantiation import (
+    cross_engine, import_round_trip_tests, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims,
+)
 from .testing.isolation import GlobalState
 from .torch_facts.devices import available_device_types
 from .torch_facts.engines import override_qengine, supported_qengines
 
-# What only a round trip or a scan needs (the opcode walk, the prediction, the loader, the
-# comparison) is imported on first use, here or by the mixin's first round trip: ``import
+# What only a round trip or a scan needs is imported on first use, so ``import
 # torch_serial_testing`` and defining test classes stay cheap.  Name -> its module.
 _ON_FIRST_USE = {
-    "Checkpoint": "scan.checkpoint",
-    "CheckpointInfo": "scan.checkpoint",
-    "scan_checkpoint": "scan.checkpoint",
-    "RoundTripMismatch": "testing.comparison",
-    "assert_round_trip_equal": "testing.comparison",
-    "Expectation": "loading.prediction",
-    "predict": "loading.prediction",
-    "LoadResult": "loading.load",
-    "load": "loading.load",
-    "round_trip": "loading.load",
+    **dict.fromkeys(("Checkpoint", "CheckpointInfo", "scan_checkpoint"), "scan.checkpoint"),
+    **dict.fromkeys(("RoundTripMismatch", "assert_round_trip_equal"), "testing.comparison"),
+    **dict.fromkeys(("Expectation", "predict"), "loading.prediction"),
+    **dict.fromkeys(("LoadResult", "load", "round_trip"), "loading.load"),
 }
 
 
@@ -73,43 +56,12 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllowlistError",
-    "CaseSpec",
-    "Checkpoint",
-    "CheckpointFormatError",
-    "CheckpointInfo",
-    "ConflictingEnvironmentError",
-    "Expectation",
-    "ExpectedRejection",
-    "GlobalState",
-    "LeakedGlobalStateError",
-    "LoadMode",
-    "LoadResult",
-    "RoundTripConfigError",
-    "RoundTripMismatch",
-    "ScanLimits",
-    "SerializationRoundTripTestCase",
-    "UnexpectedLoadOutcome",
-    "UnsafeCallable",
-    "UnsafeLoadRefused",
-    "assert_round_trip_equal",
-    "available_device_types",
-    "cross_engine",
-    "dangerous_reason",
-    "import_round_trip_tests",
-    "instantiate_round_trip_tests",
-    "judge_global",
-    "load",
-    "no_round_trip_dims",
-    "override_qengine",
-    "predict",
-    "qualified_name",
-    "refusal_notes",
-    "required_globals",
-    "round_trip",
-    "round_trip_dims",
-    "safe_globals_snippet",
-    "scan_checkpoint",
-    "scan_limits",
-    "supported_qengines",
+    "AllowlistError", "CaseSpec", "Checkpoint", "CheckpointFormatError", "CheckpointInfo",
+    "ConflictingEnvironmentError", "Expectation", "ExpectedRejection", "GlobalState", "LeakedGlobalStateError",
+    "LoadMode", "LoadResult", "RoundTripConfigError", "RoundTripMismatch", "ScanLimits",
+    "SerializationRoundTripTestCase", "UnexpectedLoadOutcome", "UnsafeCallable", "UnsafeLoadRefused",
+    "assert_round_trip_equal", "available_device_types", "cross_engine", "dangerous_reason",
+    "import_round_trip_tests", "instantiate_round_trip_tests", "judge_global", "load", "no_round_trip_dims",
+    "override_qengine", "predict", "qualified_name", "refusal_notes", "required_globals", "round_trip",
+    "round_trip_dims", "safe_globals_snippet", "scan_checkpoint", "scan_limits", "supported_qengines",
 ]

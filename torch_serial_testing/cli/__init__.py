@@ -1,19 +1,9 @@
-"""``python -m torch_serial_testing``: why does ``torch.load`` do that *here*?
+"""``python -m torch_serial_testing {doctor,inspect,vendor}``: why does ``torch.load`` do that *here*?
 
-Subcommands, built on argparse (torch is imported only once a subcommand runs, so ``--help``
-and usage errors are instant):
-
-``doctor [--json]``
-    This interpreter's torch, whether ``torch.load`` is torch's own, the ``weights_only``
-    default of a bare ``torch.load`` and why, the four environment switches, the registered
-    safe globals, engines and devices (:mod:`.doctor`).
-``inspect CHECKPOINT [--safe-global NAME ...] [--json]``
-    What each load mode would do with a checkpoint here, found by reading its pickle opcodes,
-    never by unpickling it, and a ready-to-paste snippet of verified classes (:mod:`.inspection`).
-``vendor PYTORCH_CHECKOUT [--with-flagship] [--check]``
-    Copy this package into a pytorch checkout's ``test/`` (:mod:`.vendor`).
-
-Exit codes and the JSON schema: :mod:`.contract`.
+Subcommands: :mod:`.doctor` (this torch and its environment), :mod:`.inspection` (what each load mode
+would do with a checkpoint, never unpickled), :mod:`.vendor` (copy the package into pytorch's
+``test/``); exit codes and the JSON schema: :mod:`.contract`.  torch is imported only once a
+subcommand runs, so ``--help`` and usage errors are instant.
 """
 
 from __future__ import annotations
@@ -62,62 +52,49 @@ class _Parser(argparse.ArgumentParser):
 
 def _prog() -> str:
     argv0 = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if argv0 in ("__main__.py", "-c", "") or argv0.endswith(".py"):
-        return "python -m torch_serial_testing"
-    return argv0
+    return "python -m torch_serial_testing" if argv0 in ("-c", "") or argv0.endswith(".py") else argv0
 
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(
-        prog=_prog(),
-        description="Triage torch.load: why does it accept or reject a checkpoint here?",
-        epilog=exit_codes_help(["doctor", "inspect", "vendor"]),
-        formatter_class=fmt,
-    )
+    parser = _Parser(prog=_prog(), description="Triage torch.load: why does it accept or reject a checkpoint here?",
+                     epilog=exit_codes_help(["doctor", "inspect", "vendor"]), formatter_class=fmt)
     from .. import __version__
 
     parser.add_argument("--version", action="version", version=f"torch_serial_testing {__version__}",
                         help="print the library's version and exit (see `doctor` for torch's)")
     sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect,vendor}", required=True)
-    doc = sub.add_parser(
-        "doctor",
-        help="this interpreter's torch, torch.load default, environment switches, engines, devices",
-        description=textwrap.fill((
-            "Report this interpreter's torch build, whether torch.load is torch's own, the "
-            "weights_only default of a bare torch.load and why, the TORCH_FORCE_WEIGHTS_ONLY_LOAD / "
-            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD / TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT / "
-            "TORCH_DEVICE_BACKEND_AUTOLOAD switches, registered safe globals, quantized engines "
-            "and devices. Nothing is loaded beyond torch itself."
-        ), 88),
-        epilog=exit_codes_help(["doctor"]) + "\n" + _DOCTOR_JSON_HELP,
-        formatter_class=fmt,
-    )
-    doc.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
-    ins = sub.add_parser(
-        "inspect",
-        help="what torch.load would do with a checkpoint here, without unpickling it",
-        description=textwrap.fill((
-            "Scan CHECKPOINT's pickle opcodes (never unpickling it, never calling torch.load on it) "
-            "and report its format, the globals it needs beyond torch's allowlist, what each load "
-            "mode would do here, and a ready-to-paste safe_globals snippet."
-        ), 88),
-        epilog=exit_codes_help(["inspect"]) + "\n" + _INSPECT_JSON_HELP,
-        formatter_class=fmt,
-    )
-    ins.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file, or - to read stdin")
-    ins.add_argument(
-        "--safe-global",
-        dest="safe_globals",
-        metavar="NAME",
-        action="append",
-        default=[],
-        help="a 'module.Name' you would allowlist (repeatable); matched as a string, never imported",
-    )
-    ins.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
-    from .vendor import add_parser as add_vendor_parser
+    def command(name: str, summary: str, description: str, json_help: str = "") -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=summary, description=textwrap.fill(description, 88),
+                              epilog=exit_codes_help([name]) + (f"\n{json_help}" if json_help else ""),
+                              formatter_class=fmt)
 
-    add_vendor_parser(sub, fmt)
+    doc = command(
+        "doctor", "this interpreter's torch, torch.load default, environment switches, engines, devices",
+        "Report this interpreter's torch build, whether torch.load is torch's own, the weights_only default "
+        "of a bare torch.load and why, the TORCH_FORCE_WEIGHTS_ONLY_LOAD / TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD / "
+        "TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT / TORCH_DEVICE_BACKEND_AUTOLOAD switches, registered safe globals, "
+        "quantized engines and devices. Nothing is loaded beyond torch itself.", _DOCTOR_JSON_HELP)
+    doc.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
+    ins = command(
+        "inspect", "what torch.load would do with a checkpoint here, without unpickling it",
+        "Scan CHECKPOINT's pickle opcodes (never unpickling it, never calling torch.load on it) and report its "
+        "format, the globals it needs beyond torch's allowlist, what each load mode would do here, and a "
+        "ready-to-paste safe_globals snippet.", _INSPECT_JSON_HELP)
+    ins.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file, or - to read stdin")
+    ins.add_argument("--safe-global", dest="safe_globals", metavar="NAME", action="append", default=[],
+                     help="a 'module.Name' you would allowlist (repeatable); matched as a string, never imported")
+    ins.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
+    from .vendor import AGGREGATOR, FLAGSHIP
+
+    ven = command("vendor", "copy this package into a pytorch checkout's test/ (optionally with the flagship test)",
+                  "Copy torch_serial_testing into PYTORCH_CHECKOUT/test/torch_serial_testing/ (not installed: every "
+                  "pytorch test runner imports it from test/). Idempotent. Does not import torch.")
+    ven.add_argument("checkout", metavar="PYTORCH_CHECKOUT",
+                     help="root of a pytorch checkout (the folder holding test/)")
+    ven.add_argument("--with-flagship", action="store_true",
+                     help=f"also copy test/{FLAGSHIP} and add the import lines to test/{AGGREGATOR}")
+    ven.add_argument("--check", action="store_true", help="write nothing; exit 1 if the checkout's copy is not current")
     return parser
 
 
@@ -133,23 +110,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return run_vendor(args)
     if args.command == "doctor":
-        from .doctor import doctor_report, format_doctor
+        from .doctor import doctor_report, format_doctor as text
 
         report = doctor_report()
-        text = format_doctor
     else:
-        from .inspection import format_inspect, inspect_report
+        from .inspection import format_inspect as text, inspect_report
 
         report = inspect_report(args.checkpoint, args.safe_globals)
-        text = format_inspect
     try:
         if args.json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
-        elif report["command"] == "inspect" and report["status"] == "unreadable":
-            # Nothing to report but the error: it goes to stderr, once (stdout stays empty).
-            sys.stderr.write(text(report) + "\n")
-        else:
-            sys.stdout.write(text(report) + "\n")
+        else:  # an unreadable input's report is only its error: to stderr (stdout stays empty)
+            unreadable = report["command"] == "inspect" and report["status"] == "unreadable"
+            (sys.stderr if unreadable else sys.stdout).write(text(report) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head`
         pass

@@ -1,37 +1,29 @@
 """The CLI's contract with scripts: exit codes and the ``--json`` schema, written once.
 
-``--help`` prints :func:`exit_codes_help` of this table; the subcommands return these codes.
-
-JSON (``--json``; schema 1; keys are stable, values ``null`` when unknown).  Common: ``schema``
-(int, 1), ``command`` ("doctor"/"inspect"), ``status`` (string), ``exit_code`` (int),
-``torch`` ({``version``, ``cuda``, ``hip``, ``git_version``, ``debug``}),
+``--help`` prints :func:`exit_codes_help` of :data:`EXIT_CODES`; the subcommands return these codes.
+JSON (schema 1; keys stable, values ``null`` when unknown).  Every report: ``schema`` (1), ``command``,
+``status``, ``exit_code``, ``torch`` ({``version``, ``cuda``, ``hip``, ``git_version``, ``debug``}),
 ``torch_load_replaced_by`` (string or null).
 
-doctor: ``status`` "ok" | "attention" | "error"; ``problems`` (list of strings: why status is
-not "ok"); ``default_weights_only`` ({``value``: bool or null when every load fails or torch
-cannot be asked (``reason`` then starts "unknown: "), ``reason``, ``warns``: bool,
-``torch_default``: bool (null when unknown), ``torch_default_reason``});
-``environment`` (keyed by TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD,
-TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD, each {``raw``: string or
-null, ``value``: the value torch uses -- bool for the three switches, float seconds (or
-"inf"/"nan") for the wait limit --, ``effect``: string}); ``backend_entry_points`` (list of
-"name = target" in entry-point group ``torch.backends``); ``safe_globals`` (sorted names
-registered process-wide); ``quantized_engines`` ({``supported``: list, ``current``: string});
-``devices`` ({``available``: list, ``privateuse1_backend``: string or null}).
+doctor: ``status`` "ok" | "attention" | "error"; ``problems`` (why not "ok"); ``default_weights_only``
+({``value``: bool, or null when every load fails or torch cannot be asked (``reason`` then starts
+"unknown: "), ``reason``, ``warns``, ``torch_default`` (null when unknown), ``torch_default_reason``});
+``environment`` (per TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD,
+TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD: {``raw``, ``value`` torch uses
+(bool; the wait limit in seconds, or "inf"/"nan"), ``effect``}); ``backend_entry_points`` ("name =
+target" of group ``torch.backends``); ``safe_globals`` (registered process-wide, sorted);
+``quantized_engines`` ({``supported``, ``current``}); ``devices`` ({``available``, ``privateuse1_backend``}).
 
-inspect: ``status`` "loads" | "needs_allowlist" | "needs_opt_in" | "needs_trusted_loader" |
-"dangerous" | "unloadable" | "unreadable" | "environment_error"; ``checkpoint`` (the
-argument); ``nbytes`` (int or null); ``format`` ("zip" | "torchscript" | "legacy" | "tar" |
-null); ``error`` (string or null: why it is unreadable, every load fails, or what torch.load does
-here cannot be predicted -- status "environment_error", the modes' outcome "error"); ``globals`` (every
-global the pickle names); ``required_globals`` (those beyond torch's allowlist);
-``dangerous`` (denylisted, or the policy cannot tell what it is), ``malformed`` (not a dotted
-Python name), ``unknown`` (absent here) and ``needs_opt_in`` (verified, but not a class)
-(lists of {``name``, ``reason``}); ``notes`` (one line per global the snippet leaves out, and
-why); ``safe_globals`` ({``given``, ``unused``}); ``modes`` (keyed by weights_only_false,
-safe_globals, default, each {``weights_only``: bool or null, ``outcome``: "loads" |
-"rejected" | "unsafe" | "error", ``missing``: list, ``summary``: the text line}); ``snippet``
-(string or null).
+inspect: ``status`` "loads" | "needs_allowlist" | "needs_opt_in" | "needs_trusted_loader" | "dangerous"
+| "unloadable" | "unreadable" | "environment_error"; ``checkpoint`` (the argument); ``nbytes``;
+``format`` ("zip" | "torchscript" | "legacy" | "tar" | null); ``error`` (why it is unreadable, every
+load fails, or torch.load cannot be predicted here: status "environment_error", outcome "error");
+``globals`` (all the pickle names); ``required_globals`` (beyond torch's allowlist); ``dangerous``
+(denylisted, or the policy cannot tell), ``malformed`` (not a dotted name), ``unknown`` (absent here),
+``needs_opt_in`` (verified, not a class): lists of {``name``, ``reason``}; ``notes`` (a line per global
+the snippet leaves out); ``safe_globals`` ({``given``, ``unused``}); ``modes`` (per weights_only_false,
+safe_globals, default: {``weights_only`` (bool or null), ``outcome`` "loads" | "rejected" | "unsafe" |
+"error", ``missing``, ``summary`` (the text line)}); ``snippet`` (string or null).
 """
 
 from __future__ import annotations
@@ -82,14 +74,10 @@ def exit_codes_help(commands: Sequence[str], width: int = 100) -> str:
     label = max(len(c) for c in commands) + 2
     lines = ["exit codes:"]
     for code, meanings in EXIT_CODES.items():
-        first = True
-        for command, text in meanings.items():
-            if command != "all" and command not in commands:
-                continue
-            head = f"  {code}  " if first else " " * 5
-            prefix = head + ("" if command == "all" else f"{command + ':':<{label}}")
+        shown = [(c, text) for c, text in meanings.items() if c == "all" or c in commands]
+        for i, (command, text) in enumerate(shown):
+            prefix = (f"  {code}  " if i == 0 else " " * 5) + ("" if command == "all" else f"{command + ':':<{label}}")
             lines.extend(textwrap.wrap(text, width, initial_indent=prefix, subsequent_indent=" " * len(prefix)))
-            first = False
     return "\n".join(lines) + "\n"
 
 
@@ -98,10 +86,5 @@ def torch_info() -> dict[str, Any]:
     import torch
 
     version = getattr(torch, "version", None)
-    return {
-        "version": torch.__version__,
-        "cuda": getattr(version, "cuda", None),
-        "hip": getattr(version, "hip", None),
-        "git_version": getattr(version, "git_version", None),
-        "debug": getattr(version, "debug", None),
-    }
+    return {"version": torch.__version__,
+            **{key: getattr(version, key, None) for key in ("cuda", "hip", "git_version", "debug")}}

@@ -1,18 +1,10 @@
 """``python -m torch_serial_testing vendor PYTORCH_CHECKOUT``: put the library into pytorch's ``test/``.
 
-pytorch does not install test helpers; it imports them from ``test/``, which
-every runner puts on ``sys.path`` (the script's folder, the ``cd test`` working
-directory, pytest's conftest folder, or a subfolder file's one-line idiom).
-So the package is *copied*, byte for byte, to ``test/torch_serial_testing/``.
-With ``--with-flagship`` the rewritten ``test_qlinear_packed_params.py`` goes
-to ``test/ao/sparsity/`` and ``test/test_ao_sparsity.py`` gets the aggregator
-lines (replacing any ``from ao.sparsity.test_qlinear_packed_params import ...``
-line, which a device filter would turn into an ImportError).
-
-Idempotent: files already identical are not rewritten; files the package no
-longer has are removed from the copy.  ``--check`` writes nothing and exits 1
-when the checkout's copy is not current (listing why), 0 when it is.  Only the
-standard library is used: torch is not imported.
+pytorch does not install test helpers; every runner imports them from ``test/`` (on ``sys.path``),
+so the package is copied byte for byte to ``test/torch_serial_testing/``; ``--with-flagship`` adds
+the flagship and the aggregator lines (replacing its by-name import, which a device filter breaks).
+Idempotent (identical files untouched, files the package lost removed); ``--check`` writes nothing.
+Only the standard library is used: torch is not imported.
 """
 
 from __future__ import annotations
@@ -21,14 +13,13 @@ import argparse
 import os
 import re
 import sys
-import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, exit_codes_help
+from .contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK
 
-__all__ = ["FLAGSHIP", "AGGREGATOR", "AGGREGATOR_LINES", "VendorError", "VendorReport", "vendor", "add_parser", "run"]
+__all__ = ["FLAGSHIP", "AGGREGATOR", "AGGREGATOR_LINES", "VendorError", "VendorReport", "vendor", "run"]
 
 PACKAGE = "torch_serial_testing"
 FLAGSHIP = "ao/sparsity/test_qlinear_packed_params.py"  # relative to test/
@@ -44,9 +35,6 @@ _BY_NAME = re.compile(rf"^\s*from\s+{re.escape(_FLAGSHIP_MODULE)}\s+import\s+.*$
 _MAIN_GUARD = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""")
 _SKIP_DIRS = {"__pycache__"}
 _SKIP_SUFFIXES = (".pyc", ".pyo")
-
-EXIT_STALE = EXIT_ATTENTION
-EXIT_ERROR = EXIT_DANGEROUS
 
 
 class VendorError(Exception):
@@ -85,10 +73,7 @@ def _package_files(src: Path) -> dict[str, bytes]:
     files = {}
     for root, dirs, names in os.walk(src):
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
-        for name in sorted(names):
-            if name.endswith(_SKIP_SUFFIXES):
-                continue
-            path = Path(root, name)
+        for path in (Path(root, name) for name in sorted(names) if not name.endswith(_SKIP_SUFFIXES)):
             files[path.relative_to(src).as_posix()] = path.read_bytes()
     return files
 
@@ -96,22 +81,7 @@ def _package_files(src: Path) -> dict[str, bytes]:
 def flagship_source() -> Optional[Path]:
     """The flagship next to the package: a checkout of this project (``test/``) or a vendored tree."""
     parent = package_dir().parent
-    for candidate in (parent / "test" / FLAGSHIP, parent / FLAGSHIP):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _test_dir(checkout: Path) -> Path:
-    if not checkout.is_dir():
-        raise VendorError(f"{checkout}: no such directory; pass the root of a pytorch checkout")
-    test = checkout / "test"
-    if not test.is_dir():
-        raise VendorError(
-            f"{checkout} has no test/ folder, so it is not the root of a pytorch checkout; "
-            "pass the folder that holds test/ (and torch/, setup.py)"
-        )
-    return test
+    return next((c for c in (parent / "test" / FLAGSHIP, parent / FLAGSHIP) if c.is_file()), None)
 
 
 def _by_name_spans(lines: list[str]) -> set[int]:
@@ -119,12 +89,10 @@ def _by_name_spans(lines: list[str]) -> set[int]:
     drop: set[int] = set()
     i = 0
     while i < len(lines):
-        if lines[i] in AGGREGATOR_LINES:
+        if lines[i] in AGGREGATOR_LINES or _BY_NAME.match(lines[i]):
             drop.add(i)
-        elif _BY_NAME.match(lines[i]):
-            drop.add(i)
-            if "(" in lines[i] and ")" not in lines[i]:
-                while i + 1 < len(lines) and ")" not in lines[i]:
+            if "(" in lines[i]:  # a parenthesised import spans lines
+                while ")" not in lines[i] and i + 1 < len(lines):
                     i += 1
                     drop.add(i)
         i += 1
@@ -150,12 +118,16 @@ def _aggregator_text(text: str) -> str:
 def vendor(checkout: "os.PathLike[str] | str", *, with_flagship: bool = False, check: bool = False) -> VendorReport:
     """Copy the package (and with *with_flagship* the flagship and its aggregator lines) into *checkout*.
 
-    With *check*, nothing is written and the report lists what is not current.
-    Raises :class:`VendorError` for a path that is not a pytorch checkout or a
-    missing flagship or aggregator.  Vendoring a copy onto itself changes nothing.
+    With *check*, nothing is written and the report lists what is not current.  Raises
+    :class:`VendorError` for a path that is not a pytorch checkout or a missing flagship or aggregator.
     """
     checkout = Path(checkout).resolve()
-    test = _test_dir(checkout)
+    test = checkout / "test"
+    if not checkout.is_dir():
+        raise VendorError(f"{checkout}: no such directory; pass the root of a pytorch checkout")
+    if not test.is_dir():
+        raise VendorError(f"{checkout} has no test/ folder, so it is not the root of a pytorch checkout; "
+                          "pass the folder that holds test/ (and torch/, setup.py)")
     report = VendorReport(checkout)
     src = package_dir()
     dest = test / PACKAGE
@@ -175,16 +147,10 @@ def vendor(checkout: "os.PathLike[str] | str", *, with_flagship: bool = False, c
                 "aggregator). Create it or vendor without --with-flagship"
             )
         plan[aggregator] = _aggregator_text(aggregator.read_text(encoding="utf-8")).encode("utf-8")
-    stale_files = []
-    if dest.is_dir():
-        wanted = set(plan)
-        for path in sorted(p for p in dest.rglob("*") if p.is_file()):
-            if _SKIP_DIRS.intersection(path.relative_to(dest).parts) or path.name.endswith(_SKIP_SUFFIXES):
-                continue
-            if path not in wanted:
-                stale_files.append(path)
-    elif dest.exists():
+    if dest.exists() and not dest.is_dir():
         raise VendorError(f"{dest} exists and is not a folder; move it away first")
+    stale_files = sorted(p for p in dest.rglob("*") if p.is_file() and p not in plan and not p.name.endswith(
+        _SKIP_SUFFIXES) and not _SKIP_DIRS.intersection(p.relative_to(dest).parts)) if dest.is_dir() else []
 
     def rel(path: Path) -> str:  # paths as seen from the checkout's root
         return path.relative_to(checkout).as_posix()
@@ -207,33 +173,12 @@ def vendor(checkout: "os.PathLike[str] | str", *, with_flagship: bool = False, c
     return report
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]", formatter: type) -> None:
-    """Register ``vendor`` on the CLI's subparsers."""
-    ven = sub.add_parser(
-        "vendor",
-        help="copy this package into a pytorch checkout's test/ (optionally with the flagship test)",
-        description=textwrap.fill(
-            "Copy torch_serial_testing into PYTORCH_CHECKOUT/test/torch_serial_testing/ (not installed: every "
-            "pytorch test runner imports it from test/). Idempotent. Does not import torch.", 88
-        ),
-        epilog=exit_codes_help(["vendor"]),
-        formatter_class=formatter,
-    )
-    ven.add_argument("checkout", metavar="PYTORCH_CHECKOUT", help="root of a pytorch checkout (the folder holding test/)")
-    ven.add_argument(
-        "--with-flagship",
-        action="store_true",
-        help=f"also copy test/{FLAGSHIP} and add the import lines to test/{AGGREGATOR}",
-    )
-    ven.add_argument("--check", action="store_true", help="write nothing; exit 1 if the checkout's copy is not current")
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``vendor`` for parsed *args*; returns the exit code."""
     try:
         report = vendor(args.checkout, with_flagship=args.with_flagship, check=args.check)
     except (VendorError, OSError) as e:
         sys.stderr.write(f"error: {e}\n")
-        return EXIT_ERROR
+        return EXIT_DANGEROUS
     sys.stdout.write("\n".join(report.lines(args.check)) + "\n")
-    return EXIT_STALE if args.check and report.stale else EXIT_OK
+    return EXIT_ATTENTION if args.check and report.stale else EXIT_OK

@@ -1,9 +1,7 @@
-"""Exceptions raised by torch_serial_testing.
+"""Exceptions raised by torch_serial_testing; every message names the problem and the fix.
 
-Every error names the problem and the fix.  Configuration mistakes are
-``ValueError``/``TypeError`` subclasses so they surface at class creation or
-instantiation time; outcome mismatches are ``AssertionError`` subclasses so
-test runners report them as failures, not errors.
+Configuration mistakes are ``ValueError`` subclasses, raised when a class is created or instantiated;
+outcome mismatches are ``AssertionError`` subclasses, so test runners report failures, not errors.
 """
 
 from __future__ import annotations
@@ -12,20 +10,12 @@ from typing import Any
 
 from .names import escape_text
 
-__all__ = [
-    "RoundTripConfigError",
-    "UnsafeLoadRefused",
-    "CheckpointFormatError",
-    "ConflictingEnvironmentError",
-    "UnexpectedLoadOutcome",
-    "AllowlistError",
-    "LeakedGlobalStateError",
-]
+__all__ = ["RoundTripConfigError", "UnsafeLoadRefused", "CheckpointFormatError", "ConflictingEnvironmentError",
+           "UnexpectedLoadOutcome", "AllowlistError", "LeakedGlobalStateError"]
 
 
 class _EscapedMessage(Exception):
-    """Messages name things from checkpoints and declarations: non-printable characters
-    (terminal escapes, carriage returns, bidi overrides) are shown escaped, never emitted."""
+    """Messages name things from checkpoints and declarations: non-printable characters are shown escaped."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*(escape_text(a, keep_newlines=True) if isinstance(a, str) else a for a in args))

@@ -1,9 +1,8 @@
 """Holding SIGINT back while process-wide state is switched or restored, and restores that finish.
 
-unittest re-raises ``KeyboardInterrupt`` without running cleanups, and a signal can land between
-any two bytecodes.  Every engine switch and every restore of a test's state therefore runs inside
-:class:`deferred_interrupts` (the signal is delivered when the block ends), and a restore runs
-its steps with :func:`run_all`, which finishes every step before an interrupt propagates.
+unittest re-raises ``KeyboardInterrupt`` without running cleanups, and a signal can land between any
+two bytecodes: every switch and restore of a test's state runs inside :class:`deferred_interrupts`,
+and a restore runs its steps with :func:`run_all`.
 """
 
 from __future__ import annotations
@@ -14,16 +13,19 @@ from typing import Any, Callable, Optional, Sequence
 
 __all__ = ["deferred_interrupts", "run_all"]
 
+try:  # the C functions under signal.signal / signal.getsignal, without the enum conversion
+    import _signal as _signals
+except ImportError:  # pragma: no cover - an implementation without CPython's _signal
+    _signals = signal  # type: ignore[assignment]
+
+#: How many deferred_interrupts blocks of the main thread are open (only the outermost installs).
+_held_depth = 0
+
 
 class deferred_interrupts:  # noqa: N801 - used as ``with deferred_interrupts():``, like a function
-    """Hold SIGINT's Python handler back for the block; deliver a signal that arrived after it.
-
-    Python runs signal handlers in the main thread only, so elsewhere this is a no-op.
-    Nested blocks hand the signal outwards; the outermost calls the real handler.
-    A class using ``_signal``'s functions rather than ``signal``'s (which convert every handler
-    to an enum member, raising and catching a ``ValueError`` for a Python function): every
-    engine switch and state snapshot of every test opens one.
-    """
+    """Hold SIGINT's Python handler back for the block; deliver a signal that arrived when it ends (a
+    no-op outside the main thread; nested blocks leave it to the outermost).  It calls ``_signal``:
+    ``signal``'s wrappers convert each handler to an enum member, raising and catching a ValueError."""
 
     __slots__ = ("_previous", "_received")
 
@@ -31,17 +33,14 @@ class deferred_interrupts:  # noqa: N801 - used as ``with deferred_interrupts():
         global _held_depth
         self._previous: Any = None
         if _held_depth or threading.current_thread() is not threading.main_thread():
-            return  # an outer block already holds SIGINT back, or signals never run here
+            return
         try:
             previous = _signals.getsignal(signal.SIGINT)
-        except (ValueError, OSError):  # pragma: no cover - no signal support here
-            return
-        if not callable(previous):  # SIG_IGN / SIG_DFL / installed from C: nothing runs in Python
-            return
-        self._received: list[tuple[int, Any]] = []
-        try:
+            if not callable(previous):  # SIG_IGN / SIG_DFL / installed from C: nothing runs in Python
+                return
+            self._received: list[tuple[int, Any]] = []
             _signals.signal(signal.SIGINT, self._hold)
-        except (ValueError, OSError):  # pragma: no cover - e.g. a subinterpreter
+        except (ValueError, OSError):  # pragma: no cover - no signal support here, e.g. a subinterpreter
             return
         self._previous = previous
         _held_depth += 1
@@ -61,21 +60,9 @@ class deferred_interrupts:  # noqa: N801 - used as ``with deferred_interrupts():
             previous(*self._received[0])
 
 
-try:  # the C functions under signal.signal / signal.getsignal, without the enum conversion
-    import _signal as _signals
-except ImportError:  # pragma: no cover - an implementation without CPython's _signal
-    _signals = signal  # type: ignore[assignment]
-
-#: How many deferred_interrupts blocks of the main thread are open (only the outermost installs).
-_held_depth = 0
-
-
 def run_all(steps: Sequence[Callable[[], None]]) -> None:
-    """Run every step even if one fails or is interrupted; then raise the first problem.
-
-    A step interrupted (``KeyboardInterrupt``, ``SystemExit``) runs once more: steps are
-    idempotent, so a second run finishes what the first began.
-    """
+    """Run every step even if one fails or is interrupted, then raise the first problem.  An interrupted
+    step runs once more: steps are idempotent, so the second run finishes what the first began."""
     first_interrupt: Optional[BaseException] = None
     first_error: Optional[BaseException] = None
     for step in steps:

@@ -1,12 +1,9 @@
 """Caps on the work a static scan may do, so hostile bytes cannot exhaust time or memory.
 
-A checkpoint is attacker-controlled input: a few kilobytes of deflated data can
-expand to gigabytes, and a pickle can ask for millions of memo entries.  Every
-scan therefore runs under :class:`ScanLimits`; going over one ends the scan with
-:class:`~torch_serial_testing.errors.CheckpointFormatError` naming the limit and
-how to raise it.  The defaults are far above what ``torch.save`` writes for real
-models (a state_dict of 10,000 tensors needs ~1 MB of pickle and ~100,000 memo
-entries) and keep a worst-case scan to a few seconds and a few hundred MB.
+Going over one ends the scan with a ``CheckpointFormatError`` naming the limit and how to raise it.
+The defaults are far above what ``torch.save`` writes for real models (a state_dict of 10,000
+tensors needs ~1 MB of pickle and ~100,000 memo entries) and keep a worst-case scan to a few
+seconds and a few hundred MB.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ class ScanLimits:
     max_pickle_bytes: int = 256 * 1024 * 1024
     #: Bytes of pickle read in total, over every pickle of the checkpoint.
     max_scan_bytes: int = 512 * 1024 * 1024
-    #: Pickle opcodes walked in total.
     max_opcodes: int = 20_000_000
     #: Memo entries (PUT/MEMOIZE) held at once by one pickle.
     max_memo_entries: int = 2_000_000
@@ -55,10 +51,8 @@ def default_scan_limits() -> ScanLimits:
 
 @contextmanager
 def scan_limits(**overrides: Any) -> Iterator[ScanLimits]:
-    """Raise or lower the default caps inside a ``with`` block, e.g. ``scan_limits(max_opcodes=10**8)``.
-
-    Restored on exit, even on error.  Checkpoints already scanned keep their result.
-    """
+    """Change the default caps inside a ``with`` block, e.g. ``scan_limits(max_opcodes=10**8)``;
+    restored on exit.  Checkpoints already scanned keep their result."""
     global _current
     with _lock:
         previous = _current

@@ -1,4 +1,4 @@
-"""The three load modes: each one exact ``torch.load`` call, named as in test ids.
+"""The three load modes, each one exact ``torch.load`` call, named as in test ids.
 
 * ``weights_only_false``: ``torch.load(buf, weights_only=False)``
 * ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
@@ -31,9 +31,7 @@ class LoadMode(enum.Enum):
     def parse(cls, value: "LoadMode | str") -> "LoadMode":
         if value.__class__ is LoadMode:  # the common case first: parse runs on every load
             return value  # type: ignore[return-value]
-        found = _BY_SPELLING.get(value) if isinstance(value, str) else None
-        if found is None and isinstance(value, str):
-            found = _BY_SPELLING.get(value.upper())
+        found = (_BY_SPELLING.get(value) or _BY_SPELLING.get(value.upper())) if isinstance(value, str) else None
         if found is not None:
             return found
         raise RoundTripConfigError(
@@ -48,4 +46,3 @@ class LoadMode(enum.Enum):
 _EXPLICIT = {"weights_only_false": False, "safe_globals": True, "default": None}
 #: Each mode by its value and by its member name (``"default"``, ``"DEFAULT"``).
 _BY_SPELLING = {**{m.value: m for m in LoadMode}, **{m.name: m for m in LoadMode}}
-

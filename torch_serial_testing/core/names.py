@@ -1,15 +1,9 @@
 """Names are data: validating the dotted names a checkpoint carries, and escaping text.
 
-A GLOBAL's module and name are bytes an attacker wrote.  Before such a name may
-appear in a snippet, a message or a report it must be a dotted sequence of
-plain Python identifiers; anything else is *malformed* and is only ever shown
-through :func:`show_name` (``ascii()``-escaped, quoted, shortened).  Free text
-that may carry such bytes (error messages, report fields) goes through
-:func:`escape_text`, so a name can neither run as code when pasted nor repaint
-a terminal (escape sequences, carriage returns, bidi overrides).
-
-Pure string work: nothing here imports or runs what a name refers to.  Every
-function is linear in the length of its input.
+A GLOBAL's module and name are bytes an attacker wrote: a name that is not a dotted sequence of
+plain ASCII identifiers is *malformed* and only ever shown through :func:`show_name`, and free text
+goes through :func:`escape_text`, so a name can neither run as code when pasted nor repaint a
+terminal.  Pure string work, linear in its input: nothing here imports what a name refers to.
 """
 
 from __future__ import annotations
@@ -19,36 +13,20 @@ import re
 import types
 from typing import Any, Optional
 
-__all__ = [
-    "MAX_NAME_LENGTH",
-    "name_problem",
-    "is_valid_name",
-    "show_name",
-    "quote_name",
-    "escape_text",
-    "pickle_forms",
-    "qualified_name",
-    "torch_key",
-    "identity",
-    "FUNCTION_TYPES",
-]
+__all__ = ["MAX_NAME_LENGTH", "name_problem", "is_valid_name", "show_name", "quote_name", "escape_text",
+           "pickle_forms", "qualified_name", "torch_key", "identity", "FUNCTION_TYPES"]
 
-#: Longer names are malformed: no real class path comes near it, and a report
-#: must stay readable (the scanner has its own, separate cap on what it reads).
+#: Longer names are malformed: no real class path comes near it, and a report must stay readable.
 MAX_NAME_LENGTH = 512
 #: How much of a malformed name a report shows.
 _SHOWN = 160
-# Placeholders the scanner writes for globals it cannot name, e.g. "<unresolved STACK_GLOBAL>".
+#: The scanner's placeholders for globals it cannot name, e.g. "<unresolved STACK_GLOBAL>".
 _MARKER = re.compile(r"<[A-Za-z0-9_ ]{1,80}>\Z")
 
 
 def name_problem(name: Any) -> Optional[str]:
-    """Why *name* is not a dotted sequence of ASCII Python identifiers, or None when it is.
-
-    ASCII only: Python folds non-ASCII identifiers with NFKC when it compiles a
-    snippet (``ｅｖａｌ`` *is* ``eval`` there) and lookalike letters would make
-    a report lie to its reader, so such names are malformed here.
-    """
+    """Why *name* is not a dotted sequence of ASCII Python identifiers, or None.  ASCII: Python folds
+    identifiers with NFKC (``ｅｖａｌ`` *is* ``eval`` in a snippet), and lookalikes would make a report lie."""
     if not isinstance(name, str):
         return f"not a string but {type(name).__name__}"
     if not name:
@@ -60,21 +38,15 @@ def name_problem(name: Any) -> Optional[str]:
     for part in name.split("."):
         if not part:
             return "has an empty part (a leading, trailing or doubled '.')"
-        if not part.isidentifier():
-            return f"part {_quote(part)} is not a Python identifier"
-        if keyword.iskeyword(part):
-            return f"part {_quote(part)} is a Python keyword"
+        if not part.isidentifier() or keyword.iskeyword(part):
+            shown = ascii(part) if len(part) <= 40 else f"{ascii(part[:40])}..."
+            return f"part {shown} is " + ("a Python keyword" if part.isidentifier() else "not a Python identifier")
     if "." not in name:
         return "has no module part ('module.Name')"
     return None
 
 
-def _quote(s: str) -> str:
-    return ascii(s) if len(s) <= 40 else f"{ascii(s[:40])}..."
-
-
 def is_valid_name(name: Any) -> bool:
-    """True for ``module.Name`` spelled with ASCII identifiers only (see :func:`name_problem`)."""
     return name_problem(name) is None
 
 
@@ -95,49 +67,33 @@ def show_name(name: Any) -> str:
 
 
 def quote_name(name: Any) -> str:
-    """*name* in quotes for a message: ``'a.b'`` when valid, else the ``ascii()`` form of :func:`show_name`."""
+    """``'a.b'`` for a valid name, else the ``ascii()`` form of :func:`show_name`."""
     shown = show_name(name)
     return f"'{shown}'" if shown == name else shown
 
 
 def _escape_char(c: str) -> str:
     code = ord(c)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    if code < 0x10000:
-        return f"\\u{code:04x}"
-    return f"\\U{code:08x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def escape_text(text: Any, *, keep_newlines: bool = False) -> str:
-    """*text* with every non-printable character (controls, ESC, CR, bidi overrides, lone
-    surrogates) replaced by a visible ``\\xNN``/``\\uNNNN`` escape.
-
-    ``keep_newlines`` keeps ``\\n`` (multi-line messages); everything else is escaped.
-    """
+    """*text* with every non-printable character (controls, ESC, CR, bidi overrides, lone surrogates)
+    shown as a visible ``\\xNN``/``\\uNNNN`` escape; ``keep_newlines`` keeps ``\\n``."""
     s = text if isinstance(text, str) else str(text)
     if s.isprintable():
         return s
-    return "".join(
-        c if c.isprintable() or (keep_newlines and c == "\n") else _escape_char(c) for c in s
-    )
+    return "".join(c if c.isprintable() or (keep_newlines and c == "\n") else _escape_char(c) for c in s)
 
 
 def pickle_forms(name: str) -> tuple[str, ...]:
-    """*name* and every spelling a full unpickle may resolve it to (first: *name* itself).
-
-    ``pickle`` rewrites Python 2 names under protocol < 3 (``_compat_pickle``:
-    ``cPickle.loads`` -> ``pickle.loads``, ``urllib.urlretrieve`` ->
-    ``urllib.request.urlretrieve``) and ``torch.load`` maps ``torch.tensor`` to
-    ``torch._tensor``; a judgement must cover each form.  Pure string work.
-    """
+    """*name* and every spelling a full unpickle may resolve it to, for a judgement to cover: ``pickle``
+    renames Python 2 names under protocol < 3 (``_compat_pickle``), ``torch.load`` maps ``torch.tensor``."""
     import _compat_pickle
 
-    forms = [name]
-    candidates: list[str] = []
-    # A GLOBAL's module/name split is not known from the dotted form: try every split.
+    candidates = []
     start = 0
-    while True:
+    while True:  # a GLOBAL's module/name split is not known from the dotted form: try every split
         cut = name.find(".", start)
         if cut < 0:
             break
@@ -152,19 +108,12 @@ def pickle_forms(name: str) -> tuple[str, ...]:
         if mod == "torch.tensor":  # torch.serialization's load_module_mapping
             candidates.append(f"torch._tensor.{rest}")
         start = cut + 1
-    for c in candidates:
-        if c not in forms:
-            forms.append(c)
-    return tuple(forms)
-
-
-# -- the names objects go by ------------------------------------------------------------------
+    return tuple(dict.fromkeys([name, *candidates]))
 
 
 def torch_key(entry: Any) -> Optional[str]:
     """The name torch's allowlist keys *entry* by: ``name`` of an ``(obj, name)`` pair, else
-    ``obj.__module__ + "." + obj.__qualname__`` read as torch reads them (plain attributes);
-    None when the object has no such pair of strings."""
+    ``obj.__module__ + "." + obj.__qualname__`` read as torch reads them; None without those strings."""
     if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[1], str):
         return entry[1]
     module, qualname = getattr(entry, "__module__", None), getattr(entry, "__qualname__", None)
@@ -206,6 +155,4 @@ def identity(obj: Any) -> Optional[str]:
             return None
     except Exception:  # noqa: BLE001 - an object that cannot say what it is
         return None
-    if isinstance(module, str) and isinstance(qualname, str):
-        return f"{module}.{qualname}"
-    return None
+    return f"{module}.{qualname}" if isinstance(module, str) and isinstance(qualname, str) else None

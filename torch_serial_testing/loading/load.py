@@ -1,24 +1,13 @@
-"""Load modes, and what torch *should* do with each of them here and now.
-
-A round trip is loaded in one of three modes, each an exact ``torch.load`` call:
+"""The load: one exact ``torch.load`` call per mode, asserted to do what :func:`~.prediction.predict` says.
 
 * ``weights_only_false``: ``torch.load(buf, weights_only=False)``
 * ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
 * ``default``: ``torch.load(buf)``, no ``weights_only`` argument at all
 
-Before loading, :func:`predict` works out the effective ``weights_only`` with
-torch's own rules (version default, explicit argument, the two
-``TORCH_FORCE_*`` switches) and whether the checkpoint's globals are all
-allowed.  :func:`load` then performs the call and asserts that torch did
-exactly that -- loaded, or rejected naming a missing global -- so a test is
-green for the right reason in every environment.
-
-When ``torch.load`` is not torch's own (torch_npu replaces it), the outcome is
-still judged on what matters: loaded, or rejected naming a missing global.  How
-the replacement *reports* may differ -- the TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD
-notice printed instead of warned, a reworded rejection message, globals it
-registered process-wide -- and those differences are recorded in the outcome
-text, never turned into skips or failures.
+Loaded, or rejected naming a predicted cause: a test is green for the right reason everywhere.  When
+``torch.load`` is not torch's own (torch_npu replaces it), how it *reports* may differ (the
+TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD notice printed instead of warned, a reworded rejection, globals it
+registered): that is recorded in the outcome text, never turned into a skip or a failure.
 """
 
 from __future__ import annotations
@@ -32,25 +21,16 @@ from ..core.errors import CheckpointFormatError, RoundTripConfigError, Unexpecte
 from ..core.modes import LoadMode
 from ..policy.declared import as_safe_globals, declared_entries
 from ..scan.checkpoint import Checkpoint
-from ..torch_facts.load_call import FORCE_NO_WO, Decision, decide
+from ..torch_facts.load_call import FORCE_NO_WO
 from ..torch_facts.loader import (
-    FORCE_NO_NOTICE,
-    Observation,
-    observe_serialization_warnings,
-    raised_by_torch,
-    raiser,
-    watch_stdout,
+    FORCE_NO_NOTICE, Observation, observe_serialization_warnings, raised_by_torch, raiser, watch_stdout,
 )
 from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.registry import (
-    registered_globals,
-    registry_lock,
-    restore_registry,
-    safe_globals_context_missing,
-    snapshot_registry,
+    registered_globals, registry_lock, restore_registry, safe_globals_context_missing, snapshot_registry,
     torch_own_registrations,
 )
-from .prediction import Expectation, _as_checkpoint, _expected, undecided
+from .prediction import Expectation, _as_checkpoint, decided
 
 __all__ = ["LoadResult", "load", "round_trip", "mode_skip_reason", "replacement_notes"]
 
@@ -80,77 +60,51 @@ class LoadResult:
         return self.expectation.summary(self.loaded, self.notes, self.warned)
 
 
-def load(
-    checkpoint: Checkpoint,
-    mode: LoadMode | str,
-    safe_globals: Sequence[Any] = (),
-    map_location: Any = None,
-) -> LoadResult:
-    """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says.
+def load(checkpoint: Checkpoint, mode: LoadMode | str, safe_globals: Sequence[Any] = (),
+         map_location: Any = None) -> LoadResult:
+    """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says; never retried.
 
-    ``weights_only=False`` is applied only to a checkpoint this process saved
-    (:meth:`Checkpoint.save`); anything else raises :class:`UnsafeLoadRefused`
-    before torch sees it (the ``weights_only_false`` mode always, other modes when
-    the environment makes them full loads).  Foreign bytes are always passed to
-    ``torch.load`` with an explicit ``weights_only=True`` -- the same effective call
-    as the predicted bare one, but robust to a replaced ``torch.load`` or an
-    environment changed by another thread.  Dangerous *safe_globals* are refused.
-    A legacy tar checkpoint raises :class:`CheckpointFormatError` (torch reads it
-    only from a real file, never weights-only).  A rejection never leads to a
-    retry in another mode.
+    Only a checkpoint this process saved (:meth:`Checkpoint.save`) is ever fully unpickled: else a
+    full load raises :class:`UnsafeLoadRefused` before torch sees it.  Foreign bytes are loaded with
+    an explicit ``weights_only=True`` (the predicted bare call, robust to a replaced ``torch.load`` or
+    another thread changing the environment).  Dangerous *safe_globals* are refused; a TorchScript or
+    legacy tar checkpoint raises :class:`CheckpointFormatError`.
     """
     if isinstance(checkpoint, (LoadMode, str)) and isinstance(mode, Checkpoint):
-        raise RoundTripConfigError(
-            "load() got the load mode first: the order is load(checkpoint, mode, ...)"
-        )
+        raise RoundTripConfigError("load() got the load mode first: the order is load(checkpoint, mode, ...)")
     mode = LoadMode.parse(mode)
     checkpoint = _as_checkpoint(checkpoint, "load")
-    if mode is LoadMode.SAFE_GLOBALS:
-        reason = mode_skip_reason(mode)
-        if reason:
-            raise unittest.SkipTest(reason)
+    reason = mode_skip_reason(mode)
+    if reason:
+        raise unittest.SkipTest(reason)
     safe_globals = as_safe_globals(safe_globals)
     with registry_lock:
-        try:
-            decision: Optional[Decision] = decide(mode)  # the environment is read once per load
-        except ProbeFailed as e:  # loaded all the same, and reported as not predicted (see _verify)
-            decision, expectation = None, undecided(mode, e)
-        else:
-            expectation = _expected(mode, checkpoint, declared_entries(safe_globals), decision)
+        # The environment is read once per load; undecided, it is loaded all the same (see _verify).
+        decision, expectation = decided(mode, checkpoint, declared_entries(safe_globals))
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
-            raise UnsafeLoadRefused(
-                f"refusing a weights_only=False load ({expectation.reason}) of bytes this process did "
-                "not just produce: only Checkpoint.save() output may be fully unpickled"
-            )
+            raise UnsafeLoadRefused(f"refusing a weights_only=False load ({expectation.reason}) of bytes this process "
+                                    "did not just produce: only Checkpoint.save() output may be fully unpickled")
         fmt = checkpoint.format
         if fmt == "torchscript":
             raise CheckpointFormatError(
                 "this is a TorchScript archive: load it with torch.jit.load; torch.load would hand it "
-                "to torch.jit.load, and weights_only does not apply"
-            )
+                "to torch.jit.load, and weights_only does not apply")
         if fmt == "tar":
             raise CheckpointFormatError(
                 "this is a legacy tar checkpoint (torch < 0.4): torch.load reads that format only from a "
-                "real file and never with weights_only=True; re-save it with a current torch"
-            )
-        kwargs: dict[str, Any] = {}
-        if map_location is not None:
-            kwargs["map_location"] = map_location
-        value: Any = None
-        error: Optional[BaseException] = None
-        registered = sorted(registered_globals()) if expectation.replaced_by else []
-        watch = expectation.replaced_by is not None and expectation.warns
-        # Not warnings.catch_warnings: it rewrites the process's filters and makes Python forget
-        # which warnings it showed once (see torch_facts.loader).
-        # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment;
-        # without the variable there is nothing to observe (a replaced loader is always watched).
-        observing = expectation.replaced_by is not None or (decision is not None and decision.force_no_set)
-        # torch's safe_globals context exit drops entries registered before it (and a replaced
-        # loader may register its own): the registry is restored after those loads.
-        preserve = mode is LoadMode.SAFE_GLOBALS or expectation.replaced_by is not None
-        snapshot = snapshot_registry() if preserve else None
+                "real file and never with weights_only=True; re-save it with a current torch")
+        kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
+        replaced = expectation.replaced_by is not None
+        registered = sorted(registered_globals()) if replaced else []
+        # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment: without
+        # it there is nothing to observe (a replaced loader is always watched; see torch_facts.loader).
+        observing = replaced or (decision is not None and decision.force_no_set)
+        # torch's safe_globals context exit drops entries registered before it (and a replaced loader
+        # may register its own): the registry is restored after those loads.
+        snapshot = snapshot_registry() if mode is LoadMode.SAFE_GLOBALS or replaced else None
         try:
-            if observing:  # watch (a replaced loader) implies observing
+            if observing:
+                watch = replaced and expectation.warns
                 with observe_serialization_warnings() as observed, watch_stdout(watch) as printed:
                     value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation)
             else:
@@ -167,12 +121,8 @@ def load(
 
 
 def _drop_tracebacks(error: BaseException) -> None:
-    """Detach a judged rejection (and the exceptions chained to it) from the frames it was raised in.
-
-    A traceback's frames link to their callers' frames, and those hold the result that holds the
-    error: every rejected load would leave a reference cycle (torch's unpickler, the buffer, the
-    callers' locals) for the garbage collector.  The rejection is already judged, its message kept.
-    """
+    """Detach a judged rejection (and its chain) from the frames it was raised in: they hold the result
+    that holds the error, a reference cycle (torch's unpickler, the buffer...) left to the collector."""
     seen: set[int] = set()
     stack: list[Optional[BaseException]] = [error]
     while stack:
@@ -183,9 +133,8 @@ def _drop_tracebacks(error: BaseException) -> None:
             stack += (e.__cause__, e.__context__)
 
 
-def _torch_load(
-    checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence[Any], kwargs: dict[str, Any], exp: Expectation
-) -> tuple[Any, Optional[BaseException]]:
+def _torch_load(checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence[Any], kwargs: dict[str, Any],
+                exp: Expectation) -> tuple[Any, Optional[BaseException]]:
     """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection)."""
     import torch
 
@@ -198,63 +147,42 @@ def _torch_load(
                 return torch.load(buf, weights_only=True, **kwargs), None
         if checkpoint.owned:
             return torch.load(buf, **kwargs), None
-        # Foreign bytes: the predicted effective call, made explicit.
-        return torch.load(buf, weights_only=True, **kwargs), None
+        return torch.load(buf, weights_only=True, **kwargs), None  # foreign bytes: the predicted call, explicit
     except pickle.UnpicklingError as e:
         return None, e
     except Warning:
         raise  # a warning the caller's filters turned into an error (-W error): theirs, as raised
     except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome
         if exp.unknown or (not exp.loads and _is_error_type(e, exp.error_type)):
-            # The predicted failure, not raised as UnpicklingError (torch 2.4/2.5's BUILD of a
-            # slotted class raises AttributeError through torch.load): judged by _verify.
-            return None, e
-        raise UnexpectedLoadOutcome(
-            f"{mode.value}: expected to be {'loaded' if exp.loads else 'rejected'} "
-            f"({exp.reason}); torch.load raised {type(e).__name__}: {e}"
-        ) from e
+            return None, e  # predicted, not as UnpicklingError (torch 2.4/2.5's BUILD of a slotted class)
+        raise UnexpectedLoadOutcome(f"{mode.value}: expected to be {'loaded' if exp.loads else 'rejected'} "
+                                    f"({exp.reason}); torch.load raised {type(e).__name__}: {e}") from e
 
 
 def _is_error_type(error: BaseException, type_name: str) -> bool:
     """Whether *error* is a *type_name* (by class name, subclasses included)."""
-    cls = type(error)
-    return cls.__name__ == type_name or any(c.__name__ == type_name for c in cls.__mro__)
+    return any(c.__name__ == type_name for c in type(error).__mro__)
 
 
 def _torch_spellings(name: str) -> tuple[str, ...]:
     """How torch's rejection message may spell *name* (it drops the ``builtins.`` prefix)."""
-    if name.startswith("builtins."):
-        return (name, f"GLOBAL {name[len('builtins.'):]} ")
-    return (name,)
+    return (name, f"GLOBAL {name[len('builtins.'):]} ") if name.startswith("builtins.") else (name,)
 
 
 def _names_a_cause(exp: Expectation, message: str) -> bool:
-    """Whether torch's rejection names one of the predicted causes (a global or an opcode).
-
-    The unpickler stops at the first cause it meets: the predicted rejection text, or any
-    missing global or refused opcode, will do.
-    """
-    if exp.rejection and exp.rejection in message:
-        return True
-    if any(s in message for name in exp.missing for s in _torch_spellings(name)):
+    """Whether torch's rejection names a predicted cause: the unpickler stops at the first it meets, so
+    the predicted rejection text, or any missing global or refused opcode, will do."""
+    if (exp.rejection and exp.rejection in message) or any(
+            s in message for name in exp.missing for s in _torch_spellings(name)):
         return True
     codes = {getattr(pickle, op)[0] for op in exp.unsupported_opcodes if hasattr(pickle, op)}
     return any(f"Unsupported operand {code}" in message for code in codes)
 
 
-def _verify(
-    exp: Expectation,
-    value: Any,
-    error: Optional[BaseException],
-    warned: bool,
-    printed: bool = False,
-    registered: Sequence[str] = (),
-) -> LoadResult:
-    """Judge one load: loaded or rejected as predicted, and rejected for a predicted cause.
-
-    Under a replaced ``torch.load`` the warning is not judged: how the replacement
-    reports is recorded in the outcome (:func:`.replaced_loader.replacement_notes`) instead.
-    """
+def _verify(exp: Expectation, value: Any, error: Optional[BaseException], warned: bool, printed: bool = False,
+            registered: Sequence[str] = ()) -> LoadResult:
+    """Judge one load: loaded or rejected as predicted, for a predicted cause.  Under a replaced
+    ``torch.load`` the warning is not judged but recorded (:func:`replacement_notes`)."""
     loaded = error is None
     notes = replacement_notes(exp.warns, error, warned, printed, registered) if exp.replaced_by else ()
     problem: Optional[str] = None
@@ -264,69 +192,52 @@ def _verify(
     elif exp.loads and not loaded:
         problem = f"expected to load ({exp.reason}); torch rejected it:\n{error}"
     elif not exp.loads and loaded:
-        problem = (
-            f"expected rejection ({exp.summary(False).partition('(')[2].rstrip(')')}); "
-            "torch loaded it: unexpected success"
-        )
+        problem = (f"expected rejection ({exp.summary(False).partition('(')[2].rstrip(')')}); torch loaded it: "
+                   "unexpected success")
     elif not loaded and not _is_error_type(error, exp.error_type):
-        problem = (
-            f"rejected with {type(error).__name__}, but this torch is predicted to raise {exp.error_type} "
-            f"({exp.rejection}):\n{error}"
-        )
+        problem = (f"rejected with {type(error).__name__}, but this torch is predicted to raise {exp.error_type} "
+                   f"({exp.rejection}):\n{error}")
     elif not loaded and not isinstance(error, pickle.UnpicklingError) and str(error) != exp.rejection:
         # Raised through torch.load as it is (not worded by torch): the message is Python's, exactly.
         problem = f"rejected with {type(error).__name__} as predicted, but not saying {exp.rejection!r}:\n{error}"
     elif not loaded and not _names_a_cause(exp, str(error)):
-        problem = (
-            f"rejected, but the message names none of the predicted causes (globals {list(exp.missing)}, "
-            f"opcodes {list(exp.unsupported_opcodes)}):\n{error}"
-        )
+        problem = (f"rejected, but the message names none of the predicted causes (globals {list(exp.missing)}, "
+                   f"opcodes {list(exp.unsupported_opcodes)}):\n{error}")
     elif loaded and exp.warns != warned and not exp.replaced_by:
-        problem = (
-            f"expected torch {'to' if exp.warns else 'not to'} warn about {FORCE_NO_WO}; "
-            f"it {'did' if warned else 'did not'}"
-        )
+        problem = (f"expected torch {'to' if exp.warns else 'not to'} warn about {FORCE_NO_WO}; "
+                   f"it {'did' if warned else 'did not'}")
     if problem is not None:
         if exp.replaced_by:
-            problem = (
-                f"torch.load is replaced by {exp.replaced_by}"
-                + (f" (which {'; '.join(notes)})" if notes else "")
-                + f", and it did not do what torch's own rules require: {problem}"
-            )
+            which = f" (which {'; '.join(notes)})" if notes else ""
+            problem = (f"torch.load is replaced by {exp.replaced_by}{which}, and it did not do what torch's own "
+                       f"rules require: {problem}")
         raise UnexpectedLoadOutcome(f"{exp.mode.value}: {problem}")
     return LoadResult(exp, loaded, value, error, notes, warned if exp.replaced_by and warned != exp.warns else None)
 
 
-def round_trip(
-    obj: Any,
-    mode: LoadMode | str,
-    safe_globals: Sequence[Any] = (),
-    map_location: Any = None,
-) -> LoadResult:
+def round_trip(obj: Any, mode: LoadMode | str, safe_globals: Sequence[Any] = (),
+               map_location: Any = None) -> LoadResult:
     """``torch.save`` *obj* to memory and :func:`load` it back in *mode* (outside any test class)."""
     return load(Checkpoint.save(obj), mode, safe_globals, map_location)
 
 
-def replacement_notes(
-    torch_warns: bool, error: Optional[BaseException], warned: bool, printed: bool, registered: Sequence[str]
-) -> tuple[str, ...]:
+def replacement_notes(torch_warns: bool, error: Optional[BaseException], warned: bool, printed: bool,
+                      registered: Sequence[str]) -> tuple[str, ...]:
     """How a replaced ``torch.load`` reported differently from torch's own: facts, not verdicts."""
     notes = []
     if torch_warns and not warned:
         notes.append(
             f"printed the {FORCE_NO_WO} notice instead of warning" if printed
-            else f"did not warn about {FORCE_NO_WO} (torch does)"
-        )
+            else f"did not warn about {FORCE_NO_WO} (torch does)")
     elif warned and not torch_warns:
         notes.append(f"warned about {FORCE_NO_WO} where torch would not")
     if error is not None and not raised_by_torch(error):
         last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
         notes.append(
             f"worded the rejection itself ({type(error).__name__} raised in {raiser(error)}"
-            + (f", ending {last[:120]!r}" if last else "") + ")"
-        )
-    # torch registers some globals itself at import (2.14: every builtin exception too); the others
-    # come from backends (torch_npu's _rebuild_npu_tensor) or user code, and they decide what loads.
+            + (f", ending {last[:120]!r}" if last else "") + ")")
+    # torch registers some globals itself (2.14: every builtin exception); the others come from
+    # backends (torch_npu's _rebuild_npu_tensor) or user code, and they decide what loads.
     if registered:
         try:
             own = torch_own_registrations()

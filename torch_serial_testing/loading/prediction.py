@@ -1,11 +1,9 @@
 """What torch *should* do with one load, here and now: :func:`predict`.
 
-The effective ``weights_only`` is what torch's own ``torch.load`` decides for the mode's call
-in this environment (:func:`~..torch_facts.load_call.decide`, asked of torch).  With
-``weights_only=True`` the checks the scan recorded (:attr:`CheckpointInfo.checks`)
-are replayed in torch's order against what is allowed -- torch's allowlist, the
-process-wide registry, the declared globals -- and the first one that fails is the
-rejection torch will raise.  Nothing is loaded or refused here.
+The effective ``weights_only`` is what torch decides for the mode's call in this environment
+(:func:`~..torch_facts.load_call.decide`).  Weights-only, the scan's checks are replayed in torch's
+order against what is allowed (torch's allowlist, the process-wide registry, the declared globals):
+the first that fails is the rejection torch raises.  Nothing is loaded or refused here.
 """
 
 from __future__ import annotations
@@ -26,16 +24,12 @@ from ..torch_facts.loader import torch_load_replacement
 from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.records import torchscript_refusal
 from ..torch_facts.registry import (
-    registered_globals,
-    registry_lock,
-    torch_allowed_type_names,
-    torch_allowlist,
-    torch_allowlist_objects,
+    registered_globals, registry_lock, torch_allowed_type_names, torch_allowlist, torch_allowlist_objects,
     torch_allowlist_table,
 )
 from ..torch_facts.unpickler import UnpicklerRules, global_refusal, unpickler_rules
 
-__all__ = ["Expectation", "declared_names", "predict", "undecided"]
+__all__ = ["Expectation", "declared_names", "predict", "decided", "undecided"]
 
 
 @dataclass(frozen=True)
@@ -50,23 +44,18 @@ class Expectation:
     reason: str
     replaced_by: Optional[str] = None
     unsupported_opcodes: tuple[str, ...] = ()
-    #: torch's reason when no allowlist can make this checkpoint load weights-only (see
-    #: CheckpointInfo.weights_only_blocker); None when allowlisting can help, or not weights-only.
+    #: Why no allowlist can make it load weights-only (CheckpointInfo.weights_only_blocker), else None.
     blocker: Optional[str] = None
     #: The text torch's rejection must contain: the first check the weights-only unpickler fails.
     rejection: Optional[str] = None
-    #: The exception torch raises when it rejects: UnpicklingError from the weights-only unpickler,
-    #: RuntimeError for a TorchScript or legacy tar archive refused before any unpickling.
+    #: What torch raises rejecting it (RuntimeError for a TorchScript or tar archive, refused unread).
     error_type: str = "UnpicklingError"
     #: Why the outcome cannot be predicted here (a probe of this torch failed), else None.
     unknown: Optional[str] = None
 
     def summary(self, loaded: Optional[bool] = None, notes: Sequence[str] = (), warned: Optional[bool] = None) -> str:
-        """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``.
-
-        *notes* are the ways a replaced ``torch.load`` reported differently from torch's own
-        (see :func:`load`); *warned* is what was observed when it differs from the prediction.
-        """
+        """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``, with
+        the *notes* of a replaced ``torch.load`` and what was *warned* when it differs from the prediction."""
         loaded = self.loads if loaded is None else loaded
         verb = "loaded" if loaded else "rejected"
         why = self.reason
@@ -103,62 +92,48 @@ def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
         else:
             raise RoundTripConfigError(
                 f"{caller}() got the load mode {str(checkpoint)!r} where the checkpoint goes: the order is "
-                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)")
-            )
+                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)"))
     if caller == "predict":
         # Predicting never unpickles, so any checkpoint form scan_checkpoint reads will do.
         return Checkpoint.from_buffer(checkpoint)
     raise TypeError(
         f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
-        "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
-    )
+        "Checkpoint.from_bytes(...) (they will only be loaded weights-only)")
 
 
-def predict(
-    mode: LoadMode | str,
-    checkpoint: Any,
-    safe_globals: Sequence[Any] = (),
-    environ: Optional[Mapping[str, str]] = None,
-) -> Expectation:
-    """What torch should do loading *checkpoint* in *mode*, here and now.
+def predict(mode: LoadMode | str, checkpoint: Any, safe_globals: Sequence[Any] = (),
+            environ: Optional[Mapping[str, str]] = None) -> Expectation:
+    """What torch should do loading *checkpoint* in *mode*, here and now (see the module's docstring).
 
-    With ``weights_only=True`` the checkpoint's scanned checks (:attr:`CheckpointInfo.checks`)
-    are replayed in torch's order against what is allowed: the first one that fails is the
-    rejection torch raises; a :attr:`CheckpointInfo.weights_only_blocker` means no allowlist helps.
-
-    *checkpoint* is a :class:`Checkpoint` or anything :func:`scan_checkpoint` reads (bytes, a
-    buffer, a path); *safe_globals* takes objects, ``'module.Name'`` strings and
-    ``(obj, 'module.Name')`` tuples.  It only predicts: nothing is refused or loaded.
+    *checkpoint* is a :class:`Checkpoint` or anything :func:`scan_checkpoint` reads; *safe_globals*
+    takes objects, ``'module.Name'`` strings and ``(obj, 'module.Name')`` tuples.
     """
     if isinstance(mode, Checkpoint):
         raise RoundTripConfigError(
-            "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
-        )
-    return _predict(LoadMode.parse(mode), _as_checkpoint(checkpoint, "predict"), declared_entries(safe_globals), environ)
+            "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)")
+    mode = LoadMode.parse(mode)
+    return decided(mode, _as_checkpoint(checkpoint, "predict"), declared_entries(safe_globals), environ)[1]
 
 
-def _predict(
-    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], environ: Optional[Mapping[str, str]]
-) -> Expectation:
-    """:func:`predict` once its arguments are checked (load() calls this with its own checked ones)."""
+def decided(mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...],
+            environ: Optional[Mapping[str, str]] = None) -> tuple[Optional[Decision], Expectation]:
+    """(torch's decision for the call, None when it could not be asked; the expectation)."""
     try:
         decision = decide(mode, environ)
     except ProbeFailed as e:
-        return undecided(mode, e)
-    return _expected(mode, checkpoint, declared, decision)
+        return None, undecided(mode, e)
+    return decision, _expected(mode, checkpoint, declared, decision)
 
 
 def undecided(mode: LoadMode, error: ProbeFailed) -> Expectation:
-    """The expectation of a load whose effective ``weights_only`` torch could not be asked
-    (its canary load failed): unknown.  ``weights_only`` is then the argument the call passes,
-    True for a bare call (the safe reading: foreign bytes are loaded weights-only anyway)."""
+    """The unknown expectation of a load whose ``weights_only`` torch could not be asked: the call's
+    argument, True for a bare call (the safe reading: foreign bytes are loaded weights-only anyway)."""
     return Expectation(mode, mode.explicit_weights_only is not False, False, False, (),
                        "what torch.load decides here is unknown", torch_load_replacement(), unknown=str(error))
 
 
-def _expected(
-    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], decision: Decision
-) -> Expectation:
+def _expected(mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...],
+              decision: Decision) -> Expectation:
     """The expectation of loading *checkpoint* under *decision*."""
     if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
         full = decision.full
@@ -167,16 +142,11 @@ def _expected(
                                                decision.replaced_by)
         return full
     reason = decision.reason
-    if checkpoint.format == "torchscript":
-        try:
-            dispatched = torchscript_refusal() is None
-        except ProbeFailed as e:
-            return Expectation(mode, True, decision.warns, False, (), reason, decision.replaced_by, unknown=str(e))
-        if dispatched:  # this torch hands a TorchScript archive to torch.jit.load whatever weights_only says
+    try:  # (the scan itself raises no ProbeFailed)
+        if checkpoint.format == "torchscript" and torchscript_refusal() is None:
             reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
             return Expectation(mode, False, decision.warns, True, (), reason, decision.replaced_by)
-    info = checkpoint.info
-    try:
+        info = checkpoint.info
         rules = unpickler_rules()
     except ProbeFailed as e:
         return Expectation(mode, True, decision.warns, False, (), reason, decision.replaced_by, unknown=str(e))
@@ -199,49 +169,34 @@ def _expected(
 _expectations: dict[tuple[int, int, int], tuple[Any, Any, Decision, Expectation]] = {}
 
 
+@dataclass(eq=False)
 class _Allowed:
     """What a weights-only load accepts here: global names, the types BUILD accepts, those types'
     objects by name, and the user-allowlisted objects by name (for container target checks)."""
 
-    __slots__ = ("names", "types", "classes", "user")
-
-    def __init__(self, names: frozenset[str], types: frozenset[str], classes: dict[str, Any],
-                 user: dict[str, Any]) -> None:
-        self.names = names
-        self.types = types
-        self.classes = classes
-        self.user = user
+    names: frozenset[str]
+    types: frozenset[str]
+    classes: dict[str, Any]
+    user: dict[str, Any]
 
 
 def _expect(mode: LoadMode, decision: Decision, reason: str, info: Any, rules: UnpicklerRules,
             allowed: _Allowed) -> Expectation:
     """A weights-only load: replay the checkpoint's checks against what is allowed."""
     missing, rejection, build, unknown = _replay(info.checks, allowed, rules)
-    error_type = build[0] if build else None
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in allowed.names}))
-    return Expectation(
-        mode,
-        True,
-        decision.warns,
-        rejection is None and unknown is None,
-        missing,
-        reason,
-        decision.replaced_by,
-        info.unsupported_opcodes,
-        info.weights_only_blocker or (build[1] if build else None),
-        rejection,
-        "RuntimeError" if info.format in ("torchscript", "tar") else error_type or "UnpicklingError",
-        unknown,
-    )
+    error_type = "RuntimeError" if info.format in ("torchscript", "tar") else build[0] if build else "UnpicklingError"
+    return Expectation(mode, True, decision.warns, rejection is None and unknown is None, missing, reason,
+                       decision.replaced_by, info.unsupported_opcodes,
+                       info.weights_only_blocker or (build[1] if build else None), rejection, error_type, unknown)
 
 
-def _replay(
-    checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules,
-) -> tuple[tuple[str, ...], Optional[str], Optional[tuple[str, str]], Optional[str]]:
-    """(every global/type not allowed, torch's message for the first failing check or None, when
-    that check is BUILD failing on an allowed class: (the exception type, why), and why the
-    outcome cannot be predicted when a check before any failure is unknown)."""
+def _replay(checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules
+            ) -> tuple[tuple[str, ...], Optional[str], Optional[tuple[str, str]], Optional[str]]:
+    """(every global/type not allowed, torch's message for the first failing check, (exception type,
+    why) when that is BUILD failing on an allowed class, why it cannot be predicted when a check
+    before any failure is unknown)."""
     missing: list[str] = []
     rejection: Optional[str] = None
     build: Optional[tuple[str, str]] = None
@@ -290,8 +245,8 @@ def _replay(
 
 
 def _as_if_allowlisted(check: Check) -> Any:
-    """What allowlisting the target type of *check* would allowlist: the class itself where it is
-    loaded, else the container it targets (an unknown class counts as a subclass of it)."""
+    """What allowlisting the target of *check* would allowlist: the class where it is loaded, else
+    the container it targets (an unknown class counts as a subclass of it)."""
     return loaded_class(check.name) or (list if check.kind.startswith("append") else dict)
 
 
@@ -300,14 +255,9 @@ _allowed_cache: dict[Any, tuple[Any, _Allowed]] = {}
 
 
 def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
-    """What torch accepts with *declared* added (see :class:`_Allowed`).
-
-    Types are matched by object in torch (``type(inst) in allowed.values()``); the model
-    matches them by the objects' real ``module.qualname`` and by any name they are allowed
-    under.  torch before 2.6 builds only user-allowlisted types (``BuildRules``).  Remembered
-    while torch's allowlist, the process-wide registry, the declaration and that BUILD rule
-    are the same.
-    """
+    """What torch accepts with *declared* added, remembered while torch's allowlist, the registry, the
+    declaration and the BUILD rule are the same.  torch matches types by object; the model matches
+    them by their real ``module.qualname`` and any name they are allowed under."""
     import torch
 
     table = torch_allowlist_table()
@@ -346,7 +296,6 @@ def _compute_allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules)
         for n in (torch_key(obj), name):
             if n:
                 types.add(n)
-                classes[n] = obj
-                user[n] = obj
+                classes[n] = user[n] = obj
     types |= user_names
     return _Allowed(frozenset(names), frozenset(types), classes, user)

@@ -13,22 +13,15 @@ __all__ = ["required_globals"]
 _NOT_GIVEN: Any = object()
 
 
-def required_globals(
-    obj_or_buffer: Any = _NOT_GIVEN,
-    *,
-    obj: Any = _NOT_GIVEN,
-    checkpoint: Any = _NOT_GIVEN,
-    path: Any = _NOT_GIVEN,
-) -> list[str]:
+def required_globals(obj_or_buffer: Any = _NOT_GIVEN, *, obj: Any = _NOT_GIVEN, checkpoint: Any = _NOT_GIVEN,
+                     path: Any = _NOT_GIVEN) -> list[str]:
     """Sorted globals a checkpoint needs beyond torch's own allowlist, found without unpickling.
 
-    Say what you pass with a keyword and nothing is guessed: ``obj=`` is always
-    ``torch.save``-d into memory first (even a ``str`` or ``bytes`` object),
-    ``checkpoint=`` is scanned (bytes, a buffer or file object, a :class:`Checkpoint`),
-    ``path=`` is a file to scan.  Positionally, a :class:`Checkpoint` or file object is
-    scanned and any other object is saved -- except ``bytes``/``bytearray``/``memoryview``
-    (scanned as checkpoint bytes) and ``str`` (a path), kept for backward compatibility;
-    when those are not a checkpoint the error says to pass ``obj=``.
+    With a keyword nothing is guessed: ``obj=`` is always ``torch.save``-d first (even a ``str`` or
+    ``bytes``), ``checkpoint=`` (bytes, a buffer or file object, a :class:`Checkpoint`) is scanned,
+    ``path=`` is a file to scan.  Positionally, bytes-likes are checkpoint bytes and a ``str`` a path
+    (backward compatibility; the error says to pass ``obj=`` when they are not), a :class:`Checkpoint`
+    or file object is scanned, and any other object is saved.
     """
     given = {k: v for k, v in (("obj", obj), ("checkpoint", checkpoint), ("path", path)) if v is not _NOT_GIVEN}
     if obj_or_buffer is not _NOT_GIVEN:
@@ -36,8 +29,7 @@ def required_globals(
     if len(given) != 1:
         raise TypeError(
             "required_globals() takes exactly one of: an object (obj=...), checkpoint bytes or a buffer "
-            f"(checkpoint=...) or a file (path=...); got {', '.join(sorted(given)) or 'nothing'}"
-        )
+            f"(checkpoint=...) or a file (path=...); got {', '.join(sorted(given)) or 'nothing'}")
     (kind, value), = given.items()
     from ..scan.checkpoint import Checkpoint, scan_checkpoint  # the scan, imported where one is made
     from ..torch_facts.unpickler import unpickler_rules
@@ -52,8 +44,7 @@ def required_globals(
         if isinstance(value, (str, os.PathLike)):
             raise TypeError(
                 "required_globals(checkpoint=...) takes bytes, a buffer or a Checkpoint; "
-                "pass a file name as path=..."
-            )
+                "pass a file name as path=...")
         info = scan_checkpoint(value)
     elif isinstance(value, Checkpoint) or hasattr(value, "read"):
         info = scan_checkpoint(value)
@@ -63,12 +54,11 @@ def required_globals(
         info = Checkpoint.save(value).info
     if info.format == "torchscript":
         raise CheckpointFormatError(
-            "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply"
-        )
+            "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply")
     allowed = torch_allowlist()
     needed = {g for g in info.globals if g not in allowed}
-    # Types BUILD is applied to count too (numpy.dtypes.Float64DType never appears as a GLOBAL);
-    # those on torch's own allowlist only where this torch's BUILD does not build them (2.4, 2.5).
+    # Types BUILD is applied to count too (numpy.dtypes.Float64DType is never a GLOBAL); those on
+    # torch's own allowlist only where this torch's BUILD does not build them (2.4, 2.5).
     types = set(info.type_checks)
     if types and unpickler_rules().build.torch_types_buildable:
         types -= allowed | torch_allowed_type_names()
@@ -79,9 +69,7 @@ def _scan_ambiguous(value: Any) -> Any:
     """Scan a positional str (path) or bytes (checkpoint); say how to mean the object instead."""
     from ..scan.checkpoint import scan_checkpoint
 
-    as_object = (
-        f"to get the globals of the {type(value).__name__} object itself, call required_globals(obj=...)"
-    )
+    as_object = f"to get the globals of the {type(value).__name__} object itself, call required_globals(obj=...)"
     if isinstance(value, (str, os.PathLike)):
         if not os.path.isfile(value):
             raise FileNotFoundError(f"required_globals({value!r}): a positional str is a checkpoint file, and there "
@@ -91,7 +79,6 @@ def _scan_ambiguous(value: Any) -> Any:
         return scan_checkpoint(value)
     except CheckpointFormatError as e:
         raise CheckpointFormatError(
-            f"{e} (a positional {type(value).__name__} is read as checkpoint bytes; {as_object})"
-        ) from None
+            f"{e} (a positional {type(value).__name__} is read as checkpoint bytes; {as_object})") from None
 
 

@@ -1,11 +1,9 @@
 """A declaration of safe globals, read once: what each entry is, the name torch matches it by.
 
-A test class declares the globals a checkpoint legitimately needs as objects, ``'module.Name'``
-strings, ``(object, 'module.Name')`` pairs or :class:`~.trust.UnsafeCallable` opt-ins.
-:func:`split_entry` is the one reader of such an entry; :func:`normalize_safe_globals` turns a
-declaration into :class:`SafeGlobal` entries and refuses what the trust policy refuses (long
-before any load), and :func:`declared_entries` gives the ``(object, name)`` pairs a prediction
-needs without refusing anything.
+Entries are objects, ``'module.Name'`` strings, ``(object, 'module.Name')`` pairs or
+:class:`~.trust.UnsafeCallable` opt-ins; :func:`split_entry` is their one reader.
+:func:`normalize_safe_globals` refuses what the trust policy refuses (long before any load);
+:func:`declared_entries` gives a prediction its ``(object, name)`` pairs, refusing nothing.
 """
 
 from __future__ import annotations
@@ -16,19 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
 from ..core.errors import RoundTripConfigError
-from ..core.names import name_problem, quote_name, show_name, torch_key
+from ..core.names import name_problem, qualified_name, quote_name, show_name, torch_key
 from .denylist import denylist_reason
 from .trust import UnsafeCallable, describe, judge_global
 
-__all__ = [
-    "SafeGlobal",
-    "split_entry",
-    "normalize_safe_globals",
-    "as_safe_globals",
-    "declared_entries",
-    "refuse_dangerous",
-    "resolve_global",
-]
+__all__ = ["SafeGlobal", "split_entry", "normalize_safe_globals", "as_safe_globals", "declared_entries",
+           "refuse_dangerous", "resolve_global"]
 
 
 @dataclass(frozen=True)
@@ -51,26 +42,24 @@ def _check_declaration(declared: Any) -> None:
     if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
         raise RoundTripConfigError(
             f"safe_globals must be a tuple or list of globals, got {type(declared).__name__}; "
-            "write safe_globals = (MyModule,) (objects, 'module.Name' strings or (obj, 'module.Name') tuples)"
-        )
+            "write safe_globals = (MyModule,) (objects, 'module.Name' strings or (obj, 'module.Name') tuples)")
 
 
 def split_entry(item: Any) -> tuple[Any, Optional[str], bool, Optional[str]]:
-    """(object or None for a bare name, the name torch matches it by or None when the object has
-    none, whether that name was given explicitly, the :class:`UnsafeCallable` reason) of one
-    declared entry.  Nothing is imported or judged here."""
+    """(object or None for a bare name, the name torch matches it by or None when the object has none,
+    whether that name was explicit, the :class:`UnsafeCallable` reason) of one entry; imports nothing."""
     if isinstance(item, SafeGlobal):
         return item.obj, item.name, item.explicit_name, item.unsafe_reason
     if isinstance(item, UnsafeCallable):
-        target = item.target
-        if isinstance(target, str):
-            return None, target, True, item.reason
-        return target, torch_key(target), False, item.reason
+        if isinstance(item.target, str):
+            return None, item.target, True, item.reason
+        return item.target, torch_key(item.target), False, item.reason
     if isinstance(item, str):
         return None, item, True, None
     if isinstance(item, tuple):
         if len(item) != 2 or not isinstance(item[1], str):
-            raise RoundTripConfigError(f"safe global tuple {show_name(repr(item)[:80])} must be (object, 'module.Name')")
+            raise RoundTripConfigError(
+                f"safe global tuple {show_name(repr(item)[:80])} must be (object, 'module.Name')")
         return item[0], item[1], True, None
     return item, torch_key(item), False, None
 
@@ -80,13 +69,11 @@ def resolve_global(name: str) -> Any:
     problem = name_problem(name)
     if problem:
         raise RoundTripConfigError(
-            f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'"
-        )
+            f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'")
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:cut])
         try:
-            obj: Any = importlib.import_module(module_name)
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
             continue
         try:
@@ -97,15 +84,11 @@ def resolve_global(name: str) -> Any:
         return obj
     raise RoundTripConfigError(
         f"safe global {quote_name(name)} is not importable; fix the spelling ('package.module.Name') or "
-        "declare the object itself"
-    )
+        "declare the object itself")
 
 
 def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
-    """Validate a declaration: objects, 'module.Name' strings or (object, name) tuples.
-
-    Dangerous entries are refused here, long before any load.
-    """
+    """A declaration as :class:`SafeGlobal` entries; dangerous ones are refused here, long before any load."""
     _check_declaration(declared)
     out: list[SafeGlobal] = []
     for item in declared:
@@ -122,8 +105,7 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
                 reason = judge_global(obj) or "it has no __module__/__qualname__ of its own"
                 raise RoundTripConfigError(
                     f"refusing to allowlist {describe(obj)}: {reason}; declare the class itself, a "
-                    "'module.Name' string, or an (object, 'module.Name') tuple"
-                )
+                    "'module.Name' string, or an (object, 'module.Name') tuple")
             sg = SafeGlobal(obj, name, explicit, unsafe)  # type: ignore[arg-type]
         refuse_dangerous(sg)
         out.append(sg)
@@ -135,8 +117,7 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
 
 
 def _import_declared(name: str) -> None:
-    """Import the module of an author's ``(obj, name)`` declaration, as a string declaration
-    would, so the identity check can find it; a checkpoint's names are never imported."""
+    """Import the module of an author's ``(obj, name)``, as for a string, so the identity check finds it."""
     if name_problem(name) is None and denylist_reason(name) is None:
         try:
             resolve_global(name)
@@ -145,27 +126,15 @@ def _import_declared(name: str) -> None:
 
 
 def refuse_dangerous(sg: SafeGlobal) -> None:
-    """Raise :class:`RoundTripConfigError` unless the trust policy accepts *sg*.
-
-    A safe global must be a class that *sg.name* resolves to (the very object, so
-    ``(os.system, "mymod.Safe")`` or a partial wearing a harmless ``__qualname__``
-    cannot slip in), or a plain function declared with :class:`UnsafeCallable`;
-    the denylist applies to both (see :mod:`torch_serial_testing.trust`).
-    """
+    """Raise :class:`RoundTripConfigError` unless the trust policy (:mod:`.trust`) accepts *sg*."""
     reason = judge_global(sg.obj, sg.name, opt_in=sg.unsafe_reason is not None)
     if reason:
-        raise RoundTripConfigError(
-            f"refusing to allowlist {show_name(sg.name)} ({describe(sg.obj)}): {reason}"
-        )
+        raise RoundTripConfigError(f"refusing to allowlist {show_name(sg.name)} ({describe(sg.obj)}): {reason}")
 
 
 def as_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
-    """*safe_globals* as SafeGlobal entries, refusing dangerous ones (however they are named).
-
-    Every load passes its declaration through here; the mixin passes the same tuple every time,
-    so an accepted tuple is remembered by identity (kept alive, so its id stays its own).  Any
-    other declaration, and a refused one, is judged again on every call.
-    """
+    """:func:`normalize_safe_globals`, for every load.  The mixin passes the same tuple every time, so an
+    accepted tuple is remembered by identity (kept alive: its id stays its own); others are judged again."""
     if type(safe_globals) is tuple:
         known = _accepted.get(id(safe_globals))
         if known is not None and known[0] is safe_globals:
@@ -184,20 +153,9 @@ _accepted_lock = threading.Lock()
 
 
 def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
-    """``(object or None, name)`` for each safe global, in any form a declaration takes.
-
-    Objects are named by ``module.qualname``, as torch's ``_get_user_allowed_globals`` does
-    (never an object's own ``.name`` attribute); ``'module.Name'`` strings are not imported (no
-    object).  Nothing is refused here: deciding what may be trusted is :func:`load`'s job, a
-    prediction only predicts.
-    """
+    """``(object or None, name)`` per entry, refusing nothing (a prediction only predicts).  Objects are
+    named by ``module.qualname`` as torch's ``_get_user_allowed_globals`` does (never their ``.name``);
+    ``'module.Name'`` strings are not imported."""
     _check_declaration(safe_globals)
-    entries = []
-    for item in safe_globals:
-        obj, name, _explicit, _unsafe = split_entry(item)
-        if name is None:
-            from ..core.names import qualified_name
-
-            name = qualified_name(obj)  # raises, naming what is missing
-        entries.append((obj, name))
-    return tuple(entries)
+    entries = (split_entry(item)[:2] for item in safe_globals)
+    return tuple((obj, qualified_name(obj) if name is None else name) for obj, name in entries)  # raises, saying why

@@ -1,11 +1,9 @@
-"""The denylist: the trust policy's second line.
+"""The denylist: the trust policy's second line (the first, positive, is :mod:`.trust`).
 
-The first line is positive (only verified classes pass; see :mod:`.trust`).  This
-list names *families* -- modules and objects that run code, load other pickles or
-native code, spawn processes, touch files or the network, or reach arbitrary
-attributes -- so that even a class, or an explicit :class:`~.trust.UnsafeCallable`,
-from one of them is refused.  Every spelling a full unpickle may resolve a name to
-(:func:`.names.pickle_forms`) is checked.  Pure string work, linear in the name.
+It names *families* -- modules and objects that run code, load other pickles or native code, spawn
+processes, touch files or the network, or reach arbitrary attributes -- so that even a class, or an
+explicit :class:`~.trust.UnsafeCallable`, from one of them is refused, under every spelling a full
+unpickle may resolve a name to (:func:`~..core.names.pickle_forms`).  Pure string work, linear in the name.
 """
 
 from __future__ import annotations
@@ -63,12 +61,10 @@ for _why, _names in (_RUNS_PROCESSES, _RUNS_CODE, _LOADS_DATA, _TOUCHES_FILES, _
 
 #: Harmless classes inside a denied family.
 _EXEMPT = frozenset({"types.SimpleNamespace"})
-#: Parts that, met between the first and the last, walk the pickle into a dangerous module
-#: (``torch.serialization.os.system`` at protocol 4).  The static resolution catches the
-#: rest of such walks by the identity of what they reach.
+#: Parts that, between the first and the last, walk the pickle into a dangerous module
+#: (``torch.serialization.os.system`` at protocol 4); the static resolution catches the rest by identity.
 _WALK_INTO = frozenset(
-    "os posix nt sys subprocess builtins shutil socket pickle marshal ctypes importlib runpy pty".split()
-)
+    "os posix nt sys subprocess builtins shutil socket pickle marshal ctypes importlib runpy pty".split())
 
 # builtins that run code, reach attributes, build classes or callables, or touch the outside world.
 _DANGEROUS_BUILTINS = frozenset(
@@ -76,8 +72,7 @@ _DANGEROUS_BUILTINS = frozenset(
     "breakpoint memoryview exit quit help copyright credits license print type super classmethod "
     "staticmethod property map filter iter next aiter anext function code method "
     "builtin_function_or_method module frame generator coroutine cell __build_class__ __loader__ "
-    "__spec__".split()
-)
+    "__spec__".split())
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the string: judged once per name

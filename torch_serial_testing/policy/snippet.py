@@ -1,10 +1,8 @@
 """Ready-to-paste ``safe_globals`` snippets built only from names the trust policy vouches for.
 
-A snippet holds nothing but ``import`` statements of validated names and one
-``safe_globals([...])`` (or, before torch 2.5, ``add_safe_globals([...])``)
-call.  Names that are not verified classes never enter it; :func:`refusal_notes`
-says why, outside the code.  Pure string work on top of :func:`trust.judge_name`:
-nothing a name refers to is imported.
+A snippet holds only ``import`` statements of verified classes and one ``safe_globals([...])`` (before
+torch 2.5 ``add_safe_globals([...])``) call; :func:`refusal_notes` says, outside the code, why other
+names are left out.  Pure string work on :func:`~.trust.judge_name`: nothing named is imported.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ def suggestible(names: Sequence[str], allowed: Optional[frozenset[str]] = None) 
 
 
 def snippet_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(the import lines, the references to put in the allowlist) for the suggestible *names*:
-    builtins by their bare name, ``torch.X`` through ``torch``, others imported (aliased when
-    two share a name).  Only names the trust policy verifies as classes are included."""
+    """(import lines, allowlist references) for the suggestible *names*: builtins by their bare name,
+    ``torch.X`` through ``torch``, others imported (aliased when two share a name)."""
     imports: list[str] = []
     refs: list[str] = []
     bound: dict[str, str] = {"torch": "torch"}  # local name -> the dotted thing it is bound to
@@ -42,9 +39,7 @@ def snippet_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
             continue
         module, attr_path = _split_module(name)
         head, _, rest = attr_path.partition(".")
-        target = f"{module}.{head}"
-        local = head
-        n = 1
+        target, local, n = f"{module}.{head}", head, 1
         while bound.get(local, target) != target:
             n += 1
             local = f"{head}_{n}"
@@ -56,25 +51,19 @@ def snippet_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def safe_globals_snippet(names: Sequence[str], *, context: Optional[bool] = None) -> str:
-    """A ``with torch.serialization.safe_globals([...]):`` block with its imports.
-
-    Only the names the trust policy verifies as classes are included (see
-    :func:`refusal_notes` for the others).  Where torch has no ``safe_globals``
-    context (torch < 2.5; *context* None detects it) ``add_safe_globals`` is used.
-    """
+    """A ``with torch.serialization.safe_globals([...]):`` block of the verified classes among *names*,
+    with its imports; ``add_safe_globals`` where torch has no such context (< 2.5; *context* None: detect)."""
     if context is None:
         import torch
 
         context = hasattr(torch.serialization, "safe_globals")
     imports, refs = snippet_parts(names)
-    lines = ["import torch", *imports, ""]
+    listed = ", ".join(refs)
     if context:
-        lines.append(f"with torch.serialization.safe_globals([{', '.join(refs)}]):")
-        lines.append("    obj = torch.load(f, weights_only=True)")
+        code = [f"with torch.serialization.safe_globals([{listed}]):", "    obj = torch.load(f, weights_only=True)"]
     else:
-        lines.append(f"torch.serialization.add_safe_globals([{', '.join(refs)}])")
-        lines.append("obj = torch.load(f, weights_only=True)")
-    return "\n".join(lines)
+        code = [f"torch.serialization.add_safe_globals([{listed}])", "obj = torch.load(f, weights_only=True)"]
+    return "\n".join(["import torch", *imports, "", *code])
 
 
 def refusal_notes(names: Sequence[str], allowed: Optional[frozenset[str]] = None) -> list[str]:
@@ -86,7 +75,7 @@ def refusal_notes(names: Sequence[str], allowed: Optional[frozenset[str]] = None
             continue
         line = f"{show_name(name)}: NOT suggested ({verdict.kind}): {verdict.reason}"
         if verdict.kind == "callable":
-            line += (f"; only if you trust it, declare UnsafeCallable('{name}', reason='...')")
+            line += f"; only if you trust it, declare UnsafeCallable('{name}', reason='...')"
         elif verdict.kind in ("dangerous", "malformed"):
             line += "; never allowlist it"
         notes.append(line)

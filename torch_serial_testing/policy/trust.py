@@ -1,26 +1,18 @@
 """The trust policy: which globals may ever be allowlisted, judged without running them.
 
-A weights-only load calls every allowlisted global the pickle names, with
-arguments the pickle chooses.  A name list of known-bad callables is always one
-name short, so the policy is positive:
+A weights-only load calls every allowlisted global the pickle names, with arguments of its choosing,
+and a list of known-bad callables is always one name short; so the policy is positive:
 
-* a safe global must be a **class** (an instance of ``type``, not a metaclass),
-  importable under exactly the declared name and resolving to the very object
-  declared -- ``__qualname__`` is never taken on trust;
-* functions, builtins, methods, partials, ``methodcaller``\\ s, bound
-  ``__call__``\\ s, modules and other objects are refused unless torch
-  allowlists them itself, or the author opts in with :class:`UnsafeCallable`
-  (plain functions only), and they are never suggested;
-* a **denylist** is the second line: families that run code, load other
-  pickles or native code, spawn processes, touch files or the network, or
-  reach arbitrary attributes are refused even as classes, under every spelling
-  a full unpickle may resolve (``_compat_pickle``), by name, by the object's
-  real identity and by every base class;
-* "cannot tell" is dangerous: a name whose module is not imported, or whose
-  attribute a module-level ``__getattr__`` would compute, is never vouched for.
+* a safe global must be a **class** (not a metaclass) importable under exactly the declared name
+  and resolving to the very object declared -- ``__qualname__`` is never taken on trust;
+* anything else is refused unless torch allowlists it itself or the author opts in with
+  :class:`UnsafeCallable` (plain functions only), and is never suggested;
+* the **denylist** (:mod:`.denylist`) refuses even classes, under every full-unpickle spelling, by
+  the object's real identity and by every base class;
+* "cannot tell" (a module not imported, a module ``__getattr__``) is dangerous.
 
-Judging never imports or runs what a checkpoint names: objects are found in
-``sys.modules`` through module ``__dict__``\\ s and ``inspect.getattr_static``.
+Judging never imports or runs a checkpoint's names: ``sys.modules``, ``__dict__``\\ s and
+``inspect.getattr_static`` only.
 """
 
 from __future__ import annotations
@@ -40,21 +32,15 @@ from .denylist import denylist_reason
 __all__ = ["Verdict", "UnsafeCallable", "judge_name", "judge_global", "judge_registry_entry", "dangerous_reason",
            "describe"]
 
-# -- verdicts -------------------------------------------------------------------------------------
-
 #: Verdict kinds, from worst to best.
 KINDS = ("malformed", "dangerous", "callable", "absent", "alias", "class", "allowlisted")
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the policy says about one name: ``kind`` (see :data:`KINDS`) and why.
-
-    ``dangerous`` includes "cannot tell"; ``callable`` is a verified non-class that only an
-    explicit :class:`UnsafeCallable` may allow; ``absent`` names nothing in this process;
-    ``alias`` is a class under a name other than its own (torch matches a class by its own
-    ``module.qualname``, so allowlisting the class would not make this name load).
-    """
+    """What the policy says about one name: ``kind`` (see :data:`KINDS`) and why.  ``dangerous``
+    includes "cannot tell"; ``callable`` only :class:`UnsafeCallable` may allow; ``absent`` names nothing
+    here; ``alias`` is a class under another name than its own ``module.qualname``, which torch matches."""
 
     name: str
     kind: str
@@ -65,17 +51,13 @@ class Verdict:
         """Only verified classes are ever suggested."""
         return self.kind == "class"
 
-    @property
-    def shown(self) -> str:
-        return show_name(self.name)
-
 
 class _CannotTell(str):
-    pass
+    """Why what a name refers to cannot be told statically."""
 
 
 class _Absent(str):
-    pass
+    """Why a name refers to nothing in this process."""
 
 
 def describe(obj: Any) -> str:
@@ -96,27 +78,29 @@ def describe(obj: Any) -> str:
     return f"an object of type {show_name(kind)}" + ("" if callable(obj) else " (not callable)")
 
 
+def _denied(name: Optional[str]) -> Optional[str]:
+    return denylist_reason(name) if name and is_valid_name(name) else None
+
+
 def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
     """(kind, reason) for an object already in hand; only "class" passes the policy."""
     if isinstance(obj, types.ModuleType):
         return "dangerous", (f"it is {describe(obj)}: a module hands the pickle every attribute it has, "
                              "and torch.save never writes one")
     real = identity(obj)
-    if real is not None and is_valid_name(real):
-        why = denylist_reason(real)
-        if why:
-            return "dangerous", f"it is {real}: {why}"
+    why = _denied(real)
+    if why:
+        return "dangerous", f"it is {real}: {why}"
     if isinstance(obj, type):
         if issubclass(obj, type):
             return "dangerous", "it is a metaclass: the pickle could build new classes from its own data"
         for base in type.__getattribute__(obj, "__mro__")[1:]:
             base_name = identity(base)
-            why = denylist_reason(base_name) if base_name and is_valid_name(base_name) else None
+            why = _denied(base_name)
             if why:
                 return "dangerous", f"it subclasses {base_name}: {why}"
         return "class", "a class"
-    type_name = None if isinstance(obj, FUNCTION_TYPES) else identity(type(obj))
-    why = denylist_reason(type_name) if type_name and is_valid_name(type_name) else None
+    why = None if isinstance(obj, FUNCTION_TYPES) else _denied(identity(type(obj)))
     if why:
         return "dangerous", f"it is {describe(obj)}: {why}"
     owner = getattr(obj, "__self__", None) if isinstance(obj, FUNCTION_TYPES) else None
@@ -129,10 +113,8 @@ def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
 
 
 def _resolve_static(name: str) -> Any:
-    """The object *name* names in this process, found without importing or running anything.
-
-    Returns the object, or a :class:`_CannotTell` / :class:`_Absent` reason string.
-    """
+    """The object *name* names in this process (found importing and running nothing), or a
+    :class:`_CannotTell` / :class:`_Absent` reason."""
     import importlib.machinery
     import inspect
 
@@ -142,10 +124,8 @@ def _resolve_static(name: str) -> Any:
     while cut > 0 and name[:dots[cut - 1]] not in sys.modules:
         cut -= 1
     if cut == 0:
-        return _CannotTell(
-            f"module {parts[0]} is not imported in this process, and judging never imports what a "
-            "checkpoint names"
-        )
+        return _CannotTell(f"module {parts[0]} is not imported in this process, and judging never imports what a "
+                           "checkpoint names")
     path = name[:dots[cut - 1]]
     obj: Any = sys.modules[path]
     for attr in parts[cut:]:
@@ -179,10 +159,7 @@ def _resolve_static(name: str) -> Any:
 
 
 def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
-    """The policy's verdict on a name read from a checkpoint; never imports or runs anything.
-
-    *allowed*: the names torch allowlists itself (computed when None).
-    """
+    """The verdict on a name read from a checkpoint (*allowed*: torch's own allowlist, None: asked)."""
     if is_marker(name):
         return Verdict(name, "dangerous", "built at unpickling time, so it cannot be named or checked statically")
     problem = name_problem(name)
@@ -218,13 +195,11 @@ def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
 
 
 def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) -> Optional[str]:
-    """Why *obj* may not be registered or declared as the safe global *name*, or None when it may.
+    """Why *obj* may not be declared or registered as the safe global *name* (default its
+    ``module.qualname``; an ``(obj, name)`` tuple is accepted as *obj*), or None when it may.
 
-    The one check for every way a global reaches torch's allowlist: declarations,
-    ``UnsafeCallable`` opt-ins (*opt_in*: plain functions are then accepted) and
-    registrations found in the registry.  *name* defaults to ``module.qualname``;
-    a ``(obj, name)`` tuple is accepted as *obj*.  Never imports anything: the
-    name must resolve, among modules already imported, to the very same object.
+    The one check for declarations, ``UnsafeCallable`` opt-ins (*opt_in*: plain functions pass) and
+    registry entries: *name* must resolve, among modules already imported, to the very same object.
     """
     if isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], str) and name is None:
         obj, name = obj
@@ -247,8 +222,8 @@ def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) 
     return reason
 
 
-#: (id(obj), name, opt_in) -> obj for declarations already accepted: load() re-checks the
-#: declared globals on every call, and the verdict on an (object, name) pair does not change.
+#: (id(obj), name, opt_in) -> obj already accepted: load() re-checks every declaration, and the
+#: verdict on an (object, name) pair does not change.
 _ACCEPTED: dict[tuple[int, str, bool], Any] = {}
 
 
@@ -278,29 +253,24 @@ def _judge_global(obj: Any, name: str, opt_in: bool) -> Optional[str]:
 
 
 def _plain_function(obj: Any) -> bool:
-    if isinstance(obj, types.FunctionType):
-        return True
-    return isinstance(obj, types.BuiltinFunctionType) and (
-        obj.__self__ is None or isinstance(obj.__self__, types.ModuleType)
-    )
+    return isinstance(obj, types.FunctionType) or (isinstance(obj, types.BuiltinFunctionType) and (
+        obj.__self__ is None or isinstance(obj.__self__, types.ModuleType)))
 
 
 class UnsafeCallable:
     """The loud opt-in for a global that is not a class: a function the pickle will *call*.
 
-    ``safe_globals = (MyNet, UnsafeCallable("numpy._core.multiarray._reconstruct",
-    reason="numpy arrays in the state"))``.  Only plain module-level functions and
-    builtins qualify, verified by identity like classes; the denylist still
-    applies, and nothing ever suggests one.
+    ``safe_globals = (MyNet, UnsafeCallable("numpy._core.multiarray._reconstruct", reason="numpy
+    arrays"))``.  Only plain module-level functions and builtins qualify, verified by identity like
+    classes; the denylist still applies, and nothing ever suggests one.
     """
 
     __slots__ = ("target", "reason")
 
     def __init__(self, target: Any, *, reason: str) -> None:
         if not isinstance(reason, str) or not reason.strip():
-            raise _config_error(
-                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)"
-            )
+            raise RoundTripConfigError(
+                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)")
         self.target = target
         self.reason = reason
 
@@ -309,13 +279,8 @@ class UnsafeCallable:
         return f"UnsafeCallable({escape_text(show_name(target))!s}, reason={escape_text(repr(self.reason))})"
 
 
-def _config_error(message: str) -> Exception:
-    return RoundTripConfigError(message)
-
-
 def dangerous_reason(name: str) -> Optional[str]:
-    """Why *name* must never be allowlisted (the trust policy's ``dangerous`` or ``malformed``
-    verdict, "cannot tell" included), or None.  Never imports anything."""
+    """Why *name* must never be allowlisted (a ``dangerous`` or ``malformed`` verdict), or None."""
     verdict = judge_name(name)
     return verdict.reason if verdict.kind in ("dangerous", "malformed") else None
 
@@ -323,21 +288,17 @@ def dangerous_reason(name: str) -> Optional[str]:
 def judge_registry_entry(entry: Any) -> Optional[str]:
     """Why a registry entry (object or ``(object, name)``) must not be registered, or None.
 
-    The trust policy's check (name and real identity, the denylist) with functions accepted:
-    torch and backends register rebuild functions themselves (``torch.nested``'s
-    ``_rebuild_njt``, torch_npu's ``_rebuild_npu_tensor``).  A class torch defines, registered
-    under its own name, is torch's registration (``torch._dynamo``'s ``_DimRange``), not
-    second-guessed by the denylist's module families.
+    :func:`judge_global` with functions accepted: torch and backends register rebuild functions
+    (``torch.nested``'s ``_rebuild_njt``, torch_npu's ``_rebuild_npu_tensor``).  A class torch defines,
+    under its own name, is torch's own (``torch._dynamo``'s ``_DimRange``): no denylist family applies.
     """
     obj, name = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, None)
-    if _torch_own_class(obj, name):
-        return None
-    return judge_global(entry, opt_in=True)
+    return None if _torch_own_class(obj, name) else judge_global(entry, opt_in=True)
 
 
 def _torch_own_class(obj: Any, name: Optional[str]) -> bool:
     real = identity(obj) if isinstance(obj, type) else None
-    if real is None or not (real.startswith("torch.")):
+    if real is None or not real.startswith("torch."):
         return False
     module = type.__getattribute__(obj, "__module__")
     return (name is None or name == real) and vars(sys.modules.get(module, object)).get(obj.__qualname__) is obj

@@ -1,22 +1,15 @@
-"""Read exactly the records torch reads, decided by the same tests ``torch.load`` applies.
+"""Read exactly the records ``torch.load`` reads, deciding the format by its own tests.
 
-``torch.load`` (torch/serialization.py) decides the format this way, and so does
-:func:`scan_archive`:
+* ``PK\\x03\\x04`` first (``_is_zipfile``): a zip archive, read with torch's own
+  ``torch._C.PyTorchFileReader`` (never ``zipfile``, which resolves duplicate, case-folded or
+  zip64-relocated records differently); ``constants.pkl`` makes it TorchScript, else torch
+  unpickles the bytes its reader returns for ``data.pkl``;
+* a tar archive (``storages``, ``tensors``, ``pickle``; torch < 0.4), read only from a real file;
+* else the legacy stream of five pickles (magic number, protocol version, sys_info, the object,
+  the storage keys).
 
-* the first four bytes are ``PK\\x03\\x04`` (``_is_zipfile``): a zip archive, opened
-  with torch's own reader ``torch._C.PyTorchFileReader`` (never Python's
-  ``zipfile``, which resolves duplicate, case-folded or zip64-relocated records
-  differently).  ``constants.pkl`` among its records (``_is_torchscript_zip``) makes it
-  a TorchScript archive; otherwise torch unpickles the record ``data.pkl`` -- the very
-  bytes torch's reader returns for that name;
-* a tar archive (``storages``, ``tensors``, ``pickle`` members; torch < 0.4), which
-  ``torch.load`` reads only from a real file at offset 0;
-* otherwise the legacy stream: five pickles (magic number, protocol version,
-  sys_info, the object, the storage keys), all unpickled by torch.
-
-Every pickle torch would unpickle is walked by :func:`~.walker.scan_pickle`.
-Sizes are checked against :class:`~..core.limits.ScanLimits` *before* anything is
-decompressed or copied.
+Every pickle torch would unpickle is walked (:func:`~.walker.scan_pickle`); sizes are checked
+against :class:`~..core.limits.ScanLimits` before anything is decompressed or copied.
 """
 
 from __future__ import annotations
@@ -39,7 +32,6 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL_VERSION = 1001
 
 
-
 def scan_archive(f: IO[bytes], nbytes: int, state: ScanState) -> str:
     """Walk every pickle torch would unpickle from *f* (at position 0); return the format name."""
     head = f.read(4)
@@ -54,9 +46,9 @@ def scan_archive(f: IO[bytes], nbytes: int, state: ScanState) -> str:
 
 
 def _one_line(e: BaseException) -> str:
+    """The first line of *e*, without the boilerplate torch's reader appends ("This is an internal miniz error...")."""
     text = str(e).strip().splitlines()
     first = text[0] if text else type(e).__name__
-    # torch's reader appends boilerplate ("This is an internal miniz error..."): keep the cause.
     return first.split(". This is an internal miniz error")[0].split("  (Could this error")[0]
 
 
@@ -66,8 +58,7 @@ def _scan_zip(f: IO[bytes], state: ScanState) -> str:
     except (RuntimeError, ValueError, OSError) as e:
         raise CheckpointFormatError(
             f"the zip archive is truncated or its central directory is damaged (torch's reader: {_one_line(e)}); "
-            "re-save the checkpoint"
-        ) from None
+            "re-save the checkpoint") from None
     try:
         if is_torchscript(reader):
             try:
@@ -81,8 +72,7 @@ def _scan_zip(f: IO[bytes], state: ScanState) -> str:
             return "torchscript"
         if not reader.has_record("data.pkl"):
             raise CheckpointFormatError(
-                "the zip archive has no data.pkl record (torch.load would fail): not a torch.save checkpoint"
-            )
+                "the zip archive has no data.pkl record (torch.load would fail): not a torch.save checkpoint")
         size_of = getattr(reader, "get_record_size", None)
         if size_of is not None:
             _cap(size_of("data.pkl"), "data.pkl", state)
@@ -99,13 +89,11 @@ def _cap(size: int, what: str, state: ScanState) -> None:
     if size > limits.max_pickle_bytes:
         raise CheckpointFormatError(
             f"{what} is {size} bytes, over ScanLimits.max_pickle_bytes={limits.max_pickle_bytes}; "
-            "raise it with scan_limits(max_pickle_bytes=...) if the checkpoint is trusted to be that large"
-        )
+            "raise it with scan_limits(max_pickle_bytes=...) if the checkpoint is trusted to be that large")
     if state.bytes_scanned + size > limits.max_scan_bytes:
         raise CheckpointFormatError(
             f"the checkpoint's pickles exceed ScanLimits.max_scan_bytes={limits.max_scan_bytes}; "
-            "raise it with scan_limits(max_scan_bytes=...)"
-        )
+            "raise it with scan_limits(max_scan_bytes=...)")
 
 
 def _is_tar(f: IO[bytes]) -> bool:
@@ -125,12 +113,11 @@ def _element_size(storage_type: Any) -> int:
         return storage_element_size(name)
     except KeyError:
         raise CheckpointFormatError(
-            f"the tar 'storages' member names an unknown storage type ({name!r}): the checkpoint is damaged"
-        ) from None
+            f"the tar 'storages' member names an unknown storage type ({name!r}): the checkpoint is damaged") from None
 
 
 def _scan_tar(f: IO[bytes], state: ScanState) -> None:
-    # Not loadable weights-only at all; a full load reads 'storages', 'tensors' then 'pickle'.
+    # Never loadable weights-only; a full load reads 'storages', 'tensors' then 'pickle'.
     state.check("refused", "", TAR_REFUSAL)
     state.weights_only_live = False
     try:
@@ -174,14 +161,11 @@ def _member(tar: tarfile.TarFile, name: str, state: ScanState) -> bytes:
     try:
         member = tar.getmember(name)
     except KeyError:
-        raise CheckpointFormatError(
-            f"the tar archive has no {name!r} member: not a legacy torch checkpoint"
-        ) from None
+        raise CheckpointFormatError(f"the tar archive has no {name!r} member: not a legacy torch checkpoint") from None
     if member.issparse():
         raise CheckpointFormatError(
             f"the tar member {name!r} is a GNU sparse file: refused (torch never writes one, and it can "
-            "expand far beyond the archive's size)"
-        )
+            "expand far beyond the archive's size)")
     if not member.isreg():
         raise CheckpointFormatError(f"the tar member {name!r} is not a regular file: refused")
     _cap(member.size, f"the tar member {name!r}", state)
@@ -195,8 +179,7 @@ def _member(tar: tarfile.TarFile, name: str, state: ScanState) -> bytes:
 
 
 def _scan_legacy(f: IO[bytes], nbytes: int, state: ScanState) -> None:
-    limit = min(nbytes, state.limits.max_scan_bytes - state.bytes_scanned)
-    data = f.read(limit)
+    data = f.read(min(nbytes, state.limits.max_scan_bytes - state.bytes_scanned))
     head = data[:4]
     try:
         pos, magic = scan_pickle(data, 0, state, zip_format=False)
@@ -205,26 +188,22 @@ def _scan_legacy(f: IO[bytes], nbytes: int, state: ScanState) -> None:
             raise
         raise CheckpointFormatError(
             f"not a torch checkpoint: the first bytes are {head!r}, neither a zip archive from torch.save "
-            f"(b'PK\\x03\\x04') nor a legacy pickle stream ({e})"
-        ) from None
+            f"(b'PK\\x03\\x04') nor a legacy pickle stream ({e})") from None
     if magic != LEGACY_MAGIC:
         raise CheckpointFormatError(
             "a pickle stream, but not a torch checkpoint (no torch magic number in its first pickle): "
-            "torch.load would refuse it with 'Invalid magic number; corrupt file?'"
-        )
+            "torch.load would refuse it with 'Invalid magic number; corrupt file?'")
     try:
         pos, version = scan_pickle(data, pos, state, zip_format=False)
         if version != LEGACY_PROTOCOL_VERSION:
             raise CheckpointFormatError(
                 f"the legacy checkpoint's protocol version is not {LEGACY_PROTOCOL_VERSION}: torch.load "
-                "would refuse it with 'Invalid protocol version'"
-            )
+                "would refuse it with 'Invalid protocol version'")
         for _ in ("sys_info", "the object", "the storage keys"):
             pos, _value = scan_pickle(data, pos, state, zip_format=False)
     except CheckpointFormatError as e:
         if len(data) < nbytes and "ended early" in str(e):
             raise CheckpointFormatError(
                 f"the legacy checkpoint's pickles run past ScanLimits.max_scan_bytes="
-                f"{state.limits.max_scan_bytes}; raise it with scan_limits(max_scan_bytes=...)"
-            ) from None
+                f"{state.limits.max_scan_bytes}; raise it with scan_limits(max_scan_bytes=...)") from None
         raise

@@ -1,17 +1,11 @@
 """Whether this torch's BUILD can apply a pickled state to an allowlisted class, and how it fails.
 
-A pickle rebuilds an object in two steps: make the instance (NEWOBJ, REDUCE), then BUILD
-it with its state -- a ``__dict__`` dict, a ``(dict_or_None, slotstate)`` pair for a class
-with ``__slots__``, or anything ``__getstate__`` returned.  torch's weights-only unpickler
-applies that state itself, and how depends on the release (:class:`.BuildRules`, read from
-a probe): torch 2.4 and 2.5 do ``inst.__dict__.update(state)`` for every state, so a
-slotted instance raises ``AttributeError`` and a slot pair raises ``TypeError`` or
-``ValueError`` -- not torch's ``UnpicklingError``, raised through ``torch.load`` as it is.
-
-The scan records the *shape* of each BUILD's state (:func:`state_shape`: what is known
-statically, never the values of tensors or objects); a prediction, which holds the allowlisted
-class objects, replays this torch's BUILD on stand-ins of that shape (:func:`build_failure`)
-with the real ``dict.update``, so the error type and message are Python's own.
+torch's weights-only unpickler applies a BUILD state (a ``__dict__`` dict, a ``(dict_or_None,
+slotstate)`` pair...) itself, per release (:class:`~..torch_facts.unpickler.BuildRules`, probed):
+torch 2.4 and 2.5 do ``inst.__dict__.update(state)`` for every state, so a slotted instance raises
+``AttributeError`` and a slot pair ``TypeError`` or ``ValueError``, through ``torch.load`` as they are.
+The scan records each state's *shape* (:func:`state_shape`); a prediction replays this torch's BUILD
+on stand-ins of that shape (:func:`build_failure`) with the real ``dict.update``: Python's own error.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ import itertools
 from typing import Any, Optional
 
 from ..torch_facts.unpickler import BuildRules
-from .model import DictValue, Global, Obj
+from .model import DictValue, Obj
 
 __all__ = ["StateShape", "state_shape", "build_failure"]
 
@@ -48,16 +42,12 @@ def state_shape(value: Any, depth: int = 0) -> StateShape:
         if value.type == "builtins.dict":
             return ("dict", None)
         return ("type", value.type)
-    if isinstance(value, Global):
-        return ("type", None)
-    return ("type", None)
+    return ("type", None)  # a Global, or nothing the scan models
 
 
 # What an object known only by its type may be, for the truthiness and iteration BUILD uses.
 _TYPE_STANDINS: dict[str, list[Any]] = {
-    "builtins.bool": [False, True],
-    "builtins.int": [0, 1],
-    "builtins.float": [0.0, 1.0],
+    "builtins.bool": [False, True], "builtins.int": [0, 1], "builtins.float": [0.0, 1.0],
     "builtins.str": ["?" * 1024],  # a string too long for the scan to keep: never empty
 }
 _MAX_STANDINS = 32
@@ -83,20 +73,17 @@ def _standins(shape: StateShape) -> Optional[list[Any]]:
 
 
 def _class_facts(cls: Any) -> Optional[tuple[bool, bool, str]]:
-    """(has ``__setstate__``, instances have a ``__dict__``, the message of reading a missing
-    ``__dict__``) for a class made by a class statement; None when that cannot be told without
-    running its code (a custom ``__getattr__``/``__getattribute__``, a C type)."""
-    if not isinstance(cls, type) or not cls.__flags__ & _HEAPTYPE:
+    """(has ``__setstate__``, instances have a ``__dict__``, the message of a missing ``__dict__``) of a
+    class made by a class statement; None when only running its code could tell (a C type, a custom
+    ``__getattr__``/``__getattribute__``)."""
+    if (not isinstance(cls, type) or not cls.__flags__ & _HEAPTYPE or hasattr(cls, "__getattr__")
+            or cls.__getattribute__ is not object.__getattribute__):
         return None
-    if hasattr(cls, "__getattr__") or cls.__getattribute__ is not object.__getattribute__:
-        return None
-    has_dict = getattr(cls, "__dictoffset__", 0) != 0
-    return hasattr(cls, "__setstate__"), has_dict, _no_dict_message(cls.__name__)
+    return hasattr(cls, "__setstate__"), getattr(cls, "__dictoffset__", 0) != 0, _no_dict_message(cls.__name__)
 
 
 def _no_dict_message(name: str) -> str:
-    """This Python's own message for ``inst.__dict__`` of a slotted class named *name*, read from
-    a bare stand-in class of that name (none of the real class's code runs)."""
+    """Python's message for ``inst.__dict__`` of a slotted class *name*, from a bare stand-in of that name."""
     standin = type(name, (), {"__slots__": ()})
     try:
         object.__new__(standin).__dict__  # noqa: B018 - the error is the point
@@ -126,12 +113,9 @@ def _apply(rules: BuildRules, has_dict: bool, no_dict: str, state: Any) -> Optio
 
 
 def build_failure(cls: Any, shape: StateShape, rules: BuildRules) -> Optional[tuple[str, str]]:
-    """``(exception type name, message)`` when this torch's BUILD of a state of *shape* onto an
-    instance of the allowlisted class *cls* raises, else None.
-
-    None also when the outcome cannot be told statically (the class's own ``__setstate__`` runs,
-    a state of unknown contents whose outcome depends on them): the prediction then stays "loads".
-    """
+    """``(exception type name, message)`` when this torch's BUILD of a state of *shape* onto an instance
+    of the allowlisted *cls* raises; None when it does not or cannot be told statically (its own
+    ``__setstate__`` runs, the outcome depends on unknown contents): the prediction stays "loads"."""
     facts = _class_facts(cls)
     if facts is None:
         return None

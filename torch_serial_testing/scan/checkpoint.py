@@ -1,17 +1,11 @@
 """Checkpoint bytes: who produced them, what format they are, which globals they name.
 
-Two ideas live here.  First, *ownership*: a :class:`Checkpoint` made by
-:meth:`Checkpoint.save` holds bytes this process just wrote with
-``torch.save``; only such a checkpoint may ever be loaded with
-``weights_only=False``.  Bytes from anywhere else are *foreign* and are only
-ever loaded by torch's weights-only unpickler.
-
-Second, a *static scan* (:func:`scan_checkpoint`): every pickle torch would
-unpickle is read the way torch reads it (:mod:`.archive`) and walked opcode by
-opcode against a model of torch's weights-only unpickler (:mod:`.walker`);
-nothing is imported or executed, tensor storages are never touched, and the work
-is bounded (:mod:`..core.limits`).  The result is computed once per checkpoint, and small
-checkpoints' results are remembered by their bytes (the one scan cache).
+*Ownership*: only a :class:`Checkpoint` made by :meth:`Checkpoint.save` (bytes this process just
+wrote with ``torch.save``) may ever be loaded with ``weights_only=False``; bytes from anywhere else
+are *foreign* and only ever loaded weights-only.  The *static scan* (:func:`scan_checkpoint`) reads
+what torch reads (:mod:`.archive`) and walks it (:mod:`.walker`), importing and executing nothing,
+never touching tensor storages, bounded by :mod:`..core.limits`; small checkpoints' scans are
+remembered by their bytes (the one scan cache).
 """
 
 from __future__ import annotations
@@ -38,23 +32,20 @@ BufferLike = Union[bytes, bytearray, memoryview, IO[bytes], "os.PathLike[str]", 
 
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What a static scan found: the format, every global the pickles name (sorted), and the
-    checks torch's weights-only unpickler would make, in order."""
+    """What a static scan found: the format, the globals the pickles name and the checks torch's
+    weights-only unpickler would make (in its order, duplicates dropped)."""
 
     format: str
-    #: Globals as torch's weights-only unpickler spells them (its own Python-2 fix-ups applied).
+    #: Globals as torch's weights-only unpickler spells them (its Python-2 renames applied), sorted.
     globals: tuple[str, ...]
     nbytes: int
     #: Opcodes torch's weights-only unpickler refuses ("Unsupported operand"), e.g. STACK_GLOBAL.
     unsupported_opcodes: tuple[str, ...] = ()
-    #: torch's reason when NO allowlist can make ``weights_only=True`` load this checkpoint
-    #: (TorchScript or tar format, an unsupported opcode, SETITEM on a defaultdict, a non-storage
-    #: persistent id, a blocked module...), else None.
+    #: torch's reason when NO allowlist can make ``weights_only=True`` load this (TorchScript, tar, an
+    #: unsupported opcode, SETITEM on a defaultdict, a non-storage persistent id...), else None.
     weights_only_blocker: Optional[str] = None
-    #: Every global a *full* unpickle (``weights_only=False``) resolves, as it resolves it
-    #: (pickle's ``_compat_pickle`` renames for protocol < 3, torch's ``load_module_mapping``).
+    #: Every global a *full* unpickle resolves, as it resolves it (``_compat_pickle``, ``load_module_mapping``).
     full_load_globals: tuple[str, ...] = ()
-    #: The weights-only unpickler's checks in the order it meets them (duplicates dropped).
     checks: tuple[Check, ...] = ()
     #: Work the scan did: opcodes walked, pickle bytes read, the largest memo held.
     opcodes_walked: int = 0
@@ -73,12 +64,8 @@ class CheckpointInfo:
 
 
 class Checkpoint:
-    """Checkpoint bytes plus whether this process produced them.
-
-    Use :meth:`save` for bytes of your own (the only ones that may be loaded
-    with ``weights_only=False``) and :meth:`from_bytes` / :meth:`from_buffer`
-    for anything else.
-    """
+    """Checkpoint bytes plus whether this process produced them: :meth:`save` for your own (the only
+    ones ever loaded with ``weights_only=False``), :meth:`from_bytes` / :meth:`from_buffer` for others."""
 
     __slots__ = ("_buffer", "_owned", "_info")
 
@@ -102,8 +89,7 @@ class Checkpoint:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
                 f"Checkpoint.from_bytes expects bytes, got {type(data).__name__}; "
-                "use Checkpoint.from_buffer for file objects"
-            )
+                "use Checkpoint.from_buffer for file objects")
         return cls(io.BytesIO(bytes(data)))
 
     @classmethod
@@ -135,17 +121,13 @@ class Checkpoint:
     def info(self) -> CheckpointInfo:
         """The static scan, computed once (under the default :class:`ScanLimits`)."""
         if self._info is None:
-            self._info = _small_checkpoint_info(self._buffer) or _scan(self.rewound(), 0, default_scan_limits())
+            self._info = _small_checkpoint_info(self._buffer) or _scan(self.rewound(), default_scan_limits())
         return self._info
 
     @property
     def format(self) -> str:
-        """``zip``, ``torchscript``, ``legacy`` or ``tar``.
-
-        Bytes :meth:`save` produced in a zip archive are a plain zip checkpoint (``torch.save``
-        writes no TorchScript ``constants.pkl``): known without scanning, which a full load,
-        where nothing the checkpoint names matters, never needs.
-        """
+        """``zip``, ``torchscript``, ``legacy`` or ``tar``.  Known without a scan for a zip archive
+        :meth:`save` wrote (``torch.save`` writes no ``constants.pkl``): a full load needs no scan."""
         if self._info is None and self._owned:
             with self._buffer.getbuffer() as view:
                 head = bytes(view[:4])
@@ -159,18 +141,14 @@ class Checkpoint:
         return self._buffer
 
     def __repr__(self) -> str:
-        kind = "owned" if self._owned else "foreign"
-        return f"<Checkpoint {kind} {self.nbytes} bytes>"
+        return f"<Checkpoint {'owned' if self._owned else 'foreign'} {self.nbytes} bytes>"
 
 
-# Facts of recently scanned small checkpoints, keyed by their content: a test file saves the
-# same module once per load mode and engine, and torch.save writes byte-identical archives for it.
-# The facts depend only on the bytes, the limits, this torch's rules and whether numpy is
-# imported (numpy's dtype classes); CheckpointInfo is frozen, so one instance is shared.  Failed
-# scans, and scans without this torch's rules, are not kept.  The key is the size and the last
-# 256 bytes -- for a zip archive its central directory, which holds every record's CRC-32 and
-# size -- cheaper to hash than all the bytes; a hit counts only when the remembered bytes equal
-# these (one memcmp), so two archives sharing a tail just miss.
+# Scans of small checkpoints by content: a test file saves the same module once per load mode and
+# engine, byte-identical each time.  A scan depends on the bytes, the limits, this torch's rules and
+# whether numpy is imported; failed scans and scans without this torch's rules are not kept.  Keyed
+# by the size and the last 256 bytes (a zip's central directory: every record's CRC-32 and size),
+# cheaper to hash than all of them; a hit counts only when the bytes are equal (one memcmp).
 _SMALL_CHECKPOINT = 64 * 1024
 _SMALL_ENTRIES = 64
 _TAIL = 256
@@ -189,7 +167,7 @@ def _small_checkpoint_info(buffer: io.BytesIO) -> Optional[CheckpointInfo]:
     known = _small_infos.get(key)
     if known is not None and known[1] is limits and known[2] is rules and data == known[0]:
         return known[3]
-    info = _scan(io.BytesIO(data), 0, limits)
+    info = _scan(io.BytesIO(data), limits)
     if rules.rules is not None:
         with _small_lock:
             if len(_small_infos) >= _SMALL_ENTRIES:
@@ -202,68 +180,51 @@ def _require_binary_seekable(f: Any) -> None:
     if not hasattr(f, "read"):
         raise TypeError(
             f"expected a checkpoint buffer (bytes, io.BytesIO, a file opened 'rb', a path or a "
-            f"Checkpoint), got {type(f).__name__}"
-        )
+            f"Checkpoint), got {type(f).__name__}")
     seekable = getattr(f, "seekable", None)
     if seekable is None or not seekable():
         raise CheckpointFormatError(
             "the checkpoint stream is not seekable (a pipe or socket?); read it into memory first: "
-            "io.BytesIO(stream.read())"
-        )
+            "io.BytesIO(stream.read())")
     if isinstance(f, io.TextIOBase):
         raise TypeError("the checkpoint file is open in text mode; open it with 'rb'")
 
 
 def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> CheckpointInfo:
-    """Return the format, the globals and torch's weights-only checks of a checkpoint, without unpickling it.
+    """The format, the globals and torch's weights-only checks of a checkpoint, without unpickling it.
 
-    Reads exactly the records torch reads (:mod:`.archive`).  Raises
-    :class:`CheckpointFormatError` naming what is wrong for empty, truncated,
-    damaged, unrecognised or over-limit bytes (*limits*, default
-    :func:`~..core.limits.default_scan_limits`).
+    Raises :class:`CheckpointFormatError` naming what is wrong for empty, truncated, damaged,
+    unrecognised or over-limit bytes (*limits*, default :func:`~..core.limits.default_scan_limits`).
     """
     limits = default_scan_limits() if limits is None else limits
     if isinstance(f, Checkpoint):
-        return f.info if limits == default_scan_limits() else _scan(f.rewound(), 0, limits)
-    if isinstance(f, (bytes, bytearray, memoryview)):
-        f = io.BytesIO(bytes(f))
-    elif isinstance(f, (str, os.PathLike)):
-        with open(f, "rb") as fh:
-            return scan_checkpoint(io.BytesIO(fh.read()), limits=limits)
+        return f.info if limits == default_scan_limits() else _scan(f.rewound(), limits)
+    if isinstance(f, (bytes, bytearray, memoryview, str, os.PathLike)):
+        return _scan(Checkpoint.from_buffer(f).rewound(), limits)
     _require_binary_seekable(f)
     start = f.tell()
     try:
         # The checkpoint starts where the stream is positioned, as for torch.load.
-        return _scan(f if start == 0 else io.BytesIO(f.read()), 0, limits)
+        return _scan(f if start == 0 else io.BytesIO(f.read()), limits)
     finally:
         f.seek(start)
 
 
-def _scan(f: IO[bytes], start: int, limits: ScanLimits) -> CheckpointInfo:
+def _scan(f: IO[bytes], limits: ScanLimits) -> CheckpointInfo:
+    """Scan the checkpoint of *f*, from its position 0 to its end."""
     from .archive import scan_archive  # imports the walker's tables: on first scan
 
-    nbytes = f.seek(0, io.SEEK_END) - start
-    f.seek(start)
+    nbytes = f.seek(0, io.SEEK_END)
+    f.seek(0)
     if nbytes == 0:
         raise CheckpointFormatError("the checkpoint is empty (0 bytes): was the buffer rewound or written at all?")
     state = ScanState(limits)
     try:
         fmt = scan_archive(f, nbytes, state)
     finally:
-        f.seek(start)
-    return _info(fmt, nbytes, state)
-
-
-def _info(fmt: str, nbytes: int, state: ScanState) -> CheckpointInfo:
+        f.seek(0)
     return CheckpointInfo(
-        format=fmt,
-        globals=tuple(sorted(state.globals)),
-        nbytes=nbytes,
-        unsupported_opcodes=tuple(sorted(state.refused_opcodes)),
-        weights_only_blocker=state.blocker,
-        full_load_globals=tuple(sorted(state.full_load_globals)),
-        checks=tuple(state.checks),
-        opcodes_walked=state.opcodes,
-        bytes_scanned=state.bytes_scanned,
-        memo_entries=state.max_memo,
-    )
+        format=fmt, globals=tuple(sorted(state.globals)), nbytes=nbytes,
+        unsupported_opcodes=tuple(sorted(state.refused_opcodes)), weights_only_blocker=state.blocker,
+        full_load_globals=tuple(sorted(state.full_load_globals)), checks=tuple(state.checks),
+        opcodes_walked=state.opcodes, bytes_scanned=state.bytes_scanned, memo_entries=state.max_memo)

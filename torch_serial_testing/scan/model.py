@@ -1,13 +1,10 @@
-"""The abstract machine the static walker runs: values, checks, and torch's rules applied to them.
+"""The abstract machine of the walker (:mod:`.walker`): values, checks, and torch's rules applied to them.
 
-The walker (:mod:`.walker`) pushes abstract values (a global by name, an object by its type,
-a dict with its few known keys, a small int or short str as itself) and records, in torch's
-order, the checks torch's weights-only unpickler would make (:class:`Check`).  The rules those
-checks follow -- which container targets torch refuses, which persistent ids, with which
-messages -- are the running torch's (:class:`~..torch_facts.unpickler.UnpicklerRules`); this
-module applies them.  It also knows what REDUCE of an allowlisted callable builds (``numpy.dtype
-('f8')`` builds a ``numpy.dtypes.Float64DType``) and the names a *full* unpickle resolves
-instead (``_compat_pickle``, torch's ``load_module_mapping``).
+Values are a global by name, an object by its type, a dict with its few known keys, a small int or
+short str as itself.  Which container targets and persistent ids torch refuses, and with which
+messages, are the running torch's (:class:`~..torch_facts.unpickler.UnpicklerRules`).  Also here:
+what REDUCE of an allowlisted callable builds (``numpy.dtype('f8')`` a ``numpy.dtypes.Float64DType``)
+and the names a *full* unpickle resolves instead (``_compat_pickle``, torch's ``load_module_mapping``).
 """
 
 from __future__ import annotations
@@ -35,27 +32,21 @@ UNRESOLVED = "<unresolved STACK_GLOBAL>"
 _LOAD_MODULE_MAPPING = {"torch.tensor": "torch._tensor"}
 
 
-# -- numpy dtypes: the type BUILD sees after REDUCE of numpy.dtype('<str>', ...) ---------------
-
+# The type BUILD sees after REDUCE of numpy.dtype('<str>', ...).
 _NUMPY_NUMERIC = {
-    "b": {1: "BoolDType"},
+    "b": {1: "BoolDType"}, "M": {8: "DateTime64DType"}, "m": {8: "TimeDelta64DType"},
     "i": {1: "Int8DType", 2: "Int16DType", 4: "Int32DType", 8: "Int64DType"},
     "u": {1: "UInt8DType", 2: "UInt16DType", 4: "UInt32DType", 8: "UInt64DType"},
     "f": {2: "Float16DType", 4: "Float32DType", 8: "Float64DType", 12: "LongDoubleDType", 16: "LongDoubleDType"},
     "c": {8: "Complex64DType", 16: "Complex128DType", 24: "CLongDoubleDType", 32: "CLongDoubleDType"},
-    "M": {8: "DateTime64DType"},
-    "m": {8: "TimeDelta64DType"},
 }
 _NUMPY_FLEXIBLE = {"O": "ObjectDType", "U": "StrDType", "S": "BytesDType", "V": "VoidDType"}
 _NUMPY_DTYPE_STR = re.compile(r"([biufcMmOUSV])(\d{0,6})")
 
 
 def numpy_dtype_class(spec: Any) -> Optional[str]:
-    """``numpy.dtypes.<X>DType`` for the type ``numpy.dtype(spec)`` builds, or None if unknown.
-
-    Derived from the string alone, without importing numpy (numpy >= 1.25 naming); when numpy
-    is already imported its own answer is used for strings of the validated shape.
-    """
+    """``numpy.dtypes.<X>DType`` for the type ``numpy.dtype(spec)`` builds, or None if unknown: numpy's
+    own answer when it is imported, else derived from the string (numpy >= 1.25 naming)."""
     if not isinstance(spec, str):
         return None
     m = _NUMPY_DTYPE_STR.fullmatch(spec)
@@ -73,9 +64,6 @@ def numpy_dtype_class(spec: Any) -> Optional[str]:
         return f"numpy.dtypes.{_NUMPY_FLEXIBLE[kind]}"
     name = _NUMPY_NUMERIC[kind].get(int(size)) if size else None
     return f"numpy.dtypes.{name}" if name else None
-
-
-# -- abstract values ----------------------------------------------------------------------------
 
 
 class Global:
@@ -148,35 +136,22 @@ BUILD_FREE = frozenset([TENSOR, PARAMETER, "collections.OrderedDict"])
 
 # What REDUCE of these (allowlisted) callables returns, for the type checks after it.
 _REDUCE_RESULT = {
-    **dict.fromkeys(
-        [
-            "torch._utils._rebuild_tensor",
-            "torch._utils._rebuild_tensor_v2",
-            "torch._utils._rebuild_tensor_v3",
-            "torch._utils._rebuild_qtensor",
-            "torch._utils._rebuild_sparse_tensor",
-            "torch._utils._rebuild_meta_tensor_no_storage",
-            "torch._utils._rebuild_nested_tensor",
-            "torch._utils._rebuild_device_tensor_from_numpy",
-            "torch._utils._rebuild_device_tensor_from_cpu_tensor",
-        ],
-        TENSOR,
-    ),
+    **dict.fromkeys([
+        "torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
+        "torch._utils._rebuild_qtensor", "torch._utils._rebuild_sparse_tensor", "torch._utils._rebuild_nested_tensor",
+        "torch._utils._rebuild_meta_tensor_no_storage", "torch._utils._rebuild_device_tensor_from_numpy",
+        "torch._utils._rebuild_device_tensor_from_cpu_tensor"], TENSOR),
     "torch._utils._rebuild_parameter": PARAMETER,
     "torch._utils._rebuild_parameter_with_state": PARAMETER,
     "_codecs.encode": "builtins.bytes",
     "torch.serialization._get_layout": "torch.layout",
 }
-# REDUCE of these returns an instance of the class given as the first (or second) argument.
+# REDUCE of these returns an instance of the class given as their argument 0 (or 1).
 _REDUCE_ARG_TYPE = {
-    "copyreg._reconstructor": 0,
-    "copyreg.__newobj__": 0,
-    "torch._utils._rebuild_wrapper_subclass": 0,
-    "numpy.core.multiarray._reconstruct": 0,
-    "numpy._core.multiarray._reconstruct": 0,
+    **dict.fromkeys(["copyreg._reconstructor", "copyreg.__newobj__", "torch._utils._rebuild_wrapper_subclass",
+                     "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct"], 0),
     "torch._tensor._rebuild_from_type_v2": 1,
 }
-_NUMPY_DTYPE = "numpy.dtype"
 
 
 def type_of(v: Any) -> Optional[str]:
@@ -212,7 +187,7 @@ def reduce_result(func: str, args: Any) -> Optional[str]:
     """The type REDUCE of the allowlisted *func* builds, or None when it cannot be told statically."""
     if func in _REDUCE_RESULT:
         return _REDUCE_RESULT[func]
-    if func == _NUMPY_DTYPE:
+    if func == "numpy.dtype":
         return numpy_dtype_class(args[0]) if isinstance(args, tuple) and args else None
     index = _REDUCE_ARG_TYPE.get(func)
     if index is not None:
@@ -224,21 +199,15 @@ def reduce_result(func: str, args: Any) -> Optional[str]:
 
 @dataclass(frozen=True)
 class Check:
-    """One thing torch's weights-only unpickler verifies, in the order it meets them.
-
-    ``kind`` is ``"global"`` (the name must be allowlisted), ``"type"`` (BUILD on an instance of
-    this type: the type must be allowlisted), ``"build"`` (then BUILD applies a state of
-    ``shape``: see :mod:`.build_state`), one of ``"append"``/``"appends"``/``"setitem"``/
-    ``"setitems"`` (the opcode onto an instance of this type: whether it passes depends on what is
-    allowlisted, see :func:`container_refused`; ``message`` is torch's refusal), ``"refused"``
-    (never loads, whatever is allowlisted; ``message`` is torch's reason) or ``"unknown"`` (a
-    rule of this torch could not be probed; ``message`` says why).
-    """
+    """One thing torch's weights-only unpickler verifies.  ``kind``: ``"global"`` (*name* must be
+    allowlisted); ``"type"`` (BUILD onto an instance of *name*, which must be allowlisted); ``"build"``
+    (its state's *shape*, :mod:`.build_state`); ``"append"``, ``"appends"``, ``"setitem"``, ``"setitems"``
+    (onto a *name*, refused with *message* depending on the allowlist: :func:`container_refused`);
+    ``"refused"`` (never loads: *message* says why); ``"unknown"`` (a rule could not be probed)."""
 
     kind: str
     name: str = ""
     message: str = ""
-    #: For ``"build"``: the shape of the state (:func:`.build_state.state_shape`).
     shape: Any = None
 
 
@@ -255,8 +224,7 @@ class ScanState:
     opcodes: int = 0
     bytes_scanned: int = 0
     max_memo: int = 0
-    #: False once the weights-only unpickler would have stopped (an unsupported opcode, a damaged
-    #: stream): later pickles and opcodes no longer add weights-only checks.
+    #: False once the weights-only unpickler would have stopped: no more weights-only checks.
     weights_only_live: bool = True
 
     def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> None:
@@ -270,15 +238,9 @@ class ScanState:
         return next((c.message for c in self.checks if c.kind == "refused"), None)
 
 
-# -- torch's rules applied to abstract values -------------------------------------------------------
-
-
 def loaded_class(name: str) -> Optional[type]:
-    """The class *name* (``module.qualname``) if its module is already imported, else None.
-
-    Read from the modules' and classes' ``__dict__``: nothing is imported and no module
-    ``__getattr__`` runs.
-    """
+    """The class *name* if its module is already imported, else None; read from ``__dict__``\\ s, so
+    nothing is imported and no module ``__getattr__`` runs."""
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         obj: Any = sys.modules.get(".".join(parts[:cut]))
@@ -292,8 +254,7 @@ def loaded_class(name: str) -> Optional[type]:
     return None
 
 
-#: Per container opcode: the builtin it targets, torch's own allowlisted subclasses of it by
-#: name, and the names of its target kinds (see ..torch_facts.unpickler).
+#: Per container family: the builtin it targets, and the target kinds of exact types by name.
 _CONTAINERS = {
     "list": (list, {"builtins.list": "list"}),
     "dict": (dict, {"builtins.dict": "dict", "collections.OrderedDict": "ordered_dict",
@@ -302,11 +263,8 @@ _CONTAINERS = {
 
 
 def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, Any]] = None) -> tuple[str, ...]:
-    """The target kinds an instance of *type_name* may be for *opcode*, as far as is known.
-
-    *user_classes* maps the names of user-allowlisted types to their objects (at prediction
-    time); without it the allowlist is not known (at scan time).
-    """
+    """The target kinds (see ..torch_facts.unpickler) an instance of *type_name* may be for *opcode*.
+    *user_classes*: user-allowlisted names -> objects (a prediction); None: the allowlist is unknown (a scan)."""
     family = "list" if opcode.startswith("APPEND") else "dict"
     base, exact = _CONTAINERS[family]
     if type_name in exact:
@@ -325,12 +283,9 @@ def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, 
 
 
 def container_check(rules: UnpicklerRules, opcode: str, type_name: str) -> Optional[Check]:
-    """The check torch makes before *opcode* (APPEND(S), SETITEM(S)) onto an instance of *type_name*.
-
-    None when it passes whatever is allowlisted (or this torch checks nothing), ``"refused"`` when
-    it never does (a deque on any torch), else a check named after the opcode, decided by the
-    allowlist at load time (torch 2.14.1 lets an allowlisted list subclass through).
-    """
+    """The check before *opcode* (APPEND(S), SETITEM(S)) onto a *type_name*: None when it passes
+    whatever is allowlisted, ``"refused"`` when it never does (a deque), else one the allowlist decides
+    at load time (torch 2.14.1 lets an allowlisted list subclass through)."""
     rule = rules.container(opcode)
     if rule is None:
         return None
@@ -342,20 +297,15 @@ def container_check(rules: UnpicklerRules, opcode: str, type_name: str) -> Optio
 
 
 def container_refused(rules: UnpicklerRules, check: Check, user_classes: dict[str, Any]) -> bool:
-    """Whether torch refuses the container *check* given the user allowlist (*user_classes*:
-    allowlisted type names -> their objects)."""
+    """Whether torch refuses the container *check* given *user_classes* (allowlisted names -> objects)."""
     rule = rules.container(check.kind.upper())
     return rule is not None and any(
         kind in rule.refused for kind in _target_kinds(check.kind.upper(), check.name, user_classes))
 
 
 def persid_refusal(rules: UnpicklerRules, pid: Any) -> Optional[str]:
-    """torch's refusal of a persistent id (only storages may be persistent-loaded), or None.
-
-    First the id's type, then a tuple's first item must be ``"storage"``.  An id that passes both
-    may still fail in ``torch.load``'s own ``persistent_load`` (a damaged file, which no load
-    mode reads).
-    """
+    """torch's refusal of a persistent id, or None: first its type, then a tuple's first item must be
+    ``"storage"`` (one that passes may still fail in ``torch.load``'s ``persistent_load``: a damaged file)."""
     persid = rules.persid
     if isinstance(pid, tuple):
         category = "tuple"

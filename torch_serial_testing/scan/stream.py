@@ -1,5 +1,5 @@
-"""Reading a pickle stream: each opcode's argument layout, its arguments, and what a damaged or
-over-limit stream raises -- the part of the walk (:mod:`.walker`) that knows nothing of torch.
+"""Reading a pickle stream: argument layouts, arguments, and the errors of a damaged or over-limit
+stream -- the part of the walk (:mod:`.walker`) that knows nothing of torch.
 """
 
 from __future__ import annotations
@@ -14,32 +14,25 @@ from .model import BOOL
 __all__ = ["ARG", "NAMES", "read_argument", "checked_global_name", "stream_error", "damaged", "need",
            "memo_error", "memo_index", "check_budget", "text_int", "text_value"]
 
-#: Opcode byte -> how its argument is laid out, from the stdlib's own opcode table.
-_FIXED, _LINE, _TWO_LINES, _LEN1, _LEN4, _LEN8 = range(6)
-ARG: dict[int, tuple[int, int]] = {}
-for _op in pickletools.opcodes:
-    _a = _op.arg
-    _c = ord(_op.code)
-    if _a is None:
-        ARG[_c] = (_FIXED, 0)
-    elif _a.n >= 0:
-        ARG[_c] = (_FIXED, _a.n)
-    elif _a.name == "stringnl_noescape_pair":
-        ARG[_c] = (_TWO_LINES, 0)
-    elif _a.n == pickletools.UP_TO_NEWLINE:
-        ARG[_c] = (_LINE, 0)
-    elif _a.n == pickletools.TAKEN_FROM_ARGUMENT1:
-        ARG[_c] = (_LEN1, 0)
-    elif _a.n in (pickletools.TAKEN_FROM_ARGUMENT4, pickletools.TAKEN_FROM_ARGUMENT4U):
-        ARG[_c] = (_LEN4, 0)
-    elif _a.n == pickletools.TAKEN_FROM_ARGUMENT8U:
-        ARG[_c] = (_LEN8, 0)
+_FIXED, _COUNTED, _LINE, _TWO_LINES = range(4)
+_WIDTHS = {pickletools.TAKEN_FROM_ARGUMENT1: 1, pickletools.TAKEN_FROM_ARGUMENT4: 4,
+           pickletools.TAKEN_FROM_ARGUMENT4U: 4, pickletools.TAKEN_FROM_ARGUMENT8U: 8}
+
+
+def _layout(arg: Any) -> tuple[int, int]:
+    if arg is None or arg.n >= 0:
+        return (_FIXED, arg.n if arg is not None else 0)
+    if arg.name == "stringnl_noescape_pair":
+        return (_TWO_LINES, 0)
+    return (_LINE, 0) if arg.n == pickletools.UP_TO_NEWLINE else (_COUNTED, _WIDTHS[arg.n])
+
+
+#: Opcode byte -> (how its argument is laid out, its size or the width of its length), from the stdlib's table.
+ARG: dict[int, tuple[int, int]] = {ord(op.code): _layout(op.arg) for op in pickletools.opcodes}
 NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
-del _op, _a, _c
 
 
 def damaged(what: str, pos: int) -> CheckpointFormatError:
-    """The error of a truncated or damaged stream: *what* is wrong at byte *pos*."""
     return CheckpointFormatError(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
 
 
@@ -51,21 +44,18 @@ def need(stack: list[Any], k: int, at: int) -> None:
 def memo_error(limits: ScanLimits) -> CheckpointFormatError:
     return CheckpointFormatError(
         f"the pickle stores more than ScanLimits.max_memo_entries={limits.max_memo_entries} memo entries; "
-        "raise it with scan_limits(max_memo_entries=...) if the checkpoint is trusted to be that large"
-    )
+        "raise it with scan_limits(max_memo_entries=...) if the checkpoint is trusted to be that large")
 
 
 def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> None:
-    """Checked every 1024 opcodes: the caps that bound time and memory."""
+    """The caps that bound time and memory, checked every 1024 opcodes."""
     if n > budget:
         raise CheckpointFormatError(
             f"the pickle has more than ScanLimits.max_opcodes={limits.max_opcodes} opcodes; "
-            "raise it with scan_limits(max_opcodes=...) if the checkpoint is trusted to be that large"
-        )
+            "raise it with scan_limits(max_opcodes=...) if the checkpoint is trusted to be that large")
     if depth > limits.max_stack_depth:
         raise CheckpointFormatError(
-            f"the pickle stack grew past ScanLimits.max_stack_depth={limits.max_stack_depth} entries"
-        )
+            f"the pickle stack grew past ScanLimits.max_stack_depth={limits.max_stack_depth} entries")
     if memo > limits.max_memo_entries:
         raise memo_error(limits)
 
@@ -76,8 +66,7 @@ def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:
     if len(text) > limits.max_int_digits:
         raise CheckpointFormatError(
             f"an integer of {len(text)} digits at byte {at} exceeds ScanLimits.max_int_digits="
-            f"{limits.max_int_digits} (Python refuses to read it too)"
-        )
+            f"{limits.max_int_digits} (Python refuses to read it too)")
     if code == 0x49 and text in (b"00", b"01"):
         return BOOL
     try:
@@ -87,9 +76,8 @@ def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:
 
 
 def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimits, at: int) -> tuple[Any, int]:
-    """The argument of the opcode at *at* laid out as *spec* (see :data:`ARG`), starting at *pos*,
-    and the position after it: raw bytes, ``(start, length)`` of a counted argument, a text line,
-    or a pair of them."""
+    """The argument (laid out as *spec*) of the opcode at *at*, starting at *pos*, and the position
+    after it: raw bytes, ``(start, length)`` of a counted argument, a text line or a pair of them."""
     kind, size = spec
     end = len(data)
     if kind == _FIXED:
@@ -98,12 +86,11 @@ def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimi
         if pos + size > end:
             raise damaged("truncated argument", at)
         return data[pos:pos + size], pos + size
-    if kind == _LEN4 or kind == _LEN1 or kind == _LEN8:
-        width = 4 if kind == _LEN4 else (1 if kind == _LEN1 else 8)
-        if pos + width > end:
+    if kind == _COUNTED:
+        if pos + size > end:
             raise damaged("truncated length", at)
-        length = int.from_bytes(data[pos:pos + width], "little")
-        pos += width
+        length = int.from_bytes(data[pos:pos + size], "little")
+        pos += size
         if length > end - pos:
             raise damaged(f"a {length}-byte argument beyond the end of the stream", at)
         return (pos, length), pos + length
@@ -127,22 +114,18 @@ def checked_global_name(module: str, name: str, at: int, max_name: int) -> None:
     if len(module) + len(name) + 1 > max_name:
         raise CheckpointFormatError(
             f"a global name of {len(module) + len(name) + 1} characters at byte {at} exceeds "
-            f"ScanLimits.max_name_length={max_name}; raise it with scan_limits(max_name_length=...)"
-        )
+            f"ScanLimits.max_name_length={max_name}; raise it with scan_limits(max_name_length=...)")
     for part in (module, name):
         try:
             part.encode("utf-8")
         except UnicodeEncodeError:
             raise CheckpointFormatError(
                 f"a global name at byte {at} contains a lone surrogate ({(module + '.' + name)!a}): "
-                "no module can have that name"
-            ) from None
+                "no module can have that name") from None
 
 
 def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatError:
-    """What an exception escaping the walk over a stream of *end* bytes means (*at*: the opcode's start)."""
-    if isinstance(e, CheckpointFormatError):
-        return e
+    """What an exception escaping the walk of the opcode at *at* means (*end*: the stream's length)."""
     if isinstance(e, IndexError):
         if pos >= end:
             return CheckpointFormatError("the pickle stream ended early (no STOP opcode): the checkpoint is truncated")
@@ -155,7 +138,6 @@ def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatE
 
 
 def memo_index(arg: bytes, opcode: str, at: int) -> int:
-    """The memo index a text PUT or GET names."""
     try:
         return int(arg)
     except ValueError:
@@ -163,9 +145,8 @@ def memo_index(arg: bytes, opcode: str, at: int) -> int:
 
 
 def text_value(code: int, arg: Any, data: bytes, max_name: int) -> Any:
-    """What STRING (0x53), UNICODE (0x56), SHORT_BINSTRING or BINSTRING pushes as torch reads it
-    (UTF-8 text): the str while it is short, None when too long (or empty) to keep, the bytes
-    themselves when they are not UTF-8."""
+    """What STRING, UNICODE, SHORT_BINSTRING or BINSTRING pushes as torch reads it (UTF-8 text):
+    the str while short, None when too long (or empty) to keep, the bytes when not UTF-8."""
     if code == 0x53 or code == 0x56:
         raw = arg
         if code == 0x53 and len(raw) >= 2 and raw[:1] == raw[-1:] and raw[:1] in (b"'", b'"'):

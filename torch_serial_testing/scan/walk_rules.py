@@ -1,8 +1,6 @@
-"""The rules one walk of a pickle follows: this torch's (probed once per unpickler), or none.
-
-A walk (:func:`.walker.scan_pickle`) replays torch's weights-only unpickler with the rules
-:func:`~..torch_facts.unpickler.unpickler_rules` asked of it; when they could not be probed,
-the walk records one ``"unknown"`` check and makes no weights-only checks at all.
+"""The rules one walk (:func:`.walker.scan_pickle`) follows: this torch's weights-only unpickler's
+(:func:`~..torch_facts.unpickler.unpickler_rules`), or none when they could not be probed -- the
+walk then records one ``"unknown"`` check and no weights-only checks at all.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ __all__ = ["WalkRules", "walk_rules"]
 
 
 class WalkRules:
-    """The rules one walk follows: this torch's, or None when they could not be probed
-    (the walk then records one ``"unknown"`` check and no weights-only checks)."""
+    """*rules* (None: not probed, *failure* says why), with the opcode bytes they support."""
 
     __slots__ = ("rules", "supported", "failure", "storage_names")
 
@@ -38,7 +35,7 @@ _walk_rules: list[tuple[Any, WalkRules]] = []
 
 
 def walk_rules() -> WalkRules:
-    """The rules of this torch for a walk (probed once per unpickler; see :func:`unpickler_rules`)."""
+    """This torch's rules for a walk, made once per probed :class:`UnpicklerRules`."""
     try:
         rules: Optional[UnpicklerRules] = unpickler_rules()
         failure = None

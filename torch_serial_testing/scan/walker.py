@@ -1,20 +1,10 @@
-"""The opcode walker: torch's weights-only unpickler replayed over pickle bytes without executing them.
+"""The opcode walker: torch's weights-only unpickler replayed over pickle bytes, nothing executed.
 
-One pass over a pickle stream (never importing or calling anything it names) collects what a
-prediction needs:
-
-* every global named (GLOBAL, INST, STACK_GLOBAL, extension codes), both as torch's
-  weights-only unpickler spells it and as a *full* unpickle would resolve it;
-* the ordered checks the weights-only unpickler makes (:class:`~.model.Check`): each GLOBAL
-  against the allowlist, the *type* BUILD is applied to (``numpy.dtypes.Float64DType``, which
-  never appears as a GLOBAL), the target of every container opcode, persistent ids, and the
-  opcodes it does not implement at all, following this torch's rules
-  (:func:`~..torch_facts.unpickler.unpickler_rules`).
-
-Checks no allowlist can satisfy are ``refused``; the first is the checkpoint's *weights-only
-blocker*.  The walker decodes only the arguments the model needs (names, short strings, small
-ints) and skips the rest by length; :class:`~..core.limits.ScanLimits` bound it.  Each opcode is
-one branch of one chain, the ones ``torch.save`` writes most first.
+One pass collects every global a pickle names (as torch's weights-only unpickler spells it and as
+a full unpickle resolves it) and, in torch's order, the checks that unpickler makes
+(:class:`~.model.Check`) under this torch's rules (:mod:`.walk_rules`).  Only the arguments the
+model needs are decoded, the rest skipped by length; :class:`~..core.limits.ScanLimits` bound it.
+Each opcode is one branch of one chain, the ones ``torch.save`` writes most first.
 """
 
 from __future__ import annotations
@@ -23,7 +13,6 @@ import pickle
 from typing import Any, Optional
 
 from ..core.errors import CheckpointFormatError
-from .walk_rules import WalkRules, walk_rules
 from .build_state import state_shape
 from .stream import (
     ARG, NAMES, check_budget, checked_global_name, damaged, memo_error, memo_index, need, read_argument, stream_error,
@@ -34,49 +23,44 @@ from .model import (
     UNKNOWN, UNRESOLVED, DictValue, Global, Obj, ScanState, add_dict_keys, class_repr, container_check,
     describe_value, full_load_name, persid_refusal, reduce_result, type_of,
 )
+from .walk_rules import WalkRules, walk_rules
 
 __all__ = ["scan_pickle", "walk_rules", "WalkRules"]
 
 
 def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 rules: Optional[WalkRules] = None) -> tuple[int, Any]:
-    """Walk one pickle of *data* from *pos* to its STOP; return (end position, the value at STOP).
-
-    The value is modelled (a small int or short str stays itself, anything else is abstract).
-    Facts go to *state*; *rules* default to this torch's (:func:`walk_rules`).
-    """
+    """Walk one pickle of *data* from *pos* to its STOP into *state*; return (end position, the
+    modelled value at STOP).  *rules* default to this torch's (:func:`walk_rules`)."""
     walk = rules or walk_rules()
     limits = state.limits
     end = len(data)
     if pos >= end:
         raise CheckpointFormatError("the pickle stream ended early: the checkpoint is truncated")
-    start = pos
-    torch_rules = walk.rules
+    start = at = pos
+    torch_rules: Any = walk.rules  # not None while wo is True
     wo = state.weights_only_live
     check = state.check
     if wo and torch_rules is None:
         check("unknown", "", f"this torch's weights-only rules could not be probed: {walk.failure}")
         wo = False
-    supported = walk.supported
-    globals_ = state.globals
-    full = state.full_load_globals
+    # Locals for the loop: attribute and global lookups cost more.
+    supported, storage_names = walk.supported, walk.storage_names
+    globals_, full = state.globals, state.full_load_globals
+    max_name, max_stack, max_memo = limits.max_name_length, limits.max_stack_depth, limits.max_memo_entries
+    budget = limits.max_opcodes - state.opcodes
+    unpack, arg_table = int.from_bytes, ARG
     stack: list[Any] = []
     push = stack.append
     memo: dict[int, Any] = {}
     marks: list[int] = []  # stack heights at each open MARK
-    proto = 0
-    max_name = limits.max_name_length
-    max_stack = limits.max_stack_depth
-    max_memo = limits.max_memo_entries
-    budget = limits.max_opcodes - state.opcodes
-    n = 0
-    unpack = int.from_bytes
-    arg_table = ARG
-    renames_always = torch_rules is None or torch_rules.renames == "always"
-    import_map = torch_rules.import_mapping if torch_rules is not None else {}
-    name_map = torch_rules.name_mapping if torch_rules is not None else {}
-    blocked = torch_rules.blocked_modules if torch_rules is not None else frozenset()
-    storage_names = walk.storage_names
+    n = proto = 0
+    if torch_rules is None:
+        renames_always, import_map, name_map, blocked = True, {}, {}, frozenset()
+    else:
+        renames_always = torch_rules.renames == "always"
+        import_map, name_map = torch_rules.import_mapping, torch_rules.name_mapping
+        blocked = torch_rules.blocked_modules
 
     def pop_mark() -> list[Any]:
         if not marks:
@@ -86,8 +70,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
         del stack[i:]
         return items
 
-    def add_global(module: str, name: str, via: str) -> tuple[str, str]:
-        """Record a global; return its weights-only spelling (module, name)."""
+    def add_global(module: str, name: str, via: str) -> tuple[str, str]:  # -> its weights-only spelling
         checked_global_name(module, name, at, max_name)
         if not renames_always and proto != 2:  # torch 2.4 renames nothing outside protocol 2
             wo_module, wo_name = module, name
@@ -104,7 +87,6 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
         check("refused", name, message)
         wo = False
 
-    at = pos
     try:
         while True:
             code = data[pos]
@@ -115,17 +97,14 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
             if code not in supported:
                 state.refused_opcodes.add(NAMES.get(code, str(code)))
                 if wo and code in NAMES:
-                    refuse(torch_rules.unsupported.format(code=code), NAMES[code])  # type: ignore[union-attr]
+                    refuse(torch_rules.unsupported.format(code=code), NAMES[code])
             # -- the opcodes torch.save writes most, their small arguments decoded here --------
             if code == 0x71:  # BINPUT (1-byte index)
                 memo[data[pos + 1]] = stack[-1]
                 pos += 2
                 continue
-            if code == 0x68:  # BINGET
-                try:
-                    push(memo[data[pos + 1]])
-                except KeyError:
-                    raise damaged(f"memo entry {data[pos + 1]} read before it was written", at) from None
+            if code == 0x68:  # BINGET (a missing entry: the KeyError handler below)
+                push(memo[data[pos + 1]])
                 pos += 2
                 continue
             if code == 0x4B:  # BININT1
@@ -141,13 +120,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 pos = p + length
                 if pos > end:
                     raise damaged("a string beyond the end of the stream", at)
-                if length <= max_name:
-                    try:
-                        push(data[p:pos].decode("utf-8", "surrogatepass"))
-                    except UnicodeDecodeError:
-                        raise damaged("a string that is not UTF-8", at) from None
-                else:
-                    push(STR)
+                push(data[p:pos].decode("utf-8", "surrogatepass") if length <= max_name else STR)
                 continue
             if code == 0x52:  # REDUCE
                 args = stack.pop()
@@ -157,7 +130,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                     stack[-1] = Obj(reduce_result(func.name, args))
                 else:
                     if wo:
-                        refuse(torch_rules.reduce_refusal + describe_value(func))  # type: ignore[union-attr]
+                        refuse(torch_rules.reduce_refusal + describe_value(func))
                     stack[-1] = UNKNOWN
                 continue
             if code == 0x29:  # EMPTY_TUPLE
@@ -187,11 +160,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 pos += 1
                 continue
             if code == 0x6A:  # LONG_BINGET
-                idx = unpack(data[pos + 1:pos + 5], "little")
-                try:
-                    push(memo[idx])
-                except KeyError:
-                    raise damaged(f"memo entry {idx} read before it was written", at) from None
+                push(memo[unpack(data[pos + 1:pos + 5], "little")])
                 pos += 5
                 continue
             # -- every other opcode: its argument by the stdlib's layout, then its effect ---------
@@ -207,11 +176,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 if len(memo) > max_memo:
                     raise memo_error(limits)
             elif code == 0x67:  # GET
-                idx = memo_index(arg, "GET", at)
-                try:
-                    push(memo[idx])
-                except KeyError:
-                    raise damaged(f"memo entry {idx} read before it was written", at) from None
+                push(memo[memo_index(arg, "GET", at)])
             elif code == 0x86:  # TUPLE2
                 need(stack, 2, at)
                 stack[-2:] = [(stack[-2], stack[-1])]
@@ -256,7 +221,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                     stack[-1] = Obj(cls.name)
                 else:
                     if wo:
-                        refuse(torch_rules.newobj_refusal + describe_value(cls))  # type: ignore[union-attr]
+                        refuse(torch_rules.newobj_refusal + describe_value(cls))
                     stack[-1] = UNKNOWN
             elif code == 0x62:  # BUILD
                 need(stack, 2, at)
@@ -264,7 +229,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 if wo:
                     t = type_of(stack[-1])
                     if isinstance(stack[-1], Global) or (t is not None and t.startswith("builtins.")):
-                        refuse(torch_rules.build_refusal + (class_repr(t) if t else "<class ?>"))  # type: ignore[union-attr]
+                        refuse(torch_rules.build_refusal + (class_repr(t) if t else "<class ?>"))
                     elif t is not None and t not in BUILD_FREE:
                         check("type", t)
                         check("build", t, "", state_shape(build))
@@ -277,7 +242,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                     need(stack, 1, at)
                 t = type_of(stack[-1]) if wo else None
                 if t is not None:
-                    target = container_check(torch_rules, "APPEND" if code == 0x61 else "APPENDS", t)  # type: ignore[arg-type]
+                    target = container_check(torch_rules, NAMES[code], t)
                     if target is not None:
                         check(target.kind, target.name, target.message)
                         wo = target.kind != "refused"
@@ -292,7 +257,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 add_dict_keys(stack[-1], keys)  # a dict the pickle built: its keys, for BUILD states
                 t = type_of(stack[-1]) if wo else None
                 if t is not None:
-                    target = container_check(torch_rules, "SETITEM" if code == 0x73 else "SETITEMS", t)  # type: ignore[arg-type]
+                    target = container_check(torch_rules, NAMES[code], t)
                     if target is not None:
                         check(target.kind, target.name, target.message)
                         wo = target.kind != "refused"
@@ -303,7 +268,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 else:
                     pid = UNKNOWN
                 if wo:
-                    reason = persid_refusal(torch_rules, pid)  # type: ignore[arg-type]
+                    reason = persid_refusal(torch_rules, pid)
                     if reason:
                         refuse(reason)
                 push(STORAGE)
@@ -324,8 +289,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 proto = arg[0]
                 if proto > pickle.HIGHEST_PROTOCOL:
                     raise CheckpointFormatError(
-                        f"the pickle uses protocol {proto}, newer than this Python's {pickle.HIGHEST_PROTOCOL}"
-                    )
+                        f"the pickle uses protocol {proto}, newer than this Python's {pickle.HIGHEST_PROTOCOL}")
             elif code == 0x95:  # FRAME
                 pass
             elif code == 0x2E:  # STOP
@@ -348,10 +312,10 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 push(BYTEARRAY)
             elif code == 0x97:  # NEXT_BUFFER
                 push(PICKLEBUFFER)
-            elif code == 0x98:  # READONLY_BUFFER
-                need(stack, 1, at)
             elif code == 0x8F:  # EMPTY_SET
                 push(SET)
+            elif code == 0x98:  # READONLY_BUFFER
+                need(stack, 1, at)
             elif code == 0x90:  # ADDITEMS
                 pop_mark()
                 need(stack, 1, at)
@@ -389,8 +353,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 raise damaged(f"opcode {NAMES.get(code, code)} not modelled", at)
             if len(stack) > max_stack:
                 raise CheckpointFormatError(
-                    f"the pickle stack grew past ScanLimits.max_stack_depth={max_stack} entries at byte {at}"
-                )
+                    f"the pickle stack grew past ScanLimits.max_stack_depth={max_stack} entries at byte {at}")
     except CheckpointFormatError:
         raise
     except (IndexError, KeyError, ValueError, TypeError, OverflowError) as e:  # UnicodeDecodeError is a ValueError

@@ -1,33 +1,29 @@
 """The ``SerializationRoundTripTestCase`` mixin: thin wiring of the other modules.
 
-A test class declares how to build its module (``make_module``), the globals it
-legitimately needs (``safe_globals``) and, for instantiation, its dimensions
-(``load_modes``, ``qengines``, ``devices``).  Each test calls
-:meth:`~SerializationRoundTripTestCase.round_trip`, which saves to memory,
-loads in the test's mode and asserts what torch should do here.  When torch
-should reject the load, the test ends there as a pass and says so
-("default: rejected as expected (...)") in verbose output.
+A test class declares how to build its module (``make_module``), the globals it needs
+(``safe_globals``) and its dimensions (``load_modes``, ``qengines``, ``devices``).  Each test calls
+:meth:`~SerializationRoundTripTestCase.round_trip`; when torch should reject the load, the test
+ends there as a pass and says so ("default: rejected as expected (...)") in verbose output.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import os
+import sys
+import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, Sequence
 
 from ..core.errors import LeakedGlobalStateError, RoundTripConfigError, dimension
 from ..core.interrupts import deferred_interrupts, run_all
 from ..core.modes import LoadMode
 from ..core.names import qualified_name, show_name
-from ..policy.declared import SafeGlobal, normalize_safe_globals
+from ..policy.declared import SafeGlobal, as_safe_globals, normalize_safe_globals
 from ..torch_facts.engines import override_qengine, validate_qengines
-from .casespec import CaseSpec
-from .checked_loads import MISSING, REPORT_ENV, declared_argument, load_in_test, save
+from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejection, load_in_test, save
 from .declarations import Declaration, refuse_local
-from .golden import stable_names
-from .ignored_warnings import start_ignoring, stop_ignoring
-from .isolation import GlobalState
-from .outcomes import ExpectedRejection, not_instantiated, rejection_outside_subtest, required_args
+from .isolation import GlobalState, start_ignoring, stop_ignoring
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
@@ -35,31 +31,70 @@ if TYPE_CHECKING:
 __all__ = ["SerializationRoundTripTestCase", "ExpectedRejection", "CaseSpec", "REPORT_ENV"]
 
 
-def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a test method so an expected rejection ends it as a pass.
+@dataclass(frozen=True)
+class CaseSpec:
+    """One generated test's coordinates: load mode, engines (save, load), device, and where it loads to."""
 
-    Also turns the runner calling a generic test directly (the class was never
-    instantiated) into a message that says how to instantiate it.
+    mode: Optional[LoadMode]  # None: the method dropped the load-mode dimension
+    device_type: str
+    save_qengine: Optional[str] = None
+    load_qengine: Optional[str] = None
+    to_cpu: bool = False
+
+    def method_name(self, base: str, device_part: str) -> str:
+        parts = [base]
+        if self.save_qengine:
+            same = self.save_qengine == self.load_qengine
+            parts.append(self.save_qengine if same else f"{self.save_qengine}_to_{self.load_qengine}")
+        if self.mode is not None:
+            parts.append(self.mode.value)
+        parts += [device_part, "to_cpu"] if self.to_cpu else [device_part]
+        return "_".join(parts)
+
+    @property
+    def map_location(self) -> Optional[str]:
+        if self.to_cpu:
+            return "cpu"
+        from ..torch_facts.devices import torch_device_type
+
+        return None if self.device_type == "cpu" else torch_device_type(self.device_type)
+
+
+def _main_module_names() -> list[str]:
+    """Module names under which the ``__main__`` script could also be imported (best first)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        return []
+    spec = getattr(main, "__spec__", None)
+    names = [spec.name] if spec is not None and spec.name and spec.name != "__main__" else []
+    path = os.path.splitext(os.path.abspath(path))[0]
+    for entry in sys.path:  # the dotted name relative to each sys.path entry that holds it
+        root = os.path.abspath(entry or os.getcwd())
+        if path.startswith(root + os.sep):
+            dotted = path[len(root) + 1:].replace(os.sep, ".")
+            if dotted not in names:
+                names.append(dotted)
+    base = os.path.basename(path)
+    return names if base in names else [*names, base]
+
+
+def _stable_names(names: Sequence[str], expect: str) -> list[str]:
+    """*names* with ``__main__.X`` renamed: as pinned in *expect*, else the shortest importable name.
+
+    A class of a file run as a script (``python test_foo.py``, pytorch's habit) is pickled as
+    ``__main__.Name``, imported as ``test_foo.Name``: a golden record pins the importable name.
     """
-    if getattr(fn, "_tst_wrapped", False):
-        return fn
-
-    @functools.wraps(fn)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if self._tst_case is None and not args and not kwargs:
-            params = required_args(fn)
-            if params:
-                raise not_instantiated(type(self), fn.__name__, params)
-        try:
-            return fn(self, *args, **kwargs)
-        except ExpectedRejection as rejection:
-            self._tst_in_flight = None
-            if rejection.abandoned_subtest is not None:
-                raise rejection_outside_subtest(rejection.abandoned_subtest, rejection) from None
-            return None
-
-    wrapper._tst_wrapped = True  # type: ignore[attr-defined]
-    return wrapper
+    if not any(n.startswith("__main__.") for n in names):
+        return list(names)
+    candidates, pinned = _main_module_names(), set(expect.splitlines())
+    out = []
+    for name in names:
+        if name.startswith("__main__.") and candidates:
+            options = [f"{module}.{name[len('__main__.'):]}" for module in candidates]
+            name = next((o for o in options if o in pinned), None) or min(options, key=len)
+        out.append(name)
+    return sorted(out)
 
 
 class SerializationRoundTripTestCase:
@@ -73,8 +108,7 @@ class SerializationRoundTripTestCase:
     allow_unneeded_safe_globals: ClassVar[bool] = False
     #: Leaked global state fails the test (True) or only warns (False); it is restored either way.
     fail_on_leaked_state: ClassVar[bool] = True
-    #: Message regexes of warnings this class's tests provoke on purpose (e.g. quantized tensor
-    #: creation); ignored during each test only, so other warnings still show.
+    #: Message regexes of warnings this class's tests provoke on purpose; ignored during its tests only.
     ignore_warnings: ClassVar[Sequence[str]] = ()
     #: Instantiation dimensions: None means all modes / no engine dimension / available devices.
     load_modes: ClassVar[Optional[Sequence[Any]]] = None
@@ -108,12 +142,8 @@ class SerializationRoundTripTestCase:
             if name.startswith("test") and callable(value):
                 setattr(cls, name, ends_on_rejection(value))
 
-    # -- per-test state ---------------------------------------------------------------
-
     def setUp(self) -> None:
-        parent = getattr(super(), "setUp", None)
-        if parent is not None:
-            parent()
+        getattr(super(), "setUp", lambda: None)()
         self.round_trip_outcomes: list[str] = []
         with deferred_interrupts():  # the snapshot is kept where run()'s finally finds it
             state = GlobalState.capture()
@@ -126,7 +156,6 @@ class SerializationRoundTripTestCase:
                 "this test (e.g. by a module imported at collection time), so every weights-only load in "
                 "this process would accept them: " + "; ".join(dangerous) + ". Remove that add_safe_globals call."
             )
-
         if self.ignore_warnings:
             self._tst_ignoring = start_ignoring(self.ignore_warnings)
             self.addCleanup(self._tst_unquiet)  # type: ignore[attr-defined]
@@ -142,8 +171,7 @@ class SerializationRoundTripTestCase:
             return super().run(result)  # type: ignore[misc]
         finally:
             state = self.__dict__.get("_tst_state")
-            if state is not None and not state.restored:
-                # Cleanups did not run (an interrupt): restore, report nothing, let it propagate.
+            if state is not None and not state.restored:  # an interrupt skipped the cleanups: restore quietly
                 run_all([state.restore, self._tst_unquiet])
             self.__dict__.pop("_tst_state", None)
             self.__dict__.pop("_tst_noted_leaks", None)
@@ -160,11 +188,11 @@ class SerializationRoundTripTestCase:
         if imports.kept:
             self._tst_say("kept safe globals registered at import time: "
                           + ", ".join(sorted(qualified_name(g) for g in imports.kept)))
-        if imports.refused:
-            # Never registered; always a failure (the imported module does not get what it asked for).
+        if imports.refused:  # never registered: always a failure (the module does not get what it asked for)
             raise LeakedGlobalStateError(
-                f"{self.id()}: refused safe globals registered by modules imported during the test: "  # type: ignore[attr-defined]
-                + "; ".join(f"{show_name(name)}: {why} (add_safe_globals in {mod})" for name, mod, why in imports.refused)
+                f"{self.id()}: refused safe globals registered by modules imported during the test: "  # type: ignore
+                + "; ".join(f"{show_name(name)}: {why} (add_safe_globals in {mod})"
+                            for name, mod, why in imports.refused)
                 + (" -- also leaked: " + "; ".join(leaks) if leaks else "")
             )
         if not leaks:
@@ -172,8 +200,6 @@ class SerializationRoundTripTestCase:
         message = f"{self.id()} leaked global state (now restored): " + "; ".join(leaks)  # type: ignore[attr-defined]
         if self.fail_on_leaked_state:
             raise LeakedGlobalStateError(message)
-        import warnings
-
         warnings.warn(message, RuntimeWarning, stacklevel=1)
 
     def _tst_say(self, text: str) -> None:
@@ -185,11 +211,8 @@ class SerializationRoundTripTestCase:
 
     @contextlib.contextmanager
     def subTest(self, msg: Any = MISSING, **params: Any) -> Iterator[None]:  # noqa: N802 - unittest API
-        """``unittest`` subTest in which an expected rejection ends only that subtest, as a pass.
-
-        When the block yields (a generator) and the generator is closed, the ``GeneratorExit``
-        passes through instead of being recorded as the subtest's error.
-        """
+        """``unittest`` subTest in which an expected rejection ends only that subtest, as a pass; a
+        ``GeneratorExit`` (the block yields and its generator is closed) passes through, not recorded."""
         args = () if msg is MISSING else (msg,)
         closing: Optional[GeneratorExit] = None
         with super().subTest(*args, **params):  # type: ignore[misc]
@@ -201,50 +224,30 @@ class SerializationRoundTripTestCase:
                 closing = exit_
         if closing is not None:
             in_flight = self._tst_in_flight
-            if in_flight is not None and in_flight.abandoned_subtest is None:
-                # closed because a rejection is unwinding the code that iterated this generator
+            if in_flight is not None and in_flight.abandoned_subtest is None:  # a rejection unwinds its caller
                 label = ", ".join([repr(msg)] * bool(args) + [f"{k}={v!r}" for k, v in params.items()])
                 in_flight.abandoned_subtest = label
             raise closing
 
-    @property
-    def load_mode(self) -> Optional[LoadMode]:
-        """This generated test's load mode (None outside instantiation)."""
-        return self._tst_case.mode if self._tst_case else None
-
-    @property
-    def qengine(self) -> Optional[str]:
-        """The engine the module is built and saved under."""
-        return self._tst_case.save_qengine if self._tst_case else None
-
-    @property
-    def load_qengine(self) -> Optional[str]:
-        """The engine the checkpoint is loaded under (differs only in cross-engine tests)."""
-        return self._tst_case.load_qengine if self._tst_case else None
-
-    @property
-    def device_type(self) -> str:
-        return self._tst_case.device_type if self._tst_case else "cpu"
-
-    @property
-    def load_device(self) -> str:
-        """Where this test's loads put tensors: its device (``npu``), or ``cpu`` in a ``..._to_cpu`` twin."""
-        return (self._tst_case.map_location if self._tst_case else None) or "cpu"
+    # This generated test's coordinates; outside instantiation no mode and no engine, on cpu.
+    load_mode = property(lambda self: self._tst_case.mode if self._tst_case else None)
+    qengine = property(lambda self: self._tst_case.save_qengine if self._tst_case else None,
+                       doc="The engine the module is built and saved under.")
+    load_qengine = property(lambda self: self._tst_case.load_qengine if self._tst_case else None,
+                            doc="The engine the checkpoint is loaded under (differs only in cross-engine tests).")
+    device_type = property(lambda self: self._tst_case.device_type if self._tst_case else "cpu")
+    load_device = property(lambda self: (self._tst_case.map_location if self._tst_case else None) or "cpu",
+                           doc="Where loads put tensors: the device (``npu``), or ``cpu`` in a ``..._to_cpu`` twin.")
 
     def loading_engine(self) -> contextlib.AbstractContextManager[None]:
         """Context for post-load checks that must run under the load engine."""
         engine = self.load_qengine
-        if engine is None or engine == self.qengine:
-            return contextlib.nullcontext()
-        return override_qengine(engine)
-
-    # -- building -------------------------------------------------------------------------
+        return contextlib.nullcontext() if engine is None or engine == self.qengine else override_qengine(engine)
 
     def make_module(self) -> Any:
         """Override: return the ``torch.nn.Module`` this class round-trips."""
-        raise NotImplementedError(
-            f"{type(self).__name__} must define make_module(self) returning the module to round-trip"
-        )
+        raise NotImplementedError(f"{type(self).__name__} must define make_module(self) returning the module to "
+                                  "round-trip")
 
     def build_module(self, factory: Optional[Callable[[], Any]] = None) -> Any:
         """Call *factory* (default :meth:`make_module`) and check it returned a module."""
@@ -253,62 +256,37 @@ class SerializationRoundTripTestCase:
         factory = factory or self.make_module
         module = factory()
         if not isinstance(module, torch.nn.Module):
-            raise RoundTripConfigError(
-                f"{getattr(factory, '__qualname__', factory)} returned {type(module).__name__}, not a "
-                "torch.nn.Module; return the module instance"
-            )
+            raise RoundTripConfigError(f"{getattr(factory, '__qualname__', factory)} returned "
+                                       f"{type(module).__name__}, not a torch.nn.Module; return the module instance")
         return module
 
-    # -- round trips ------------------------------------------------------------------------
+    def round_trip(self, obj: Any, *, mode: Optional[LoadMode | str] = None,
+                   safe_globals: Optional[Sequence[Any]] = None, map_location: Any = MISSING) -> Any:
+        """Save *obj* to memory and load it back in this test's mode (or *mode*); the loaded object.  If
+        torch should reject the load here, the test ends as a pass once the rejection is checked.  The
+        class's ``safe_globals`` apply unless *safe_globals* is given (``()`` for a plain dict)."""
+        return load_in_test(self, save(obj), mode, *self._declared(safe_globals, "safe_globals", "round_trip"),
+                            map_location, obj)
 
-    def round_trip(
-        self,
-        obj: Any,
-        *,
-        mode: Optional[LoadMode | str] = None,
-        safe_globals: Optional[Sequence[Any]] = None,
-        map_location: Any = MISSING,
-    ) -> Any:
-        """Save *obj* to memory and load it back in this test's mode (or *mode*).
-
-        Returns the loaded object.  If torch should reject the load here, the
-        test ends as a pass after checking it was rejected for that reason.
-        The class's ``safe_globals`` apply unless *safe_globals* is given
-        (``safe_globals=()`` for a plain dict or state_dict in a module's class).
-        """
-        if safe_globals is None:
-            where = Declaration(type(self).__name__, "safe_globals")
-            declared: Sequence[SafeGlobal] = self._tst_safe_globals
-        else:
-            where = Declaration(type(self).__name__, None, "round_trip")
-            declared = declared_argument(safe_globals)
-        return load_in_test(self, save(obj), mode, declared, where, map_location, obj)
+    def _declared(self, given: Optional[Sequence[Any]], attribute: str,
+                  method: str) -> tuple[Sequence[SafeGlobal], Declaration]:
+        """The globals a load trusts (the class's *attribute*, or *given* to *method*) and where they come from."""
+        if given is None:
+            return getattr(self, f"_tst_{attribute}"), Declaration(type(self).__name__, attribute, method)
+        refuse_local(given, "safe_globals=")  # checked like a class declaration
+        return as_safe_globals(given), Declaration(type(self).__name__, None, method)
 
     def round_trip_state_dict(
-        self,
-        module: Any = None,
-        *,
-        mode: Optional[LoadMode | str] = None,
-        factory: Optional[Callable[[], Any]] = None,
-        safe_globals: Optional[Sequence[Any]] = None,
-        strict: bool = True,
-        return_state: bool = False,
+        self, module: Any = None, *, mode: Optional[LoadMode | str] = None, factory: Optional[Callable[[], Any]] = None,
+        safe_globals: Optional[Sequence[Any]] = None, strict: bool = True, return_state: bool = False,
     ) -> Any:
-        """Round-trip ``module.state_dict()`` and load it into a fresh module from *factory*.
-
-        The class's ``state_dict_safe_globals`` apply unless *safe_globals* is given.
-        Returns the fresh module, or ``(fresh module, loaded state_dict)`` with
-        *return_state* (to compare every key, as upstream tests do).
-        """
+        """Round-trip ``module.state_dict()`` into a fresh module from *factory*, under the class's
+        ``state_dict_safe_globals`` unless *safe_globals* is given; the module, or with *return_state*
+        ``(module, loaded state_dict)``."""
         module = self.build_module(factory) if module is None else module
-        if safe_globals is None:
-            where = Declaration(type(self).__name__, "state_dict_safe_globals", "round_trip_state_dict")
-            declared: Sequence[SafeGlobal] = self._tst_state_dict_safe_globals
-        else:
-            where = Declaration(type(self).__name__, None, "round_trip_state_dict")
-            declared = declared_argument(safe_globals)
+        declared = self._declared(safe_globals, "state_dict_safe_globals", "round_trip_state_dict")
         state_dict = module.state_dict()
-        state = load_in_test(self, save(state_dict), mode, declared, where, MISSING, state_dict)
+        state = load_in_test(self, save(state_dict), mode, *declared, MISSING, state_dict)
         with self.loading_engine():
             fresh = self.build_module(factory)
             fresh.load_state_dict(state, strict=strict)
@@ -318,42 +296,19 @@ class SerializationRoundTripTestCase:
         """``torch.save`` *obj* into memory; the result may later be loaded in any mode."""
         return save(obj)
 
-    def load_checkpoint(
-        self,
-        checkpoint: Checkpoint,
-        *,
-        mode: Optional[LoadMode | str] = None,
-        safe_globals: Optional[Sequence[Any]] = None,
-        map_location: Any = MISSING,
-    ) -> Any:
+    def load_checkpoint(self, checkpoint: Checkpoint, *, mode: Optional[LoadMode | str] = None,
+                        safe_globals: Optional[Sequence[Any]] = None, map_location: Any = MISSING) -> Any:
         """Load *checkpoint* in a mode under this test's load engine, asserting the predicted outcome."""
-        if safe_globals is None:
-            where = Declaration(type(self).__name__, "safe_globals")
-            declared: Sequence[SafeGlobal] = self._tst_safe_globals
-        else:
-            where = Declaration(type(self).__name__, None, "load_checkpoint")
-            declared = declared_argument(safe_globals)
-        return load_in_test(self, checkpoint, mode, declared, where, map_location, MISSING)
-
-    # -- assertions -------------------------------------------------------------------------
+        return load_in_test(self, checkpoint, mode, *self._declared(safe_globals, "safe_globals", "load_checkpoint"),
+                            map_location, MISSING)
 
     def assertRoundTripEqual(  # noqa: N802 - unittest naming
-        self,
-        expected: Any,
-        actual: Any,
-        *,
-        rtol: Optional[float] = None,
-        atol: Optional[float] = None,
-        allow_subclasses: bool = False,
-        check_requires_grad: bool = True,
-        check_dtype: bool = True,
-        check_device: bool = True,
-        check_layout: bool = True,
+        self, expected: Any, actual: Any, *, rtol: Optional[float] = None, atol: Optional[float] = None,
+        allow_subclasses: bool = False, check_requires_grad: bool = True, check_dtype: bool = True,
+        check_device: bool = True, check_layout: bool = True,
     ) -> None:
-        """Deep comparison, exact by default; the message names the path of the first difference.
-
-        The knobs (as in ``torch.testing.assert_close``) are those of :func:`assert_round_trip_equal`.
-        """
+        """Deep comparison, exact by default, naming the path of the first difference; the knobs
+        (as in ``torch.testing.assert_close``) are those of :func:`assert_round_trip_equal`."""
         from .comparison import assert_round_trip_equal  # imported on first use
 
         assert_round_trip_equal(
@@ -368,20 +323,11 @@ class SerializationRoundTripTestCase:
 
         return required_globals(obj_or_buffer)
 
-    def assertRequiredGlobalsExpectedInline(  # noqa: N802
-        self, obj_or_buffer: Any, expect: str, skip: int = 0
-    ) -> None:
-        """Pin the required globals, one per line, as an expecttest golden record.
-
-        An empty record is ``""``.  Classes of a file run as a script (``python test_foo.py``)
-        are pickled as ``__main__.Name``; they are recorded under the file's module name
-        (``test_foo.Name``), so the record is the same however the file is run.
-        ``EXPECTTEST_ACCEPT=1`` rewrites the string literal at the call site.
-        """
+    def assertRequiredGlobalsExpectedInline(self, obj_or_buffer: Any, expect: str, skip: int = 0) -> None:  # noqa: N802
+        """Pin the required globals, one per line (none: ``""``), as an expecttest golden record that
+        is the same however the file is run (:func:`_stable_names`); ``EXPECTTEST_ACCEPT=1`` rewrites it."""
         from expecttest import assert_expected_inline
 
-        names = stable_names(self.required_globals(obj_or_buffer), expect)
-        actual = "".join(f"{name}\n" for name in names)
-        assert_expected_inline(
-            actual, expect, skip=skip + 1, assert_eq=self.assertMultiLineEqual, debug_id=self.id()  # type: ignore[attr-defined]
-        )
+        actual = "".join(f"{name}\n" for name in _stable_names(self.required_globals(obj_or_buffer), expect))
+        assert_expected_inline(actual, expect, skip=skip + 1, assert_eq=self.assertMultiLineEqual,  # type: ignore
+                               debug_id=self.id())  # type: ignore[attr-defined]

@@ -1,34 +1,32 @@
-"""The mixin's one save path and one load path, shared by all its round-trip methods.
+"""The mixin's one save path (:func:`save`), one load path (:func:`load_in_test`), and how a test ends.
 
-``round_trip``, ``round_trip_state_dict``, ``save_checkpoint`` and ``load_checkpoint`` save with
-:func:`save` and load with :func:`load_in_test`: the test's mode resolved (or a mode that cannot
-run here skipped), the environment's switches checked, the declared ``safe_globals`` judged
-against the checkpoint, the load performed and asserted by :func:`..loading.load.load` under the
-test's load engine, the outcome reported in verbose output, and an expected rejection raised to
-end the test (or its subtest) as a pass.
+A load resolves the test's mode (skipping one that cannot run here), checks the environment's
+switches, judges the declared ``safe_globals``, loads and asserts under the test's load engine
+(:func:`..loading.load.load`), reports the outcome, and raises :class:`ExpectedRejection` to end the
+test (or subtest) as a pass: :func:`ends_on_rejection` wraps every test method for that.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 import pickle
 import sys
 import unittest
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from ..core.errors import ConflictingEnvironmentError, RoundTripConfigError
 from ..core.modes import LoadMode
-from ..policy.declared import SafeGlobal, as_safe_globals
+from ..policy.declared import SafeGlobal
 from ..torch_facts.registry import safe_globals_context_missing
-from .declarations import Declaration, check_declared, local_class_message, refuse_local
-from .outcomes import ExpectedRejection
+from .declarations import Declaration, check_declared, local_class_message
 
 if TYPE_CHECKING:
-    from ..loading.load import LoadResult
     from ..scan.checkpoint import Checkpoint
 
-__all__ = ["REPORT_ENV", "MISSING", "declared_argument", "save", "load_in_test"]
+__all__ = ["REPORT_ENV", "MISSING", "ExpectedRejection", "ends_on_rejection", "save", "load_in_test"]
 
 #: Set to a file path to get one JSON line per round trip (test id, mode, outcome).
 REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
@@ -36,20 +34,66 @@ REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
 MISSING: Any = object()
 
 
-def _is_module(obj: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(obj, torch.nn.Module)
+class ExpectedRejection(BaseException):
+    """torch rejected the load exactly as predicted; the test ends here as a pass.  A ``BaseException``
+    (like unittest's and pytest's outcome exceptions) so a test's ``except Exception`` cannot swallow it."""
+
+    def __init__(self, summary: str) -> None:
+        super().__init__(summary)
+        self.summary = summary
+        #: A subTest that a generator held open and that was closed while this propagated.
+        self.abandoned_subtest: Optional[str] = None
 
 
-def declared_argument(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
-    """A call's ``safe_globals=`` argument, checked like a class declaration."""
-    refuse_local(safe_globals, "safe_globals=")
-    return as_safe_globals(safe_globals)
+def _required_args(fn: Callable[..., Any]) -> list[str]:
+    """Parameters after ``self`` that have no default (``device`` for a generic test)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+
+
+def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a test method so an expected rejection ends it as a pass, and a generic test run
+    directly (never instantiated) fails saying how to instantiate it."""
+    if getattr(fn, "_tst_wrapped", False):
+        return fn
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        params = _required_args(fn) if self._tst_case is None and not args and not kwargs else None
+        if params:
+            generic, name = type(self).__name__, fn.__name__
+            raise RoundTripConfigError(
+                f"{generic}.{name} is a generic round-trip test (it takes {', '.join(repr(p) for p in params)}): "
+                f"its tests exist only in the classes instantiate_round_trip_tests generates.  Add\n\n"
+                f"    instantiate_round_trip_tests({generic}, globals())\n\n"
+                f"at module level after the class, and run the generated tests "
+                f"({generic}CPU.{name}_<load_mode>_cpu, ...)"
+            )
+        try:
+            return fn(self, *args, **kwargs)
+        except ExpectedRejection as rejection:
+            self._tst_in_flight = None
+            if rejection.abandoned_subtest is not None:
+                raise RoundTripConfigError(
+                    f"{rejection.summary}\n... but this expected rejection happened outside the `with "
+                    f"self.subTest({rejection.abandoned_subtest})` block that was open (the block yields to its "
+                    "caller, e.g. from a generator), so it could not end just that subtest and the remaining "
+                    "subtests would silently not run.  Call round_trip inside the with block (no yield inside "
+                    "it), or open the subTest in the loop body."
+                ) from None
+            return None
+
+    wrapper._tst_wrapped = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def save(obj: Any) -> Checkpoint:
     """``torch.save`` *obj* to memory; a function-local class fails saying to move it."""
-    from ..scan.checkpoint import Checkpoint  # the round-trip machinery: imported on the first round trip
+    from ..scan.checkpoint import Checkpoint  # imported on the first round trip
 
     try:
         return Checkpoint.save(obj)
@@ -57,20 +101,11 @@ def save(obj: Any) -> Checkpoint:
         if "<locals>" not in str(e):
             raise
         local = next((w.strip("'\"<>,:") for w in str(e).split() if "<locals>" in w), "a class")
-        raise RoundTripConfigError(
-            f"torch.save failed: {type(e).__name__}: {e}\n" + local_class_message(local)
-        ) from e
+        raise RoundTripConfigError(f"torch.save failed: {type(e).__name__}: {e}\n" + local_class_message(local)) from e
 
 
-def load_in_test(
-    test: Any,
-    checkpoint: Checkpoint,
-    mode: Optional[LoadMode | str],
-    declared: Sequence[SafeGlobal],
-    where: Declaration,
-    map_location: Any,
-    saved: Any,
-) -> Any:
+def load_in_test(test: Any, checkpoint: Checkpoint, mode: Optional[LoadMode | str], declared: Sequence[SafeGlobal],
+                 where: Declaration, map_location: Any, saved: Any) -> Any:
     """Load *checkpoint* in *test*'s mode (or *mode*); the loaded object, or ExpectedRejection."""
     resolved = LoadMode.parse(mode) if mode is not None else test.load_mode
     if resolved is None:
@@ -90,37 +125,26 @@ def load_in_test(
     if switches.conflict:  # the environment breaks every load: that, not the declaration, is the news
         raise ConflictingEnvironmentError(switches.conflict_message())
     if resolved is LoadMode.SAFE_GLOBALS:
-        saved_type = None
-        if saved is not MISSING and not _is_module(saved):
-            saved_type = type(saved).__name__
+        torch = sys.modules.get("torch")
+        module = saved is MISSING or (torch is not None and isinstance(saved, torch.nn.Module))
         check_declared(checkpoint, declared, where, allow_unneeded=test.allow_unneeded_safe_globals,
-                       saved_type=saved_type)
+                       saved_type=None if module else type(saved).__name__)
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None
     with test.loading_engine():
         result = loading.load(checkpoint, resolved, declared, map_location)
-    _report(test, result)
-    if not result.loaded:
-        rejection = ExpectedRejection(result.summary)
-        test._tst_in_flight = rejection
-        raise rejection
-    return result.value
-
-
-def _report(test: Any, result: LoadResult) -> None:
-    """Each distinct outcome once in verbose output; every load in the REPORT_ENV file."""
-    summary = result.summary
+    summary = result.summary  # each distinct outcome once in verbose output, every load in the REPORT_ENV file
     if summary not in test.round_trip_outcomes:
         test.round_trip_outcomes.append(summary)
         test._tst_say(summary)
     path = os.environ.get(REPORT_ENV)
     if path:
-        record = {
-            "test": test.id(),
-            "mode": result.expectation.mode.value,
-            "loaded": result.loaded,
-            "weights_only": result.expectation.weights_only,
-            "summary": summary,
-        }
+        record = {"test": test.id(), "mode": result.expectation.mode.value, "loaded": result.loaded,
+                  "weights_only": result.expectation.weights_only, "summary": summary}
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
+    if not result.loaded:
+        rejection = ExpectedRejection(summary)
+        test._tst_in_flight = rejection
+        raise rejection
+    return result.value

@@ -1,17 +1,15 @@
 """Exact comparison of an original object and its round-tripped copy.
 
-The first difference is reported with its *path* inside the nested structure
-(``[0][7]``, ``['weight']``, ``.state_dict()['bias']``), the way
-``torch.testing._comparison`` does.  Unlike pytorch's ``assertEqual``, which
-compares quantized tensors by their dequantized values, a quantized tensor
-here matches only when its qscheme, integer representation, scale(s), zero
-point(s) and axis all match: a round trip must not change a single bit.
+The first difference is reported with its path (``[0][7]``, ``.state_dict()['bias']``), as
+``torch.testing._comparison`` does.  Unlike pytorch's ``assertEqual`` (dequantized values), a
+quantized tensor matches only when qscheme, integer representation, scale(s), zero point(s) and
+axis all match: a round trip must not change a single bit.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 __all__ = ["assert_round_trip_equal", "RoundTripMismatch"]
 
@@ -28,71 +26,43 @@ class RoundTripMismatch(AssertionError):
 _EXACT_SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 
-class _Checks:
+class _Checks(NamedTuple):
     """Which properties count, as in ``torch.testing.assert_close`` (all strict by default)."""
 
-    __slots__ = ("rtol", "atol", "allow_subclasses", "check_requires_grad", "check_dtype", "check_device",
-                 "check_layout")
-
-    def __init__(self, rtol: Optional[float] = None, atol: Optional[float] = None, allow_subclasses: bool = False,
-                 check_requires_grad: bool = True, check_dtype: bool = True, check_device: bool = True,
-                 check_layout: bool = True) -> None:
-        self.rtol = rtol
-        self.atol = atol
-        self.allow_subclasses = allow_subclasses
-        self.check_requires_grad = check_requires_grad
-        self.check_dtype = check_dtype
-        self.check_device = check_device
-        self.check_layout = check_layout
+    rtol: Optional[float] = None
+    atol: Optional[float] = None
+    allow_subclasses: bool = False
+    check_requires_grad: bool = True
+    check_dtype: bool = True
+    check_device: bool = True
+    check_layout: bool = True
 
 
-#: The default, exact checks (most calls): built once.
-_EXACT = _Checks()
+_EXACT = _Checks()  # the default checks (most calls): built once
 
 
 def assert_round_trip_equal(
-    expected: Any,
-    actual: Any,
-    *,
-    rtol: Optional[float] = None,
-    atol: Optional[float] = None,
-    allow_subclasses: bool = False,
-    check_requires_grad: bool = True,
-    check_dtype: bool = True,
-    check_device: bool = True,
-    check_layout: bool = True,
+    expected: Any, actual: Any, *, rtol: Optional[float] = None, atol: Optional[float] = None,
+    allow_subclasses: bool = False, check_requires_grad: bool = True, check_dtype: bool = True,
+    check_device: bool = True, check_layout: bool = True,
 ) -> None:
     """Raise :class:`RoundTripMismatch` at the first difference between *expected* and *actual*.
 
-    Exact by default: every object keeps its exact type (a ``Parameter`` is not a ``Tensor``),
-    and tensors their dtype, device, layout, shape, ``requires_grad`` and values (NaN equal to
-    NaN).  The knobs relax one property each, named as in ``torch.testing.assert_close``:
-
-    * *rtol*/*atol* (together): float tolerance for tensor values;
-    * *allow_subclasses*: types related by inheritance match (``Parameter`` vs ``Tensor``,
-      ``OrderedDict`` vs ``dict``); unrelated types still differ;
-    * *check_requires_grad*: ``False`` ignores ``requires_grad``;
-    * *check_dtype*: ``False`` compares values after promoting both to a common dtype;
-    * *check_device*: ``False`` compares values on the CPU;
-    * *check_layout*: ``False`` compares sparse tensors by their dense values.
-
-    Shapes, quantization parameters and container keys/lengths are always compared.
+    Exact by default: exact types (a ``Parameter`` is not a ``Tensor``); for tensors dtype, device,
+    layout, shape, ``requires_grad`` and values (NaN equal to NaN).  Each knob, named as in
+    ``torch.testing.assert_close``, relaxes one property (``check_dtype=False``: values compared after
+    promotion, ``check_device=False``: on the CPU, ``check_layout=False``: sparse compared dense,
+    ``allow_subclasses``: related types match); shapes, quantization parameters and container
+    keys/lengths are always compared.
     """
     if (rtol is None) != (atol is None):
         raise ValueError("pass rtol and atol together (or neither, for exact comparison)")
-    if (rtol is None and not allow_subclasses and check_requires_grad and check_dtype and check_device
-            and check_layout):
-        checks = _EXACT
-    else:
-        checks = _Checks(rtol, atol, bool(allow_subclasses), bool(check_requires_grad), bool(check_dtype),
-                         bool(check_device), bool(check_layout))
-    _compare(expected, actual, "", checks)
+    knobs = tuple(map(bool, (allow_subclasses, check_requires_grad, check_dtype, check_device, check_layout)))
+    _compare(expected, actual, "", _EXACT if rtol is None and knobs == _EXACT[2:] else _Checks(rtol, atol, *knobs))
 
 
 def _same_type(e: Any, a: Any, checks: _Checks) -> bool:
-    if type(e) is type(a):
-        return True
-    return checks.allow_subclasses and (isinstance(a, type(e)) or isinstance(e, type(a)))
+    return type(e) is type(a) or checks.allow_subclasses and (isinstance(a, type(e)) or isinstance(e, type(a)))
 
 
 def _compare(e: Any, a: Any, path: str, checks: _Checks) -> None:
@@ -123,14 +93,9 @@ def _compare(e: Any, a: Any, path: str, checks: _Checks) -> None:
         for i, (x, y) in enumerate(zip(e, a)):
             _compare(x, y, f"{path}[{i}]", checks)
         return
-    if isinstance(e, float) and math.isnan(e) and math.isnan(a):
-        return
-    if isinstance(e, _EXACT_SCALARS) or isinstance(e, (torch.dtype, torch.device, torch.Size, torch.qscheme)):
-        if e != a:
-            raise RoundTripMismatch(path, f"{a!r} != expected {e!r}")
-        return
-    if e != a:
-        raise RoundTripMismatch(path, f"{a!r} != expected {e!r} (compared with ==)")
+    if e != a and not (isinstance(e, float) and math.isnan(e) and math.isnan(a)):
+        exact = isinstance(e, _EXACT_SCALARS) or isinstance(e, (torch.dtype, torch.device, torch.Size, torch.qscheme))
+        raise RoundTripMismatch(path, f"{a!r} != expected {e!r}" + ("" if exact else " (compared with ==)"))
 
 
 def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
@@ -143,17 +108,12 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
             path, f"tensor class {type(a).__name__} != expected {type(e).__name__} (allow_subclasses=True "
             "accepts related classes such as Parameter vs Tensor)"
         )
-    compared = [
-        ("dtype", checks.check_dtype, "check_dtype=False"),
-        ("device", checks.check_device, "check_device=False"),
-        ("layout", checks.check_layout, "check_layout=False"),
-        ("shape", True, ""),
-        ("requires_grad", checks.check_requires_grad, "check_requires_grad=False"),
-    ]
-    for attr, strict, knob in compared:
+    strictness = (("dtype", checks.check_dtype), ("device", checks.check_device), ("layout", checks.check_layout),
+                  ("shape", None), ("requires_grad", checks.check_requires_grad))  # None: always compared
+    for attr, strict in strictness:
         x, y = getattr(e, attr), getattr(a, attr)
-        if strict and x != y:
-            hint = f" ({knob} ignores it)" if knob else ""
+        if strict is not False and x != y:
+            hint = "" if strict is None else f" (check_{attr}=False ignores it)"
             raise RoundTripMismatch(path, f"{attr} {y} != expected {x}{hint}")
     if e.is_quantized or a.is_quantized:
         if e.is_quantized != a.is_quantized:
@@ -162,10 +122,7 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
         return
     if e.device != a.device:  # only reached with check_device=False
         e, a = e.cpu(), a.cpu()
-    if e.layout != torch.strided:
-        e = e.to_dense()
-    if a.layout != torch.strided:
-        a = a.to_dense()
+    e, a = (t if t.layout == torch.strided else t.to_dense() for t in (e, a))
     if e.dtype != a.dtype:  # only reached with check_dtype=False
         common = torch.promote_types(e.dtype, a.dtype)
         e, a = e.to(common), a.to(common)
@@ -176,11 +133,8 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
     except (RuntimeError, NotImplementedError):  # a tensor kind torch.equal does not support
         pass
     try:
-        torch.testing.assert_close(
-            a, e, rtol=0 if checks.rtol is None else checks.rtol,
-            atol=0 if checks.atol is None else checks.atol,
-            equal_nan=True, check_device=True, check_dtype=True, check_layout=True,
-        )
+        torch.testing.assert_close(a, e, rtol=checks.rtol or 0, atol=checks.atol or 0, equal_nan=True,
+                                   check_device=True, check_dtype=True, check_layout=True)
     except AssertionError as err:
         raise RoundTripMismatch(path, f"tensor values differ: {err}") from None
 
@@ -188,17 +142,11 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
 def _compare_quantized(e: Any, a: Any, path: str) -> None:
     import torch
 
-    exact = _EXACT
-    if e.qscheme() != a.qscheme():
-        raise RoundTripMismatch(path, f"qscheme {a.qscheme()} != expected {e.qscheme()}")
-    if e.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
-        if e.q_scale() != a.q_scale():
-            raise RoundTripMismatch(path, f"q_scale {a.q_scale()} != expected {e.q_scale()}")
-        if e.q_zero_point() != a.q_zero_point():
-            raise RoundTripMismatch(path, f"q_zero_point {a.q_zero_point()} != expected {e.q_zero_point()}")
-    else:
-        if e.q_per_channel_axis() != a.q_per_channel_axis():
-            raise RoundTripMismatch(path, f"q_per_channel_axis {a.q_per_channel_axis()} != expected {e.q_per_channel_axis()}")
-        _compare_tensors(e.q_per_channel_scales(), a.q_per_channel_scales(), f"{path}.q_per_channel_scales()", exact)
-        _compare_tensors(e.q_per_channel_zero_points(), a.q_per_channel_zero_points(), f"{path}.q_per_channel_zero_points()", exact)
-    _compare_tensors(e.int_repr().cpu(), a.int_repr().cpu(), f"{path}.int_repr()", exact)
+    per_tensor = e.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
+    for attr in ("qscheme", *(("q_scale", "q_zero_point") if per_tensor else ("q_per_channel_axis",))):
+        x, y = getattr(e, attr)(), getattr(a, attr)()
+        if x != y:
+            raise RoundTripMismatch(path, f"{attr} {y} != expected {x}")
+    for attr in () if per_tensor else ("q_per_channel_scales", "q_per_channel_zero_points"):
+        _compare_tensors(getattr(e, attr)(), getattr(a, attr)(), f"{path}.{attr}()", _EXACT)
+    _compare_tensors(e.int_repr().cpu(), a.int_repr().cpu(), f"{path}.int_repr()", _EXACT)

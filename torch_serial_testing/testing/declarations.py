@@ -1,13 +1,9 @@
 """Judging a test class's declared safe globals against a checkpoint, and saying the fix.
 
-A test class declares globals in two class attributes (``safe_globals`` for
-full-module checkpoints, ``state_dict_safe_globals`` for ``round_trip_state_dict``)
-or per call (``safe_globals=`` of ``round_trip``).  Every error here names the
-declaration that is wrong and shows the line to paste *there* -- in a test class
-the fix is a class attribute, not a ``torch.load`` call -- followed by the
-equivalent ``torch.load`` snippet for code outside a test class.  Names are
-turned into code only by :func:`allowlist.safe_globals_snippet`, which owns
-their validation and escaping.
+Globals are declared in class attributes (``safe_globals``, ``state_dict_safe_globals``) or per
+call (``safe_globals=``).  Every error names the wrong declaration and shows the line to paste
+*there* (a class attribute, not a ``torch.load`` call), then the plain ``torch.load`` form.  Names
+become code only through :mod:`..policy.snippet`, which owns their validation and escaping.
 """
 
 from __future__ import annotations
@@ -25,72 +21,42 @@ if TYPE_CHECKING:  # the round-trip machinery is imported on the first round tri
 
 __all__ = ["Declaration", "check_declared", "refuse_local", "LATER_ALLOWLISTED", "local_class_message"]
 
-#: Globals a later torch put on its own allowlist (``builtins.set``: torch 2.6).  Declaring
-#: one is never over-trust -- torch itself trusts it -- so one declaration serves every
-#: torch version and every module, whether or not its checkpoint names it (a quantized
-#: ``Conv2d`` pickles through its own ``__getstate__`` and never names ``set``).
+#: Globals a later torch put on its own allowlist (``builtins.set``: torch 2.6).  Declaring one is
+#: never over-trust, so one declaration serves every torch and module, whether or not its
+#: checkpoint names it (a quantized ``Conv2d`` pickles through ``__getstate__``, never naming ``set``).
 LATER_ALLOWLISTED = frozenset({"builtins.set"})
 
 
 class Declaration:
-    """Where the globals being judged were declared.
-
-    *attribute* is a class attribute name (``safe_globals``, ``state_dict_safe_globals``) or
-    None for a ``safe_globals=`` argument of *method*.  A plain class (one is made per round
-    trip; a dataclass would cost its generated methods' compilation at import).
-    """
+    """Where the judged globals were declared: class *owner*'s *attribute*, or (None) the
+    ``safe_globals=`` argument of *method*.  A plain class: a dataclass would compile its
+    generated methods at import."""
 
     __slots__ = ("owner", "attribute", "method")
 
     def __init__(self, owner: str, attribute: Optional[str], method: str = "round_trip") -> None:
-        self.owner = owner
-        self.attribute = attribute
-        self.method = method
-
-    def __repr__(self) -> str:
-        return f"Declaration(owner={self.owner!r}, attribute={self.attribute!r}, method={self.method!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if other.__class__ is not Declaration:
-            return NotImplemented
-        return (self.owner, self.attribute, self.method) == (other.owner, other.attribute, other.method)  # type: ignore[attr-defined]
-
-    def __hash__(self) -> int:
-        return hash((self.owner, self.attribute, self.method))
+        self.owner, self.attribute, self.method = owner, attribute, method
 
     @property
     def label(self) -> str:
-        if self.attribute:
-            return f"{self.owner}.{self.attribute}"
-        return f"the safe_globals= argument of {self.method}()"
+        return f"{self.owner}.{self.attribute}" if self.attribute else f"the safe_globals= argument of {self.method}()"
 
     def fix(self, names: Sequence[str]) -> str:
         """The line(s) to paste where this declaration lives, then the plain torch.load form."""
         imports, refs = snippet_parts(sorted(names))
         snippet = safe_globals_snippet(sorted(names), context=True)
         tuple_text = "(" + ", ".join(refs) + ("," if len(refs) == 1 else "") + ")"
-        if self.attribute:
-            where = [f"class {self.owner}(...):", f"    {self.attribute} = {tuple_text}"]
-        else:
-            where = [f"self.{self.method}(..., safe_globals={tuple_text})"]
+        where = ([f"class {self.owner}(...):", f"    {self.attribute} = {tuple_text}"] if self.attribute
+                 else [f"self.{self.method}(..., safe_globals={tuple_text})"])
         body = "\n".join(["import torch", *imports, "", *where])
         return f"{body}\n\n(outside a test class, the same globals in a torch.load call:)\n{snippet}"
 
 
-def check_declared(
-    checkpoint: Checkpoint,
-    declared: Sequence[SafeGlobal],
-    where: Declaration,
-    *,
-    allow_unneeded: bool = False,
-    saved_type: Optional[str] = None,
-) -> None:
-    """Raise :class:`AllowlistError` when *declared* misses or over-trusts what *checkpoint* needs.
-
-    *saved_type* names the saved object's type when it is not a module (for the hint that
-    class-level ``safe_globals`` apply to every round trip).  Not over-trust: a declared global the checkpoint uses although torch allows it, and one
-    torch's allowlist has (now or since a later version, :data:`LATER_ALLOWLISTED`).
-    """
+def check_declared(checkpoint: Checkpoint, declared: Sequence[SafeGlobal], where: Declaration, *,
+                   allow_unneeded: bool = False, saved_type: Optional[str] = None) -> None:
+    """Raise :class:`AllowlistError` when *declared* misses or over-trusts what *checkpoint* needs (not
+    over-trust: a global it uses although torch allows it, or one on torch's allowlist now or later,
+    :data:`LATER_ALLOWLISTED`).  *saved_type*: the saved object's type when it is not a module."""
     from ..loading.required import required_globals
 
     blocker = checkpoint.info.weights_only_blocker
@@ -114,10 +80,8 @@ def check_declared(
         notes = "".join(f"\n{note}" for note in refusal_notes(keep))
         example = ("Declare them (only if you trust them):\n\n" + where.fix(keep) if suggestible(keep)
                    else "No global it needs is a class the trust policy can suggest.")
-        raise AllowlistError(
-            f"{where.label} misses {len(missing)} global(s) the checkpoint needs: {', '.join(map(show_name, missing))}\n"
-            + example + notes
-        )
+        raise AllowlistError(f"{where.label} misses {len(missing)} global(s) the checkpoint needs: "
+                             f"{', '.join(map(show_name, missing))}\n" + example + notes)
     if unneeded and not allow_unneeded:
         keep = sorted(names - set(unneeded))
         hint = ""
@@ -128,8 +92,8 @@ def check_declared(
                 "call, or use round_trip_state_dict (which uses state_dict_safe_globals)."
             )
         raise AllowlistError(
-            f"{where.label} over-trusts: the checkpoint does not need {', '.join(map(show_name, unneeded))}. Remove them, "
-            f"or set allow_unneeded_safe_globals = True on the class.{hint}\nThe exact declaration:\n\n"
+            f"{where.label} over-trusts: the checkpoint does not need {', '.join(map(show_name, unneeded))}. Remove "
+            f"them, or set allow_unneeded_safe_globals = True on the class.{hint}\nThe exact declaration:\n\n"
             + where.fix(keep)
         )
 
@@ -143,11 +107,8 @@ def local_class_message(name: str) -> str:
 
 
 def refuse_local(declared: Iterable[object], attribute: str) -> None:
-    """A function-local class can never appear in a checkpoint: declaring one is a mistake.
-
-    Judged on the raw declaration (objects, names, ``(obj, name)`` pairs, :class:`SafeGlobal`)
-    before the trust policy, so the message says what to do rather than why the name is malformed.
-    """
+    """Refuse a declared function-local class: no checkpoint can name one.  Judged on the raw
+    declaration, before the trust policy, so the message says what to do, not why the name is malformed."""
     if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
         return  # normalize_safe_globals names that mistake
     for item in declared:
@@ -155,11 +116,8 @@ def refuse_local(declared: Iterable[object], attribute: str) -> None:
             obj, name, _explicit, _unsafe = split_entry(item)
         except RoundTripConfigError:
             continue  # normalize_safe_globals names that mistake
-        names = {name} if isinstance(name, str) else set()
-        own = torch_key(obj) if obj is not None else None
-        if own:
-            names.add(own)
-        local = sorted(n for n in names if "<locals>" in n)
+        names = {name, torch_key(obj) if obj is not None else None}
+        local = sorted(n for n in names if isinstance(n, str) and "<locals>" in n)
         if local:
             raise RoundTripConfigError(f"{attribute} lists {local[0]}, which is not importable: "
                                        + local_class_message(local[0]))

@@ -1,30 +1,24 @@
-"""Process-wide state a test may change, captured before and restored after it.
+"""Process-wide state around a test: what it may change, captured and restored; the warnings it ignores.
 
-Covered: the quantized engine, the qnnpack mobile CPU allocator, torch's
-safe-globals registry, every ``TORCH_FORCE_*`` environment variable and
-``torch.utils.serialization.config``.  :meth:`GlobalState.restore` puts each
-back and returns a description of what had leaked, so the mixin can fail the
-leaking test while the next one starts clean.  Registrations made before the
-snapshot (a backend's import-time ``add_safe_globals``) are part of the
-snapshot and therefore survive every test.
-
-Interrupts: unittest re-raises ``KeyboardInterrupt`` without running cleanups,
-so the mixin also restores in a ``finally`` around the whole run.  Every
-restore step is idempotent (it reads the current state and writes the
-snapshot) and changes each piece of state in one step, so wherever an
-interrupt lands each piece is either as the test left it or as it was before,
-never in between (the registry is never empty, the two ``TORCH_FORCE_*``
-switches are never both set unless they were).  While a restore runs in the
-main thread, SIGINT is held back and delivered when it ends; an interrupt
-raised inside a step anyway (not by a signal) makes the step run again and the
-remaining steps run before it propagates.
+:class:`GlobalState`: the quantized engine, the qnnpack allocator, torch's safe-globals registry (what
+was registered before the snapshot survives), every ``TORCH_FORCE_*`` variable, the serialization
+config.  Each restore step is idempotent and changes its state at once, so an interrupt anywhere
+leaves each piece as the test left it or as before (the registry never empty, the two switches never
+both set unless they were); SIGINT waits until a restore ends (:mod:`..core.interrupts`).
+``ignore_warnings``: every ``catch_warnings``/``filterwarnings`` makes Python forget which warnings it
+showed once per location, so one entry, matching only while a test whose class ignores the message
+runs, is inserted (which forgets nothing) at the front of ``warnings.filters``; a runner that resets
+the filters (pytest per test, unittest per run) drops it, and the next such test puts it back.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import threading
+import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..core.environ import stored_environ
 from ..core.interrupts import deferred_interrupts, run_all
@@ -32,9 +26,13 @@ from ..core.names import show_name, torch_key
 from ..policy.trust import judge_registry_entry
 from ..torch_facts import engines
 from ..torch_facts.config import restore_serialization_config, serialization_config
-from ..torch_facts.registry import ImportRegistrations, restore_registry, snapshot_registry, start_recording, stop_recording
+from ..torch_facts.registry import (
+    ImportRegistrations, restore_registry, snapshot_registry, start_recording, stop_recording,
+)
 
-__all__ = ["GlobalState"]
+__all__ = ["GlobalState", "start_ignoring", "stop_ignoring"]
+
+_WATCHED_PREFIX = "TORCH_FORCE_"
 
 
 def _watched_env() -> dict[str, Optional[str]]:
@@ -48,9 +46,6 @@ def _watched_env() -> dict[str, Optional[str]]:
     else:  # pragma: no cover - another os.environ implementation
         names = [k for k in env if k.startswith(_WATCHED_PREFIX)]
     return {k: env.get(k) for k in names}
-
-
-_WATCHED_PREFIX = "TORCH_FORCE_"
 
 
 def _entry_name(entry: Any) -> str:
@@ -73,33 +68,18 @@ class GlobalState:
     def capture(cls) -> "GlobalState":
         """Read the state; the import recorder is started last, so an interrupt never leaks it."""
         with deferred_interrupts():
-            qengine, allocator = engines.engine_state()
-            state = cls(
-                qengine=qengine,
-                allocator=allocator,
-                registry=snapshot_registry(),
-                env=_watched_env(),
-                config=serialization_config(),
-                import_registrations=ImportRegistrations(),
-            )
+            state = cls(*engines.engine_state(), snapshot_registry(), _watched_env(), serialization_config(),
+                        ImportRegistrations())
             state.import_registrations = start_recording(judge_registry_entry)
             return state
 
     def dangerous_registrations(self) -> list[str]:
         """Registry entries in the snapshot that the danger check refuses (registered before the test)."""
-        out = []
-        for entry in self.registry:
-            reason = judge_registry_entry(entry)
-            if reason:
-                out.append(f"{show_name(_entry_name(entry))}: {reason}")
-        return out
+        return [f"{show_name(_entry_name(entry))}: {reason}" for entry in self.registry
+                if (reason := judge_registry_entry(entry))]
 
     def restore(self) -> list[str]:
-        """Restore everything; return one line per thing that had leaked (empty: clean).
-
-        Safe to call twice (the second call finds nothing to do).  Runs with
-        SIGINT held back; see the module docstring for what an interrupt can do.
-        """
+        """Restore everything (again: nothing to do); one line per thing that had leaked."""
         leaks: dict[str, str] = {}
         with deferred_interrupts():
             run_all([
@@ -113,7 +93,7 @@ class GlobalState:
             self.restored = True
         return [leaks[k] for k in ("engine", "allocator", "registry", "env", "config") if k in leaks]
 
-    # Each step reads the current state, notes a difference and writes the snapshot back.
+    # Each step reads the current state, notes a difference in leaks and writes the snapshot back.
 
     def _restore_recording(self) -> None:
         stop_recording(self.import_registrations)
@@ -131,18 +111,14 @@ class GlobalState:
             return
         now = engines.allocator_installed()
         if now != self.allocator:
-            leaks["allocator"] = (
-                "the qnnpack mobile CPU allocator is still installed" if now
-                else "the qnnpack mobile CPU allocator was removed"
-            )
+            leaks["allocator"] = f"the qnnpack mobile CPU allocator {'is still installed' if now else 'was removed'}"
             engines.set_allocator(self.allocator)
 
     def _restore_registry(self, leaks: dict[str, str]) -> None:
         current = snapshot_registry()
         if set(current) == set(self.registry):
             return
-        # A module imported during the test may register globals at import time
-        # (torch.distributed.tensor, a device backend): that is not a leak, keep it.
+        # A module imported during the test (torch.distributed.tensor, a backend) may register at import: kept.
         kept = self.import_registrations.kept
         imported = [g for g in current if g not in self.registry and g in kept]
         added = sorted(_entry_name(g) for g in current if g not in self.registry and g not in imported)
@@ -174,3 +150,38 @@ class GlobalState:
             diff = sorted(k for k in self.config if now is not None and now.get(k) != self.config[k])
             leaks["config"] = f"torch.utils.serialization.config changed: {', '.join(diff)}"
             restore_serialization_config(self.config)
+
+
+class _WhileTestsRun:
+    """The message pattern of the library's one filter entry: the running tests' patterns."""
+
+    def __init__(self) -> None:
+        self.active: list[tuple[object, tuple[re.Pattern[str], ...]]] = []
+
+    def match(self, text: str) -> bool:
+        return any(p.match(text) for _token, patterns in list(self.active) for p in patterns)
+
+    def __repr__(self) -> str:
+        return "<the ignore_warnings of the running torch_serial_testing tests>"
+
+
+_patterns = _WhileTestsRun()
+_ENTRY: Any = ("ignore", _patterns, Warning, None, 0)
+_lock = threading.Lock()
+
+
+def start_ignoring(messages: Sequence[str]) -> object:
+    """Ignore warnings whose message matches one of *messages* (regexes) until :func:`stop_ignoring`."""
+    token = object()
+    compiled = tuple(re.compile(m, re.I) for m in messages)  # as filterwarnings compiles them
+    with _lock:
+        _patterns.active.append((token, compiled))
+        if not any(f is _ENTRY for f in warnings.filters):
+            warnings.filters.insert(0, _ENTRY)
+    return token
+
+
+def stop_ignoring(token: object) -> None:
+    """End what :func:`start_ignoring` began (idempotent); the filter entry stays, matching nothing."""
+    with _lock:
+        _patterns.active[:] = [(t, p) for t, p in _patterns.active if t is not token]

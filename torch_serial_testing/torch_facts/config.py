@@ -1,4 +1,4 @@
-"""``torch.utils.serialization.config``: read and put back, for per-test isolation (None before torch 2.5)."""
+"""``torch.utils.serialization.config``, read and put back for per-test isolation (None before torch 2.5)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ __all__ = ["serialization_config", "restore_serialization_config"]
 
 
 def serialization_config() -> Optional[dict[str, Any]]:
-    """A copy of torch's serialization config, or None where torch has none."""
     try:
         from torch.utils.serialization import config
     except ImportError:

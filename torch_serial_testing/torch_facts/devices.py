@@ -1,21 +1,9 @@
 """Device types: which exist here, how they are named, and pytorch's env filters.
 
-Default devices are the available ones: cpu always, then cuda, xpu, mps and the
-privateuse1 backend (npu, ...) when available.  ``PYTORCH_TESTING_DEVICE_ONLY_FOR``
-and ``PYTORCH_TESTING_DEVICE_EXCEPT_FOR`` filter them exactly as pytorch's
-``instantiate_device_type_tests`` does (``filter_desired_device_types``), so one
-environment selects the same device classes in a file mixing both: comma-separated
-with no trimming, both may be set (a device named in both is an error), and while
-the privateuse1 backend is available its name and ``privateuse1`` are aliases (torch 2.4's
-filters know only ``privateuse1``: asked of pytorch's filter itself, see
-:func:`_filters_alias_backend_name`; the library follows the torch that runs).
-A ``privateuse1`` declaration is judged by the registered backend (``npu``, ...).
-
-Generated classes are named ``<Generic><DEVICE>`` with the device type
-upper-cased.  A privateuse1 backend is named by what the class declares: an
-explicit ``"npu"`` gives ``...NPU`` on every machine; ``"privateuse1"`` gives the
-registered backend name when one is registered and ``PRIVATEUSE1`` otherwise --
-never something that depends on import order.
+``PYTORCH_TESTING_DEVICE_ONLY_FOR`` / ``..._EXCEPT_FOR`` filter the devices exactly as pytorch's
+``filter_desired_device_types`` does, so a file mixing both selects the same classes.  Generated
+classes are ``<Generic><DEVICE>``: ``"npu"`` gives ``...NPU`` everywhere, ``"privateuse1"`` the
+registered backend's name, else ``PRIVATEUSE1`` -- never something that depends on import order.
 """
 
 from __future__ import annotations
@@ -25,15 +13,8 @@ from typing import Mapping, Optional
 
 from ..core.errors import RoundTripConfigError, dimension
 
-__all__ = [
-    "BUILTIN_DEVICE_TYPES",
-    "privateuse1_backend",
-    "available_device_types",
-    "device_skip_reason",
-    "resolve_devices",
-    "class_suffix",
-    "torch_device_type",
-]
+__all__ = ["BUILTIN_DEVICE_TYPES", "privateuse1_backend", "available_device_types", "device_skip_reason",
+           "resolve_devices", "class_suffix", "torch_device_type"]
 
 BUILTIN_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
 ONLY_FOR = "PYTORCH_TESTING_DEVICE_ONLY_FOR"
@@ -64,8 +45,7 @@ def device_skip_reason(device_type: str) -> Optional[str]:
         if backend is None:
             return "no privateuse1 backend is registered (import its extension, e.g. torch_npu)"
         return device_skip_reason(backend)
-    module = getattr(torch, device_type, None)
-    is_available = getattr(module, "is_available", None)
+    is_available = getattr(getattr(torch, device_type, None), "is_available", None)
     if is_available is None:
         return f"device type {device_type!r} is not registered in this process"
     try:
@@ -76,12 +56,9 @@ def device_skip_reason(device_type: str) -> Optional[str]:
 
 
 def available_device_types() -> tuple[str, ...]:
-    """Available device types in a fixed order: cpu, cuda, xpu, mps, privateuse1 backend."""
-    candidates = list(BUILTIN_DEVICE_TYPES)
+    """Available device types in a fixed order: cpu, cuda, xpu, mps, the privateuse1 backend."""
     pu1 = privateuse1_backend()
-    if pu1:
-        candidates.append(pu1)
-    return tuple(d for d in candidates if device_skip_reason(d) is None)
+    return tuple(d for d in (*BUILTIN_DEVICE_TYPES, *([pu1] if pu1 else [])) if device_skip_reason(d) is None)
 
 
 def is_device_type(name: str) -> bool:
@@ -114,13 +91,9 @@ _aliasing: dict[str, bool] = {}
 
 
 def _filters_alias_backend_name(backend: str) -> bool:
-    """Whether this pytorch's ``filter_desired_device_types`` reads the available privateuse1
-    backend's name (``npu``) as ``privateuse1`` (newer pytorch); torch 2.4's compares names as
-    written, its backend test base being ``privateuse1``.  Asked of the real function: with the
-    backend's name in ``only_for``, does it keep a test base of device type ``privateuse1``?
-    In this process when pytorch's test module is already imported (the library never imports
-    it), else in a fresh interpreter that registers a backend of the same name.
-    """
+    """Whether pytorch's filter reads the available backend's name (``npu``) as ``privateuse1`` (torch 2.4's
+    compares names as written): asked of it here when its module is imported already (the library never
+    imports it), else in a fresh interpreter registering a backend of that name."""
     known = _aliasing.get(backend)
     if known is not None:
         return known
@@ -152,12 +125,6 @@ def _filters_alias_backend_name(backend: str) -> bool:
     return known
 
 
-def _privateuse1_alias() -> Optional[str]:
-    """The backend name pytorch treats as ``privateuse1`` in the filters: only while it is available."""
-    backend = privateuse1_backend()
-    return backend if backend is not None and device_skip_reason(backend) is None else None
-
-
 def aliases(device_type: str) -> set[str]:
     """The names *device_type* answers to: the registered backend name and ``privateuse1`` are one."""
     backend = privateuse1_backend()
@@ -166,50 +133,36 @@ def aliases(device_type: str) -> set[str]:
     return {device_type}
 
 
-def _env_devices(env: Mapping[str, str], key: str) -> list[str]:
-    """pytorch's reading of a filter variable: split on commas, nothing trimmed, empty means unset."""
-    raw = env.get(key, "")
-    return raw.split(",") if raw else []
-
-
 def _filter(devices: tuple[str, ...], only: list[str], excl: list[str]) -> tuple[str, ...]:
-    """pytorch's ``filter_desired_device_types`` applied to declared device types.
-
-    While the privateuse1 backend is available, its name is replaced by ``privateuse1``
-    (a substring replace, as pytorch does) on both sides before comparing.
-    """
+    """pytorch's ``filter_desired_device_types`` applied to declared device types."""
     overlap = set(only) & set(excl)
     if overlap:
         raise RoundTripConfigError(
             f"device(s) {sorted(overlap)} appear in both {ONLY_FOR} and {EXCEPT_FOR} (pytorch's "
             f"instantiate_device_type_tests refuses this too); remove them from one of the two"
         )
-    alias = _privateuse1_alias()
+    backend = privateuse1_backend()
+    alias = backend if backend is not None and device_skip_reason(backend) is None else None
+    as_written = alias is not None and not _filters_alias_backend_name(alias)
 
-    def canon(name: str) -> str:
-        return name.replace(alias, "privateuse1") if alias else name
+    def canon(name: str, declared: bool) -> str:
+        if alias is None:
+            return name
+        if as_written:  # torch 2.4: the backend's test base is 'privateuse1', values compared as written
+            return "privateuse1" if declared and name == alias else name
+        return name.replace(alias, "privateuse1")  # a substring replace on both sides, as pytorch does
 
-    if alias is not None and not _filters_alias_backend_name(alias):
-        # torch 2.4: the backend's base is 'privateuse1', values compared as written
-        def base(name: str) -> str:
-            return "privateuse1" if name == alias else name
-
-        if excl:
-            devices = tuple(d for d in devices if base(d) not in excl)
-        if only:
-            devices = tuple(d for d in devices if base(d) in only)
-        return devices
-    only_c = {canon(x) for x in only}
-    excl_c = {canon(x) for x in excl}
+    only_c, excl_c = {canon(x, False) for x in only}, {canon(x, False) for x in excl}
     if excl_c:
-        devices = tuple(d for d in devices if canon(d) not in excl_c)
+        devices = tuple(d for d in devices if canon(d, True) not in excl_c)
     if only_c:
-        devices = tuple(d for d in devices if canon(d) in only_c)
+        devices = tuple(d for d in devices if canon(d, True) in only_c)
     return devices
 
 
 def resolve_devices(declared: object, environ: Optional[Mapping[str, str]] = None) -> tuple[str, ...]:
-    """Validate a ``devices`` declaration (None: the available ones) and apply the env filters."""
+    """Validate a ``devices`` declaration (None: the available ones) and apply the env filters
+    (read as pytorch reads them: split on commas, nothing trimmed, empty means unset)."""
     env = os.environ if environ is None else environ
     if declared is None:
         devices = available_device_types()
@@ -222,18 +175,15 @@ def resolve_devices(declared: object, environ: Optional[Mapping[str, str]] = Non
                     "or privateuse1. For an out-of-tree backend (npu, ...), import its extension "
                     "before instantiating."
                 )
-    return _filter(devices, _env_devices(env, ONLY_FOR), _env_devices(env, EXCEPT_FOR))
+    only, excl = (raw.split(",") if (raw := env.get(key, "")) else [] for key in (ONLY_FOR, EXCEPT_FOR))
+    return _filter(devices, only, excl)
 
 
 def torch_device_type(device_type: str) -> str:
     """The device type torch understands: ``privateuse1`` -> the registered backend name (``npu``)."""
-    if device_type == "privateuse1":
-        return privateuse1_backend() or device_type
-    return device_type
+    return (privateuse1_backend() or device_type) if device_type == "privateuse1" else device_type
 
 
 def class_suffix(device_type: str) -> str:
     """``cpu`` -> ``CPU``; ``privateuse1`` -> the registered backend name, else ``PRIVATEUSE1``."""
-    if device_type == "privateuse1":
-        return (privateuse1_backend() or "privateuse1").upper()
-    return device_type.upper()
+    return torch_device_type(device_type).upper()

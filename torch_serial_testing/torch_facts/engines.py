@@ -1,11 +1,9 @@
 """Quantized engines: which exist, which this build supports, and switching safely.
 
-A test runs with ``torch.backends.quantized.engine`` set to its engine and,
-for qnnpack, with the mobile CPU allocator pytorch's own qnnpack tests install
-(``torch._C._set_default_mobile_cpu_allocator``, which refuses to nest).  Both
-are restored on exit, even on failure or interrupt.  Nothing is remembered
-between calls: the real state is read from torch each time, because code the
-library does not control switches engines and allocators in the same process.
+A test runs with its engine and, for qnnpack, with the mobile CPU allocator pytorch's own qnnpack
+tests install (which refuses to nest); both are restored on exit, even on failure or interrupt.  The
+state is read from torch every time, never remembered: code the library does not control (pytorch's
+``override_cpu_allocator_for_qnnpack``) switches engines and allocators in the same process.
 """
 
 from __future__ import annotations
@@ -17,17 +15,10 @@ from typing import Iterator, Optional
 from ..core.errors import RoundTripConfigError, dimension
 from ..core.interrupts import deferred_interrupts, run_all
 
-__all__ = [
-    "KNOWN_QENGINES",
-    "supported_qengines",
-    "qengine_skip_reason",
-    "override_qengine",
-    "validate_qengines",
-    "allocator_installed",
-    "engine_state",
-]
+__all__ = ["KNOWN_QENGINES", "supported_qengines", "qengine_skip_reason", "override_qengine", "validate_qengines",
+           "allocator_installed", "engine_state"]
 
-#: Engine names torch.backends.quantized knows (torch/backends/quantized/__init__.py).
+#: Engine names torch.backends.quantized knows.
 KNOWN_QENGINES = ("fbgemm", "qnnpack", "onednn", "x86")
 
 _lock = threading.RLock()
@@ -43,19 +34,12 @@ def supported_qengines() -> tuple[str, ...]:
         return ()
 
 
-def _sparse_quantized_missing() -> Optional[str]:
+def qengine_skip_reason(engine: str) -> Optional[str]:
+    """Why a test for *engine* cannot run in this build, or None."""
     try:
         import torch.backends.quantized  # noqa: F401
     except ImportError as e:  # pragma: no cover - only on a torch without quantization
         return f"this torch has no quantized backends ({e})"
-    return None
-
-
-def qengine_skip_reason(engine: str) -> Optional[str]:
-    """Why a test for *engine* cannot run in this build, or None."""
-    missing = _sparse_quantized_missing()
-    if missing:
-        return missing
     supported = supported_qengines()
     if engine not in supported:
         import torch
@@ -74,29 +58,16 @@ def validate_qengines(engines: object) -> Optional[tuple[str, ...]]:
     engines = dimension("qengines", engines, "('fbgemm', 'qnnpack')")
     for e in engines:
         if e not in KNOWN_QENGINES:
-            raise RoundTripConfigError(
-                f"unknown quantized engine {e!r}; known engines: {', '.join(KNOWN_QENGINES)}"
-            )
+            raise RoundTripConfigError(f"unknown quantized engine {e!r}; known engines: {', '.join(KNOWN_QENGINES)}")
     return engines
 
 
-def _has_allocator_api() -> bool:
-    import torch
-
-    return hasattr(torch._C, "_set_default_mobile_cpu_allocator")
-
-
 def allocator_installed() -> Optional[bool]:
-    """Probe torch's real state: is a non-default mobile CPU allocator installed? (None: no such API)
-
-    torch has no getter, and code the library does not control (pytorch's
-    ``override_cpu_allocator_for_qnnpack``) installs and removes it too, so the
-    state is read every time, never remembered.  The probe installs and removes
-    the allocator with interrupts held back, so it never leaves it changed.
-    """
+    """Whether a non-default mobile CPU allocator is installed (None: no such API).  torch has no
+    getter: this installs and removes one, interrupts held back."""
     import torch
 
-    if not _has_allocator_api():
+    if not hasattr(torch._C, "_set_default_mobile_cpu_allocator"):
         return None
     with _lock, deferred_interrupts():
         try:
@@ -144,10 +115,8 @@ def describe_engine_change(before: tuple[Optional[str], Optional[bool]],
     if before[0] != after[0]:
         lines.append(f"quantized engine {after[0]!r} (was {before[0]!r})")
     if before[1] is not None and after[1] is not None and before[1] != after[1]:
-        lines.append(
-            "the qnnpack mobile CPU allocator is still installed" if after[1]
-            else "the qnnpack mobile CPU allocator was removed"
-        )
+        lines.append("the qnnpack mobile CPU allocator is still installed" if after[1]
+                     else "the qnnpack mobile CPU allocator was removed")
     return lines
 
 
@@ -165,14 +134,9 @@ def restore_engine_state(state: tuple[Optional[str], Optional[bool]]) -> None:
 
 @contextmanager
 def override_qengine(engine: str) -> Iterator[None]:
-    """Run with *engine* (and, for qnnpack, the mobile CPU allocator); restore both after.
-
-    The state to restore is read from torch on entry, and the restore reads torch
-    again, so a body (or foreign code in it) that switches engines or installs and
-    removes the allocator itself cannot desynchronise it.  An allocator someone
-    else installed around us is left alone for non-qnnpack engines.  The switch
-    happens inside the ``try``: an interrupt at any point still restores.
-    """
+    """Run with *engine* (and, for qnnpack, the mobile CPU allocator); restore both after, as read from
+    torch on entry (an allocator someone else installed stays for other engines).  The switch happens
+    inside the ``try``: an interrupt at any point still restores."""
     import torch
 
     with _lock:
@@ -185,8 +149,3 @@ def override_qengine(engine: str) -> Iterator[None]:
             yield
         finally:
             run_all([lambda: restore_engine_state(previous)])  # interrupted: runs once more
-
-
-def uninstall_allocator() -> None:
-    """Remove a leaked mobile CPU allocator (no-op when none is installed)."""
-    set_allocator(False)

@@ -1,17 +1,9 @@
 """What ``torch.load`` decides for one call here and now: the effective ``weights_only``.
 
-An explicit ``weights_only`` argument, the two ``TORCH_FORCE_*`` switches (whose spellings
-torch itself decides: 2.13 lower-cases the value, 2.8 compared it as written, torch before 2.6
-does not read ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` at all) and torch's default decide it.
-Nothing of that is written down here: torch is asked.  A canary checkpoint (one instance of a
-class of this module, which weights-only refuses and a full load accepts) goes through
-``torch.serialization.load`` with the call's explicit argument, under exactly the call's two
-switch values; whether torch refused it, loaded it or raised its both-switches ``RuntimeError``,
-and whether it warned, is the answer.  Each answer is remembered by everything it depends on.
-
-The canary is loaded in full only as bytes this module just saved.  A probe of values that
-are not in the environment right now sets them for that one canary load (under the library's
-lock, interrupts held back) and puts the environment back.
+The argument, the ``TORCH_FORCE_*`` switches (spelt as torch reads them: 2.13 lower-cases the value,
+2.8 did not, torch < 2.6 ignores FORCE_NO) and torch's default decide it, so torch is asked: a canary
+weights-only refuses (loaded in full only as bytes saved here) goes through ``torch.serialization.load``
+with the call's argument under its switch values (set for that load, locked, interrupts held back).
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ import os
 import pickle
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional
 
 from ..core.environ import stored_environ
@@ -31,18 +24,8 @@ from .loader import observe_serialization_warnings, torch_load_replacement
 from .probes import ProbeFailed
 from .registry import registry_lock
 
-__all__ = [
-    "FORCE_WO",
-    "FORCE_NO_WO",
-    "Decision",
-    "decide",
-    "WeightsOnlySwitches",
-    "switch_values",
-    "is_truthy",
-    "truthy_spellings",
-    "torch_default_weights_only",
-    "torch_reads_force_no_weights_only",
-]
+__all__ = ["FORCE_WO", "FORCE_NO_WO", "Decision", "decide", "WeightsOnlySwitches", "switch_values", "is_truthy",
+           "truthy_spellings", "torch_default_weights_only", "torch_reads_force_no_weights_only"]
 
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -55,18 +38,6 @@ class Canary:
 
 
 _canary: list[bytes] = []
-
-
-def _canary_bytes() -> bytes:
-    if not _canary:
-        import torch
-
-        buf = io.BytesIO()
-        torch.serialization.save(Canary(), buf)
-        _canary.append(buf.getvalue())
-    return _canary[0]
-
-
 #: A probe's answer: the effective weights_only (None: RuntimeError, both switches set), torch warned.
 _Answer = tuple[Optional[bool], bool]
 _answers: dict[tuple[Any, ...], _Answer] = {}
@@ -81,36 +52,30 @@ def _torch_key() -> tuple[Any, ...]:
 
 
 def _text(value: Any) -> Optional[str]:
-    if value is None or isinstance(value, str):
-        return value
-    return os.fsdecode(value)
+    return value if value is None or isinstance(value, str) else os.fsdecode(value)
+
+
+def _set_switches(values: tuple[Optional[str], ...]) -> None:
+    with deferred_interrupts():
+        for name, value in zip((FORCE_WO, FORCE_NO_WO), values):
+            if value is None:
+                os.environ.pop(name, None)
+        for name, value in zip((FORCE_WO, FORCE_NO_WO), values):
+            if value is not None:
+                os.environ[name] = value
 
 
 @contextmanager
 def _environment(values: tuple[Optional[str], Optional[str]]) -> Iterator[None]:
     """The two switches set to *values* (None: unset) for the block, as they were after it."""
-    names = (FORCE_WO, FORCE_NO_WO)
-    before = tuple(os.environ.get(n) for n in names)
-    if before == values:
-        yield
-        return
-    with deferred_interrupts():
-        for name, value in zip(names, values):
-            if value is None:
-                os.environ.pop(name, None)
-        for name, value in zip(names, values):
-            if value is not None:
-                os.environ[name] = value
+    before = (os.environ.get(FORCE_WO), os.environ.get(FORCE_NO_WO))
+    if before != values:
+        _set_switches(values)
     try:
         yield
     finally:
-        with deferred_interrupts():
-            for name, value in zip(names, before):
-                if value is None:
-                    os.environ.pop(name, None)
-            for name, value in zip(names, before):
-                if value is not None:
-                    os.environ[name] = value
+        if before != values:
+            _set_switches(before)
 
 
 def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Answer:
@@ -121,11 +86,14 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
         return known
     import torch
 
-    data = _canary_bytes()
+    if not _canary:
+        buf = io.BytesIO()
+        torch.serialization.save(Canary(), buf)
+        _canary.append(buf.getvalue())
     kwargs = {} if explicit is None else {"weights_only": explicit}
     with registry_lock, _lock, _environment((wo, no)), observe_serialization_warnings(consume_all=True) as seen:
         try:
-            value = torch.serialization.load(io.BytesIO(data), **kwargs)
+            value = torch.serialization.load(io.BytesIO(_canary[0]), **kwargs)
         except pickle.UnpicklingError:
             answer: _Answer = (True, seen.seen)
         except RuntimeError as e:
@@ -145,9 +113,8 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
 
 
 def is_truthy(value: Optional[str], name: str = FORCE_WO) -> bool:
-    """Whether this torch acts on the switch *name* set to *value* (alone): for
-    ``TORCH_FORCE_WEIGHTS_ONLY_LOAD``, an explicit ``weights_only=False`` load is refused; for
-    ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``, a bare load warns that it was forced to a full one."""
+    """Whether this torch acts on the switch *name* set to *value* alone (FORCE_WO refuses an explicit
+    ``weights_only=False`` load; FORCE_NO_WO makes a bare load warn that it was forced to a full one)."""
     value = _text(value)
     if value is None:
         return False
@@ -182,32 +149,29 @@ def torch_reads_force_no_weights_only() -> bool:
 
 
 def torch_default_weights_only() -> tuple[bool, str]:
-    """torch's default for a bare ``torch.load`` and why: asked with neither switch set."""
+    """torch's default for a bare ``torch.load`` (asked with neither switch set), and why (the version
+    only words the reason)."""
     import torch
 
-    default = _ask(None, None, None)[0] is True
-    if default:
+    if _ask(None, None, None)[0] is True:
         return True, "since torch 2.6"
-    if _release(torch.__version__) >= (2, 6):
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        release = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        release = (0, 0)
+    if release >= (2, 6):
         return False, "this torch build (fbcode) keeps the old default"
     return False, f"the default before torch 2.6 (torch {torch.__version__})"
 
 
-def _release(version: str) -> tuple[int, int]:
-    """(major, minor) of a version string, for wording a reason (never for deciding)."""
-    parts = version.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-    except (IndexError, ValueError):
-        return (0, 0)
+#: os.environ's key encoder -> the two switch names encoded by it.
+_encoded_names: dict[Any, tuple[Any, Any]] = {}
 
 
 def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Any]:
-    """The two switches' raw values (None when unset), read on every load.
-
-    ``os.environ`` is read through its stored mapping (:mod:`..core.environ`) with the names
-    encoded once; the values are then the platform's (bytes on POSIX).
-    """
+    """The two switches' raw values (None when unset), read on every load: from ``os.environ``'s
+    stored mapping (:mod:`..core.environ`), names encoded once, values the platform's (bytes on POSIX)."""
     env = os.environ if environ is None else environ
     stored = stored_environ(env)
     if stored is None:
@@ -219,22 +183,20 @@ def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Any
     return data.get(keys[0]), data.get(keys[1])
 
 
-#: os.environ's key encoder -> the two switch names encoded by it.
-_encoded_names: dict[Any, tuple[Any, Any]] = {}
+def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
+    return (f"{FORCE_WO}={wo!s} and {FORCE_NO_WO}={no!s} "
+            "are both set: torch.load raises RuntimeError on every load. Unset one of them.")
 
 
+@dataclass(eq=False)
 class WeightsOnlySwitches:
     """The two TORCH_FORCE_* switches as this torch reads them."""
 
-    __slots__ = ("force_weights_only", "force_no_weights_only", "raw", "conflict")
-
-    def __init__(self, force_weights_only: bool, force_no_weights_only: bool,
-                 raw: Mapping[str, Optional[str]], conflict: bool) -> None:
-        self.force_weights_only = force_weights_only
-        self.force_no_weights_only = force_no_weights_only
-        self.raw = raw
-        #: torch raises RuntimeError on every load (both set, as torch reads them).
-        self.conflict = conflict
+    force_weights_only: bool
+    force_no_weights_only: bool
+    raw: Mapping[str, Optional[str]]
+    #: torch raises RuntimeError on every load (both set, as torch reads them).
+    conflict: bool
 
     @classmethod
     def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "WeightsOnlySwitches":
@@ -244,13 +206,6 @@ class WeightsOnlySwitches:
 
     def conflict_message(self) -> str:
         return conflict_message(self.raw.get(FORCE_WO), self.raw.get(FORCE_NO_WO))
-
-
-def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
-    return (
-        f"{FORCE_WO}={wo!s} and {FORCE_NO_WO}={no!s} "
-        "are both set: torch.load raises RuntimeError on every load. Unset one of them."
-    )
 
 
 class Decision:
@@ -281,13 +236,8 @@ _decisions: dict[tuple[Any, ...], Decision] = {}
 
 
 def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decision:
-    """torch.load's decision for *mode* in *environ* (default ``os.environ``).
-
-    Remembered by the two switch values, ``torch.load`` (replaced or not) and the torch
-    functions the answer came from.  Both switches set raises
-    :class:`ConflictingEnvironmentError` every time; a probe that cannot run raises
-    :class:`~.probes.ProbeFailed`.
-    """
+    """torch.load's decision for *mode* in *environ* (default ``os.environ``), remembered by the switch
+    values and the torch functions it came from; both switches set raises ConflictingEnvironmentError."""
     import torch
 
     values = switch_values(environ)
@@ -313,8 +263,8 @@ def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decis
     else:
         default, why = torch_default_weights_only()
         cause = "default"
-        reason = f"weights_only={weights_only} {why}" if default == weights_only else \
-            f"weights_only={weights_only} (the environment overrides the default)"
+        reason = (f"weights_only={weights_only} {why}" if default == weights_only
+                  else f"weights_only={weights_only} (the environment overrides the default)")
     decision = Decision(weights_only, warns, reason, torch_load_replacement(), values[1] is not None, cause)
     if len(_decisions) >= 256:
         _decisions.clear()

@@ -1,22 +1,11 @@
-"""``torch.load`` as it is here: replaced or torch's own, and what it warns, prints and raises.
+"""``torch.load`` as it is here: replaced (torch_npu replaces it at import) or torch's own, and how
+it reports: the ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` warning (torch_npu prints it), where it raised.
 
-Out-of-tree backends patch ``torch.load`` (torch_npu sets it to its own copy at import;
-``torch.serialization.load`` stays torch's).  Such a loader is judged by its outcome like
-torch's own; what may legitimately differ is how it *reports*, and this module observes that:
-the ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` warning (torch_npu prints it instead), and whether a
-rejection came out of torch's own code, message untouched.
-
-Observing torch's warning never touches the process's warning filters (``catch_warnings``
-swaps them for every thread, and any change to them makes Python forget which warnings it
-already showed once).  For the duration of one load, the name ``warnings`` *inside
-torch.serialization* is rebound to a proxy of the module it was (one atomic rebinding each
-way).  The proxy consumes exactly torch's ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` warning raised
-in the thread that opened the observation (every warning, for the library's own probes) and
-passes everything else to the real ``warnings.warn`` with the same location (``stacklevel`` +
-1), so filters, ``-W error`` and once-per-location memory behave exactly as without the
-library.  What still crosses threads: a warning torch.serialization raises in another thread
-during a load passes through the proxy (same message, category and location; under ``-W
-error`` its traceback shows one extra frame).
+The warning filters are never touched (that makes Python forget what it showed once): during a load,
+``warnings`` in torch.serialization is rebound to a proxy consuming torch's FORCE_NO warning in the
+observing thread (every warning, for probes) and passing the rest to ``warnings.warn`` one frame up,
+so filters, ``-W error`` and once-per-location memory behave as without the library (under ``-W
+error`` another thread's warning shows one extra frame).
 """
 
 from __future__ import annotations
@@ -31,25 +20,17 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
 from ..core.interrupts import deferred_interrupts
+from .probes import innermost_frame
 
-__all__ = [
-    "FORCE_NO_NOTICE",
-    "torch_load_replacement",
-    "Observation",
-    "observe_serialization_warnings",
-    "proxy_installed",
-    "watch_stdout",
-    "raised_by_torch",
-    "raiser",
-]
+__all__ = ["FORCE_NO_NOTICE", "torch_load_replacement", "Observation", "observe_serialization_warnings",
+           "proxy_installed", "watch_stdout", "raised_by_torch", "raiser"]
 
 #: torch's warning (and torch_npu's printed notice) when TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD applies.
 FORCE_NO_NOTICE = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
-_TORCH_SERIALIZATION_MODULES = ("torch.serialization", "torch._weights_only_unpickler")
 
 
 def torch_load_replacement() -> Optional[str]:
-    """Who replaced ``torch.load`` (out-of-tree backends patch it), or None if it is torch's own."""
+    """Who replaced ``torch.load``, or None if it is torch's own."""
     import torch
 
     fn = torch.load
@@ -59,7 +40,7 @@ def torch_load_replacement() -> Optional[str]:
 
 
 class Observation:
-    """How many FORCE_NO warnings torch raised in this thread during the observation."""
+    """How many FORCE_NO warnings torch raised in the observing thread."""
 
     __slots__ = ("count", "installed", "consume_all")
 
@@ -75,6 +56,7 @@ class Observation:
 
 _local = threading.local()
 _lock = threading.Lock()
+_users = 0
 
 
 class _SerializationWarnings(types.ModuleType):
@@ -94,11 +76,7 @@ class _SerializationWarnings(types.ModuleType):
             if force_no or stack[-1].consume_all:
                 stack[-1].count += force_no  # this thread's load: observed and consumed (the caller asserts it)
                 return
-        # One frame more than torch's own call: the warning keeps torch's intended location.
-        self._tst_real.warn(message, category, stacklevel + 1, source, **kwargs)
-
-
-_users = 0
+        self._tst_real.warn(message, category, stacklevel + 1, source, **kwargs)  # torch's intended location
 
 
 def _install() -> None:
@@ -108,7 +86,8 @@ def _install() -> None:
     with _lock:
         current = getattr(ser, "warnings", None)
         if not isinstance(current, _SerializationWarnings):
-            ser.warnings = _SerializationWarnings(current if current is not None else warnings)  # type: ignore[attr-defined]
+            proxy = _SerializationWarnings(current if current is not None else warnings)
+            ser.warnings = proxy  # type: ignore[attr-defined]
         _users += 1
 
 
@@ -130,8 +109,7 @@ def proxy_installed() -> bool:
     return isinstance(getattr(ser, "warnings", None), _SerializationWarnings)
 
 
-def _close(observation: Observation) -> None:
-    """Idempotent: an interrupted close can simply run again."""
+def _close(observation: Observation) -> None:  # idempotent: an interrupted close can simply run again
     with deferred_interrupts():
         stack = getattr(_local, "stack", None) or []
         if observation in stack:
@@ -156,26 +134,21 @@ def observe_serialization_warnings(consume_all: bool = False) -> Iterator[Observ
             observation.installed = True
         yield observation
     finally:
-        # No call before the try (not even range()): a signal is delivered when a call returns,
-        # and one delivered there would skip the close.  An interrupt landing in _close makes it
-        # run again.
+        # No call before the try (not even range()): a signal delivered as a call returns would skip
+        # the close.  An interrupt landing in _close makes it run again.
         pending: Optional[BaseException] = None
-        attempts = 0
-        while True:
-            attempts += 1
+        for _attempt in (1, 2, 3):
             try:
                 _close(observation)
                 break
             except BaseException as e:  # noqa: BLE001 - re-raised once the proxy is gone
                 pending = pending or e
-                if attempts >= 3:
-                    break
         if pending is not None:
             raise pending
 
 
 class _Tee:
-    """Passes everything through to the real stream (and its other attributes) and keeps a copy."""
+    """Passes everything through to the real stream and keeps a copy."""
 
     def __init__(self, stream: Any, copy: io.StringIO) -> None:
         self._stream = stream
@@ -207,22 +180,16 @@ def watch_stdout(active: bool) -> Iterator[Optional[io.StringIO]]:
         sys.stdout = real
 
 
-def _last_frame(error: BaseException) -> Any:
-    tb = error.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return None if tb is None else tb.tb_frame
-
-
 def raised_by_torch(error: BaseException) -> bool:
     """Whether the rejection came out of torch's own serialization code, message untouched."""
-    frame = _last_frame(error)
-    return frame is not None and frame.f_globals.get("__name__") in _TORCH_SERIALIZATION_MODULES
+    frame = innermost_frame(error)
+    return frame is not None and frame.f_globals.get("__name__") in ("torch.serialization",
+                                                                     "torch._weights_only_unpickler")
 
 
 def raiser(error: BaseException) -> str:
     """``module.function`` that raised *error*."""
-    frame = _last_frame(error)
+    frame = innermost_frame(error)
     if frame is None:
         return "?"
     code = frame.f_code

@@ -1,41 +1,34 @@
 """The probe kit: few-byte pickles fed to torch's real weights-only unpickler, and what it did.
 
-A probe is a pickle of a handful of opcodes built here (:func:`global_op`, :func:`text`, ...),
-handed to ``torch._weights_only_unpickler.Unpickler`` exactly as ``torch.load`` hands it a
-checkpoint's ``data.pkl``; the outcome (:class:`Outcome`: the value, or the exception torch
-raised) is the answer.  Nothing torch-specific is assumed beyond the unpickler's constructor
-and ``load``; when those cannot be called, :class:`ProbeFailed` says so.
-
-The objects the probes build live here too: a ``list`` and a ``dict`` subclass, a plain
-class, a slotted class and one with ``__setstate__``, and the factories that return them
-(allowlisted for the probe only, so that torch builds them without allowlisting their type).
+Nothing is assumed beyond the unpickler's constructor and ``load`` (:class:`ProbeFailed` when they
+fail).  The objects probes build live here too, made by :func:`made`, which probes allowlist instead
+of their types.
 """
 
 from __future__ import annotations
 
+import collections
 import io
 import pickle
 import struct
 from typing import Any, Callable, Optional
 
-__all__ = [
-    "ProbeFailed",
-    "Outcome",
-    "unpickle",
-    "global_op",
-    "text",
-    "small_int",
-    "PROTO_2",
-    "STOP",
-]
+__all__ = ["ProbeFailed", "Outcome", "unpickle", "global_op", "text", "small_int", "PROTO_2", "STOP"]
+
+PROTO_2 = pickle.PROTO + b"\x02"
+STOP = pickle.STOP
 
 
 class ProbeFailed(Exception):
-    """A probe of torch could not run, or gave an answer the library cannot read.
+    """A probe of torch could not run or be read: what needs the fact becomes unknown, never a guess."""
 
-    The message names the probe and what happened; predictions that need the fact become
-    unknown with this message, never a guess.
-    """
+
+def innermost_frame(error: BaseException) -> Any:
+    """The frame that raised *error* (None without a traceback)."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return None if tb is None else tb.tb_frame
 
 
 class Outcome:
@@ -53,12 +46,12 @@ class Outcome:
 
     @property
     def refused(self) -> bool:
-        """One of the unpickler's own checks said no: it raised ``UnpicklingError``, or (torch 2.4,
-        whose checks raise ``RuntimeError``, which ``torch.load`` turns into ``UnpicklingError``) a
-        ``RuntimeError`` raised by the unpickler's own code."""
+        """One of the unpickler's own checks said no: ``UnpicklingError``, or a ``RuntimeError`` raised
+        by its own code (torch 2.4's checks, which ``torch.load`` turns into ``UnpicklingError``)."""
         if isinstance(self.error, pickle.UnpicklingError):
             return True
-        return type(self.error) is RuntimeError and _raised_in(self.error, "torch._weights_only_unpickler")
+        frame = innermost_frame(self.error) if type(self.error) is RuntimeError else None
+        return frame is not None and frame.f_globals.get("__name__") == "torch._weights_only_unpickler"
 
     @property
     def message(self) -> str:
@@ -66,20 +59,6 @@ class Outcome:
 
     def __repr__(self) -> str:
         return f"Outcome(value={self.value!r})" if self.error is None else f"Outcome(error={self.error!r})"
-
-
-def _raised_in(error: BaseException, module: str) -> bool:
-    """Whether the innermost frame of *error*'s traceback runs code of *module*."""
-    tb = error.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return bool(tb.tb_frame.f_globals.get("__name__") == module)
-
-
-PROTO_2 = pickle.PROTO + b"\x02"
-STOP = pickle.STOP
 
 
 def global_op(obj_or_name: Any) -> bytes:
@@ -92,20 +71,18 @@ def global_op(obj_or_name: Any) -> bytes:
 
 
 def text(s: str) -> bytes:
-    """``BINUNICODE`` of *s*."""
     data = s.encode("utf-8")
     return pickle.BINUNICODE + struct.pack("<I", len(data)) + data
 
 
 def small_int(n: int) -> bytes:
-    """``BININT1`` of *n* (0..255)."""
     return pickle.BININT1 + bytes([n])
 
 
 def unpickle(body: bytes, *, persistent_load: Optional[Callable[[Any], Any]] = None,
              proto: bool = True) -> Outcome:
-    """Run ``PROTO 2`` + *body* + ``STOP`` (just *body* with ``proto=False``) through torch's
-    weights-only unpickler; a persistent id is handed to *persistent_load*, as ``torch.load`` does."""
+    """Run ``PROTO 2`` + *body* (just *body* with ``proto=False``) through torch's weights-only
+    unpickler; a persistent id is handed to *persistent_load*, as ``torch.load`` does."""
     try:
         from torch import _weights_only_unpickler as wou
 
@@ -144,17 +121,19 @@ class ProbeDict(dict):  # type: ignore[type-arg]
 
 
 class ProbeOther:
-    """Neither a list nor a dict."""
-
-
-class ProbePlain:
-    """A class whose instances have a ``__dict__`` and no ``__setstate__``."""
+    """A plain class: neither a list nor a dict; instances have a ``__dict__`` and no ``__setstate__``."""
 
 
 class ProbeSlotted:
-    """A class whose instances have a slot and no ``__dict__``."""
+    """Instances have a slot and no ``__dict__``."""
 
     __slots__ = ("a",)
+
+
+class ProbeSlotsAndDict:
+    """A slot and a ``__dict__``: a ``({}, {"a": 1})`` state loads wherever BUILD splits slot state."""
+
+    __slots__ = ("a", "__dict__")
 
 
 class ProbeWithSetstate:
@@ -164,31 +143,21 @@ class ProbeWithSetstate:
         self.set_with = state
 
 
-def make_probe_list() -> ProbeList:
-    return ProbeList()
+def unlisted_function() -> None:
+    """Never allowlisted: REDUCE of it is refused."""
 
 
-def make_probe_dict() -> ProbeDict:
-    return ProbeDict()
+_MADE: dict[str, Callable[[], Any]] = {
+    "list_subclass": ProbeList, "dict_subclass": ProbeDict, "other": ProbeOther,
+    "ordered_dict": collections.OrderedDict, "counter": collections.Counter,
+    "other_class": lambda: ProbeOther, "unlisted_function": lambda: unlisted_function,
+}
 
 
-def make_probe_other() -> ProbeOther:
-    return ProbeOther()
+def made(kind: str) -> Any:
+    return _MADE[kind]()
 
 
-def make_defaultdict() -> Any:
-    import collections
-
-    return collections.defaultdict(int)
-
-
-def make_counter() -> Any:
-    import collections
-
-    return collections.Counter()
-
-
-def make_ordered_dict() -> Any:
-    import collections
-
-    return collections.OrderedDict()
+def made_op(kind: str) -> bytes:
+    """The ops that push ``made(kind)``: REDUCE of the factory with ``(kind,)``."""
+    return global_op(made) + text(kind) + pickle.TUPLE1 + pickle.REDUCE

@@ -1,11 +1,7 @@
 """torch's own reading of checkpoint records: its zip reader, its format tests, its storage types.
 
-The scan (:mod:`..scan.archive`) reads exactly what ``torch.load`` reads, so it reads through
-torch: records with ``torch._C.PyTorchFileReader`` (never Python's ``zipfile``, which resolves
-duplicate, case-folded or zip64-relocated records differently), the TorchScript test
-``torch.serialization._is_torchscript_zip``, the legacy storage types and their element sizes.
-What ``torch.load(..., weights_only=True)`` does with a TorchScript archive is asked of it
-with a tiny archive of its own (:func:`torchscript_refusal`).
+The scan reads what ``torch.load`` reads, through torch: ``torch._C.PyTorchFileReader``, never
+``zipfile``, which resolves duplicate, case-folded or zip64-relocated records differently.
 """
 
 from __future__ import annotations
@@ -16,14 +12,8 @@ from typing import IO, Any, Optional
 
 from .probes import ProbeFailed
 
-__all__ = [
-    "zip_reader",
-    "is_torchscript",
-    "storage_element_size",
-    "storage_type_names",
-    "torchscript_refusal",
-    "TAR_REFUSAL",
-]
+__all__ = ["zip_reader", "is_torchscript", "storage_element_size", "storage_type_names", "torchscript_refusal",
+           "TAR_REFUSAL"]
 
 #: torch's reason for refusing the legacy tar format weights-only (torch/serialization.py).
 TAR_REFUSAL = "Cannot use ``weights_only=True`` with files saved in the legacy .tar format."
@@ -70,13 +60,8 @@ _refusal: list[Optional[str]] = []
 
 
 def torchscript_refusal() -> Optional[str]:
-    """torch's message refusing a TorchScript archive weights-only, or None when this torch hands
-    the archive to ``torch.jit.load`` whatever ``weights_only`` says (torch 2.4).
-
-    Asked once, with an archive torch's own writer makes of two records (``constants.pkl``
-    makes it TorchScript to ``torch.load``): whether ``torch.load(..., weights_only=True)``
-    raises in ``torch.serialization`` itself or in ``torch.jit``'s loader, which it dispatched to.
-    """
+    """torch's message refusing a TorchScript archive weights-only, or None when it hands it to
+    ``torch.jit.load`` whatever ``weights_only`` says (torch 2.4): asked once, with a tiny archive."""
     if not _refusal:
         import torch
 

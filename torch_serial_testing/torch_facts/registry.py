@@ -1,11 +1,8 @@
-"""torch's allowlists: its built-in one, the process-wide registry, and changes made to them.
+"""torch's allowlists: its built-in one (``_get_allowed_globals()``), the process-wide registry
+(``add_safe_globals``, or an open ``safe_globals`` context), and changes made to them.
 
-torch's weights-only unpickler accepts a global on its own allowlist
-(``_get_allowed_globals()``), registered process-wide (``add_safe_globals``), or added by an
-open ``safe_globals`` context.  This module reads those sets, snapshots and restores the
-registry in one step, serialises every change the library makes behind :data:`registry_lock`
-(also held around each prediction and the load it predicts), notes what modules imported
-during a test register, and tells torch's own import-time registrations apart from the rest.
+Every change the library makes is serialised behind :data:`registry_lock`; registrations made by
+modules imported during a test are noted, and torch's own are told apart from the rest.
 """
 
 from __future__ import annotations
@@ -14,33 +11,21 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
+from ..core.errors import RoundTripConfigError
 from ..core.interrupts import deferred_interrupts
 from ..core.names import torch_key
-from .probes import STOP, ProbeFailed, global_op, unpickle
+from .probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
 
-__all__ = [
-    "registry_lock",
-    "torch_allowlist",
-    "torch_allowlist_objects",
-    "torch_allowlist_table",
-    "torch_allowed_type_names",
-    "registered_globals",
-    "snapshot_registry",
-    "restore_registry",
-    "preserved_registry",
-    "allowlisted",
-    "registry_takes_named_entries",
-    "safe_globals_context_missing",
-    "start_recording",
-    "stop_recording",
-    "recording_active",
-    "torch_own_registrations",
-]
+__all__ = ["registry_lock", "torch_allowlist", "torch_allowlist_objects", "torch_allowlist_table",
+           "torch_allowed_type_names", "registered_globals", "snapshot_registry", "restore_registry",
+           "preserved_registry", "allowlisted", "registry_takes_named_entries", "safe_globals_context_missing",
+           "start_recording", "stop_recording", "recording_active", "torch_own_registrations"]
 
-#: Held while the library reads or changes torch's process-wide safe-globals registry
-#: and while it loads, so a prediction and the load it predicts see the same registry.
+#: Held while the library reads or changes torch's process-wide registry, and around each prediction
+#: and the load it predicts, so both see the same registry.
 registry_lock = threading.RLock()
 
 
@@ -50,14 +35,13 @@ def _wou() -> Any:
     return wou
 
 
-def torch_allowlist_objects() -> dict[str, Any]:
-    """torch's own allowlist, name -> the object it allows under that name."""
-    return dict(_wou()._get_allowed_globals())
-
-
 def torch_allowlist_table() -> Any:
-    """torch's own allowlist as torch holds it: the same object while it is unchanged (a cache key)."""
+    """torch's own allowlist (name -> object) as torch holds it: the same object while it is unchanged."""
     return _wou()._get_allowed_globals()
+
+
+def torch_allowlist_objects() -> dict[str, Any]:
+    return dict(_wou()._get_allowed_globals())
 
 
 def torch_allowlist() -> frozenset[str]:
@@ -69,11 +53,12 @@ _type_names: list[tuple[Any, frozenset[str]]] = []
 
 
 def torch_allowed_type_names() -> frozenset[str]:
-    """Real ``module.qualname`` of every value on torch's own allowlist (remembered per allowlist
-    object: BUILD accepts instances of the types among them)."""
+    """Real ``module.qualname`` of every value on torch's own allowlist (BUILD accepts instances of
+    the types among them), remembered per allowlist object."""
     table = _wou()._get_allowed_globals()
     if not _type_names or _type_names[0][0] is not table:
-        _type_names[:] = [(table, frozenset(n for n in map(torch_key, table.values()) if n and not isinstance(n, tuple)))]
+        names = frozenset(n for n in map(torch_key, table.values()) if n and not isinstance(n, tuple))
+        _type_names[:] = [(table, names)]
     return _type_names[0][1]
 
 
@@ -85,7 +70,6 @@ def registered_globals() -> frozenset[str]:
 
 
 def snapshot_registry() -> list[Any]:
-    """A copy of torch's process-wide safe-globals registry."""
     import torch
 
     with registry_lock:
@@ -93,12 +77,8 @@ def snapshot_registry() -> list[Any]:
 
 
 def restore_registry(snapshot: Sequence[Any]) -> None:
-    """Make the registry equal *snapshot* again (re-adding what torch's context exit removed).
-
-    One rebinding of torch's registry (a set since torch 2.5, a list before), so an interrupt
-    never leaves it empty or half restored; without that attribute, add what is missing and
-    remove what is extra.
-    """
+    """Make the registry equal *snapshot* again: one rebinding of torch's registry (a set since torch
+    2.5, a list before), so an interrupt never leaves it half restored; else add and remove entries."""
     import torch
 
     wou = _wou()
@@ -135,31 +115,24 @@ def safe_globals_context_missing() -> Optional[str]:
 
     if hasattr(torch.serialization, "safe_globals"):
         return None
-    return (
-        f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
-        f"torch {torch.__version__} lacks it"
-    )
-
-
-class _NamedEntryProbe:
-    """Registered under a name of the probe's choosing, to see whether torch keys it by that name."""
+    return (f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+            f"torch {torch.__version__} lacks it")
 
 
 _named_entries: dict[Any, bool] = {}
 
 
 def registry_takes_named_entries() -> bool:
-    """Whether torch's allowlist takes ``(obj, "module.Name")`` entries (torch 2.4 keys every
-    entry by its own ``__module__.__name__`` and takes objects only).  Asked of torch: the probe
-    registers ``(obj, "<its module>.Renamed")`` and unpickles a GLOBAL of that name."""
+    """Whether torch's allowlist takes ``(obj, "module.Name")`` entries (torch 2.4 keys every entry by
+    its own ``__module__.__name__``): registers ``(obj, "<its module>.RenamedProbe")`` and unpickles it."""
     wou = _wou()
     key = wou._get_user_allowed_globals
     known = _named_entries.get(key)
     if known is None:
-        name = f"{_NamedEntryProbe.__module__}.RenamedProbe"
+        name = f"{ProbeOther.__module__}.RenamedProbe"
         with preserved_registry():
             try:
-                wou._add_safe_globals([(_NamedEntryProbe, name)])
+                wou._add_safe_globals([(ProbeOther, name)])
                 outcome = unpickle(global_op(name) + STOP)
             except ProbeFailed:
                 raise
@@ -167,23 +140,16 @@ def registry_takes_named_entries() -> bool:
                 outcome = None
                 if not isinstance(e, (TypeError, ValueError, AttributeError)):
                     raise ProbeFailed(f"registering an (obj, name) entry raised {type(e).__name__}: {e}") from None
-        known = _named_entries[key] = outcome is not None and outcome.loaded and outcome.value is _NamedEntryProbe
+        known = _named_entries[key] = outcome is not None and outcome.loaded and outcome.value is ProbeOther
     return known
 
 
 @contextmanager
 def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
-    """Trust *entries* for the weights-only loads inside the block, then forget them.
-
-    ``torch.serialization.safe_globals`` where torch has it (>= 2.5); before, the same through
-    ``add_safe_globals`` (the one registry torch 2.4 reads), undone on exit.  The registry is
-    restored either way (a context exit also drops entries registered before it on some torch
-    versions).  For the library's probes and for oracles that ask torch what an allowlist does;
-    the ``safe_globals`` load mode itself never falls back like this.
-    """
+    """Trust *entries* for the weights-only loads inside the block: ``safe_globals`` where torch has it
+    (>= 2.5), else ``add_safe_globals``, undone on exit.  For probes and oracles; the ``safe_globals``
+    load mode itself never falls back like this."""
     import torch
-
-    from ..core.errors import RoundTripConfigError
 
     with preserved_registry():
         context = getattr(torch.serialization, "safe_globals", None)
@@ -204,27 +170,16 @@ def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
 # -- registrations made by modules imported during a test ------------------------------------------
 
 
+@dataclass
 class ImportRegistrations:
-    """What modules imported during one test registered with ``add_safe_globals``."""
+    """What modules imported during one test registered with ``add_safe_globals`` (compared by value,
+    as GlobalState's fields are)."""
 
-    __slots__ = ("kept", "refused", "judge")
-
-    def __init__(self, judge: Any = None) -> None:
-        self.kept: list[Any] = []
-        #: (name, importing module, why refused) for every dangerous entry that was not registered.
-        self.refused: list[tuple[str, str, str]] = []
-        #: entry -> why it must not be registered, or None (the trust policy's judgement).
-        self.judge = judge
-
-    def __repr__(self) -> str:
-        return f"ImportRegistrations(kept={self.kept!r}, refused={self.refused!r})"
-
-    def __eq__(self, other: object) -> bool:  # compared by value, as GlobalState's fields are
-        if not isinstance(other, ImportRegistrations):
-            return NotImplemented
-        return (self.kept, self.refused) == (other.kept, other.refused)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+    #: entry -> why it must not be registered, or None (the trust policy's judgement).
+    judge: Any = field(default=None, repr=False, compare=False)
+    kept: list[Any] = field(default_factory=list)
+    #: (name, importing module, why refused) for every dangerous entry that was not registered.
+    refused: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 _recorders: list[ImportRegistrations] = []
@@ -246,10 +201,10 @@ def _importer() -> Optional[str]:
 
 
 def _recording_add(safe_globals: Any) -> Any:
+    """torch's ``_add_safe_globals`` while recording: an import's registrations are judged like declarations."""
     importer = _importer() if _recorders else None
     if importer is None:
         return _original_add(safe_globals)
-    # A registration made by a module being imported during a test: judged like a declaration.
     accepted = []
     judge = _recorders[0].judge
     for entry in list(safe_globals):
@@ -282,8 +237,7 @@ def start_recording(judge: Any) -> ImportRegistrations:
 
 def stop_recording(recorder: ImportRegistrations) -> None:
     wou = _wou()
-    with registry_lock:
-        # One rebinding each: an interrupt leaves the hook either installed or not.
+    with registry_lock:  # one rebinding each: an interrupt leaves the hook either installed or not
         _recorders[:] = [r for r in _recorders if r is not recorder]
         if not _recorders and wou._add_safe_globals is _recording_add:
             wou._add_safe_globals = _original_add
@@ -316,12 +270,8 @@ _own: dict[frozenset[str], frozenset[str]] = {}
 
 
 def torch_own_registrations() -> frozenset[str]:
-    """The names torch registers process-wide itself, for the torch modules imported here.
-
-    Asked of torch, not read from it: a fresh interpreter with backend autoload off imports
-    the same ``torch.*`` modules and reports its registry (remembered per set of modules).
-    Raises :class:`ProbeFailed` when that interpreter fails or cannot import one of them.
-    """
+    """The names torch itself registers for the ``torch.*`` modules imported here: reported by a fresh
+    interpreter (backend autoload off) importing the same ones, remembered per set of modules."""
     modules = frozenset(n for n, m in list(sys.modules.items())
                         if m is not None and (n == "torch" or n.startswith("torch.")))
     known = _own.get(modules)
@@ -329,9 +279,10 @@ def torch_own_registrations() -> frozenset[str]:
         return known
     import json
     import subprocess
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    for name in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"):
-        env.pop(name, None)
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     try:
         proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(sorted(modules))], capture_output=True,
                               text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)

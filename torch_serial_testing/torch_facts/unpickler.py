@@ -1,38 +1,69 @@
-"""What the running torch's weights-only unpickler enforces, asked of it by probes.
+"""What the running torch's weights-only unpickler enforces, asked of it by probes (:mod:`.probes`).
 
-``torch/_weights_only_unpickler.py`` changes between releases: which opcodes it implements,
-whether SETITEM/APPEND check their target (torch 2.8 checks no SETITEM target; 2.14.1 lets
-APPEND onto an allowlisted ``list`` subclass), which persistent ids it refuses and how it
-words that, how BUILD applies a state (2.4/2.5: ``inst.__dict__.update(state)`` for every
-state), whether Python-2 names are renamed outside protocol 2 (2.4: not), what it says about
-a global it refuses.  :func:`unpickler_rules` learns each of these by feeding the real
-unpickler a pickle of a few opcodes (:mod:`.unpickler_checks`) and reading what it did, so the static
-model (:mod:`..scan`) replays the torch that runs.  A probe whose answer cannot be read
-raises :class:`~.probes.ProbeFailed`; nothing falls back to another torch's rules.
+Its rules change between releases: the opcodes it implements, whether SETITEM/APPEND check their
+target (2.8 checks no SETITEM target; 2.14.1 lets APPEND onto an allowlisted ``list`` subclass), the
+persistent ids it refuses, how BUILD applies a state, whether Python-2 names are renamed outside
+protocol 2 (2.4: not), its words.  The static model (:mod:`..scan`) replays the rules read here;
+nothing falls back to another torch's.
 """
 
 from __future__ import annotations
 
+import collections
 import pickle
+import pickletools
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from . import probes, unpickler_checks as checks
-from .probes import ProbeFailed, unpickle
-from .registry import registry_lock
-from .unpickler_checks import APPEND_TARGETS, SETITEM_TARGETS, BuildRules, ContainerRule, PersidRules
+from .probes import (STOP, Outcome, ProbeDict, ProbeFailed, ProbeList, ProbeOther, ProbeSlotsAndDict,
+                     ProbeSlotted, ProbeWithSetstate, global_op, made, made_op, small_int, text, unlisted_function,
+                     unpickle, with_type)
+from .registry import allowlisted, registry_lock
 
-__all__ = [
-    "APPEND_TARGETS",
-    "SETITEM_TARGETS",
-    "ContainerRule",
-    "BuildRules",
-    "PersidRules",
-    "UnpicklerRules",
-    "unpickler_rules",
-    "global_refusal",
-]
+__all__ = ["APPEND_TARGETS", "SETITEM_TARGETS", "ContainerRule", "BuildRules", "PersidRules", "UnpicklerRules",
+           "unpickler_rules", "global_refusal"]
+
+#: APPEND(S) targets as torch's check tells them apart; "allowlisted_": the type is user-allowlisted.
+APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
+#: The same for SETITEM(S).
+SETITEM_TARGETS = ("dict", "ordered_dict", "counter", "dict_subclass", "allowlisted_dict_subclass", "other",
+                   "allowlisted_other")
+
+
+@dataclass(frozen=True)
+class ContainerRule:
+    """The targets torch's check before one container opcode refuses, and its message up to the
+    ``type()`` it appends."""
+
+    refused: frozenset[str]
+    message: str
+
+
+@dataclass(frozen=True)
+class BuildRules:
+    """How BUILD applies a state to an instance of an allowlisted class: torch 2.13 calls ``__setstate__``
+    if any, else does what pickle's ``load_build`` does, also for torch's own allowlisted types; torch
+    2.4 and 2.5 do ``inst.__dict__.update(state)`` whatever the state, for user-allowlisted types only."""
+
+    calls_setstate: bool = True
+    splits_slotstate: bool = True
+    skips_falsy_state: bool = True
+    torch_types_buildable: bool = True
+
+
+@dataclass(frozen=True)
+class PersidRules:
+    """Which persistent ids torch refuses, in which words: torch 2.13 refuses an id neither tuple nor int,
+    and a tuple not starting with ``"storage"``, naming that item's type; torch 2.8's inverted check
+    refused only int ids, and named the item itself."""
+
+    #: Of ``"tuple"``, ``"int"`` (exactly int) and ``"other"``: the id types refused.
+    refused: frozenset[str] = frozenset(["other"])
+    type_message: str = "persistent_load id must be tuple or int, but got "
+    storage_message: str = "Only persistent_load of storage is allowed, but got "
+    #: The storage refusal names the first item's type (True) or the item itself (False).
+    names_type: bool = True
 
 
 @dataclass(frozen=True)
@@ -62,21 +93,16 @@ class UnpicklerRules:
 
 _lock = threading.Lock()
 _known: dict[Any, Any] = {}
+_refusals: dict[tuple[str, bool], Optional[str]] = {}
 
 
-def _torch_key() -> tuple[Any, ...]:
-    """What the rules depend on: the unpickler class and its ``load``, torch's allowlist, the version."""
+def unpickler_rules() -> UnpicklerRules:
+    """This torch's :class:`UnpicklerRules`, asked once per unpickler; the same ProbeFailed every time."""
     import torch
     from torch import _weights_only_unpickler as wou
 
     cls = getattr(wou, "Unpickler", None)
-    return (cls, getattr(cls, "load", None), getattr(wou, "_get_allowed_globals", None), torch.__version__)
-
-
-def unpickler_rules() -> UnpicklerRules:
-    """This torch's :class:`UnpicklerRules`, asked once per unpickler; raises :class:`ProbeFailed`
-    (the same one every time) when a probe cannot be read."""
-    key = _torch_key()
+    key = (cls, getattr(cls, "load", None), getattr(wou, "_get_allowed_globals", None), torch.__version__)
     known = _known.get(key)
     if known is None:
         with registry_lock, _lock:
@@ -97,50 +123,192 @@ def unpickler_rules() -> UnpicklerRules:
 def _probe_rules() -> UnpicklerRules:
     import torch
 
-    template = checks.unsupported_template()
+    template = _unsupported_template()
     try:
         import_mapping, name_mapping = torch._utils.IMPORT_MAPPING, torch._utils.NAME_MAPPING
     except AttributeError as e:
         raise ProbeFailed(f"torch no longer has the table the library reads: {e}") from None
-    build_refusal, newobj_refusal, reduce_refusal = checks.refusal_prefixes()
+    build_refusal, newobj_refusal, reduce_refusal = _refusal_prefixes()
     return UnpicklerRules(
-        opcodes=checks.supported_opcodes(template),
-        unsupported=template,
-        containers=checks.container_rules(),
-        persid=checks.persid_rules(),
-        build=checks.build_rules(),
-        build_refusal=build_refusal,
-        newobj_refusal=newobj_refusal,
-        reduce_refusal=reduce_refusal,
-        renames=checks.renames(),
-        import_mapping=dict(import_mapping),
-        name_mapping=dict(name_mapping),
-        blocked_modules=checks.blocked_modules(),
+        opcodes=_opcodes(template), unsupported=template, containers=_containers(), persid=_persid(),
+        build=_build(), build_refusal=build_refusal, newobj_refusal=newobj_refusal, reduce_refusal=reduce_refusal,
+        renames=_renames(), import_mapping=dict(import_mapping), name_mapping=dict(name_mapping),
+        blocked_modules=_blocked_modules(),
     )
 
 
-# -- names ----------------------------------------------------------------------------------------------------
+def _refusal(outcome: Outcome, what: str) -> str:
+    if not outcome.refused:
+        raise ProbeFailed(f"torch's weights-only unpickler did not refuse {what} ({outcome!r})")
+    return outcome.message
 
 
-_refusals: dict[tuple[str, bool], Optional[str]] = {}
+def _blocked_modules() -> frozenset[str]:
+    """Modules whose globals torch refuses whatever is allowlisted (``sys`` since torch 2.5), from its
+    table; without one (2.4), torch must refuse ``sys.modules`` as any unlisted global."""
+    from torch import _weights_only_unpickler as wou
+
+    table = getattr(wou, "_blocklisted_modules", None)
+    if table is not None:
+        return frozenset(table)
+    outcome = unpickle(pickle.GLOBAL + b"sys\nmodules\n" + STOP)
+    if not outcome.refused or "blocked" in outcome.message or "sys.modules" not in outcome.message:
+        raise ProbeFailed(f"torch has no table of blocked modules, yet answered GLOBAL sys.modules with {outcome!r}")
+    return frozenset()
+
+
+def _unsupported_template() -> str:
+    """torch's refusal of a byte that is no opcode (0xFF), as a template of the byte's value."""
+    outcome = unpickle(b"\xff")
+    if not outcome.refused or "255" not in outcome.message:
+        raise ProbeFailed(f"torch's weights-only unpickler answered a byte that is no opcode with {outcome!r}")
+    return outcome.message.replace("255", "{code}")
+
+
+def _opcodes(template: str) -> frozenset[str]:
+    """The opcodes torch implements: those it does not refuse outright, given nothing after them."""
+    def lacks(code: int) -> bool:
+        outcome = unpickle(bytes([code]))
+        return outcome.refused and outcome.message == template.format(code=code)
+
+    opcodes = frozenset(op.name for op in pickletools.opcodes if not lacks(ord(op.code)))
+    if not {"GLOBAL", "REDUCE", "BINPERSID", "STOP"} <= opcodes:
+        raise ProbeFailed(f"torch's weights-only unpickler seems to lack basic opcodes (it has {sorted(opcodes)})")
+    return opcodes
+
+
+_CONTAINER_OPS = {
+    "APPEND": small_int(1) + pickle.APPEND,
+    "APPENDS": pickle.MARK + small_int(1) + pickle.APPENDS,
+    "SETITEM": small_int(0) + small_int(0) + pickle.SETITEM,
+    "SETITEMS": pickle.MARK + small_int(0) + small_int(0) + pickle.SETITEMS,
+}
+#: (kind, the opcodes it is a target of, its type); the first three again with their type allowlisted.
+_TARGETS = (("list_subclass", "APPEND", ProbeList), ("dict_subclass", "SETITEM", ProbeDict), ("other", "", ProbeOther),
+            ("list", "APPEND", list), ("dict", "SETITEM", dict), ("ordered_dict", "SETITEM", collections.OrderedDict),
+            ("counter", "SETITEM", collections.Counter))
+
+
+def _container_outcomes(allowlisted_types: bool) -> dict[tuple[str, str], tuple[Outcome, type]]:
+    out = {}
+    for kind, family, cls in _TARGETS[:3] if allowlisted_types else _TARGETS:
+        target = {"list": pickle.EMPTY_LIST, "dict": pickle.EMPTY_DICT}.get(kind) or made_op(kind)
+        for opcode, ops in _CONTAINER_OPS.items():
+            if opcode.startswith(family):
+                out[("allowlisted_" if allowlisted_types else "") + kind, opcode] = (unpickle(target + ops + STOP), cls)
+    return out
+
+
+def _containers() -> dict[str, Optional[ContainerRule]]:
+    with allowlisted([made]):
+        outcomes = _container_outcomes(allowlisted_types=False)
+    with allowlisted([made, ProbeList, ProbeDict, ProbeOther]):
+        outcomes.update(_container_outcomes(allowlisted_types=True))
+    rules: dict[str, Optional[ContainerRule]] = {}
+    for opcode in _CONTAINER_OPS:
+        refused = {kind: (o, cls) for (kind, op), (o, cls) in outcomes.items() if op == opcode and o.refused}
+        if not refused:
+            rules[opcode] = None
+            continue
+        if {"list", "dict"} & set(refused):
+            raise ProbeFailed(f"torch refused {opcode} onto a plain {'list' if 'list' in refused else 'dict'}")
+        messages = {with_type(o.message, cls) for o, cls in refused.values()}
+        if len(messages) != 1:
+            raise ProbeFailed(f"torch refuses {opcode} targets with different messages: {sorted(messages)}")
+        rules[opcode] = ContainerRule(frozenset(refused), messages.pop())
+    return rules
+
+
+def _persid() -> PersidRules:
+    def stub(pid: Any) -> Any:
+        return None
+
+    samples = {"tuple": text("storage") + pickle.TUPLE1, "int": small_int(0), "other": text("id")}
+    outcomes = {kind: unpickle(ops + pickle.BINPERSID + STOP, persistent_load=stub) for kind, ops in samples.items()}
+    refused = frozenset(kind for kind, o in outcomes.items() if o.refused)
+    if "tuple" in refused:
+        raise ProbeFailed(f"torch refused a ('storage',) persistent id ({outcomes['tuple']!r})")
+    type_message = PersidRules.type_message
+    if refused:
+        kind = sorted(refused)[0]
+        type_message = with_type(outcomes[kind].message, int if kind == "int" else str)
+    marker = "tstprobe"
+    storage = unpickle(text(marker) + pickle.TUPLE1 + pickle.BINPERSID + STOP, persistent_load=stub)
+    message = _refusal(storage, "a persistent id that is not a storage")
+    if message.endswith(repr(str)):
+        return PersidRules(refused, type_message, with_type(message, str), True)
+    if message.endswith(marker):
+        return PersidRules(refused, type_message, message[: -len(marker)], False)
+    raise ProbeFailed(f"torch's refusal of a non-storage persistent id names neither it nor its type: {message!r}")
+
+
+def _build() -> BuildRules:
+    def build(cls_or_name: Any, state_ops: bytes) -> Outcome:
+        return unpickle(global_op(cls_or_name) + pickle.EMPTY_TUPLE + pickle.REDUCE + state_ops + pickle.BUILD + STOP)
+
+    with allowlisted([ProbeWithSetstate, ProbeSlotsAndDict, ProbeSlotted, ProbeOther]):
+        calls = build(ProbeWithSetstate, pickle.EMPTY_DICT)
+        for what, o in (("a class with __setstate__", calls), ("a plain class", build(ProbeOther, pickle.EMPTY_DICT))):
+            if o.refused:
+                raise ProbeFailed(f"torch refused BUILD on an allowlisted {what} ({o!r})")
+        one_slot = pickle.EMPTY_DICT + text("a") + small_int(1) + pickle.SETITEM
+        splits = build(ProbeSlotsAndDict, pickle.EMPTY_DICT + one_slot + pickle.TUPLE2)
+        from torch import _weights_only_unpickler as wou
+
+        allowed = wou._get_allowed_globals()  # does BUILD apply a state to a type only torch's allowlist has?
+        torch_type = next((n for n in ("torch.Size", "collections.Counter") if isinstance(allowed.get(n), type)), None)
+        if torch_type is None:
+            raise ProbeFailed("torch's allowlist has neither torch.Size nor collections.Counter to probe BUILD with")
+        return BuildRules(
+            calls_setstate=calls.loaded and getattr(calls.value, "set_with", None) == {},
+            splits_slotstate=splits.loaded and getattr(splits.value, "a", None) == 1,
+            skips_falsy_state=build(ProbeSlotted, pickle.EMPTY_DICT).loaded,
+            torch_types_buildable=not build(torch_type, pickle.EMPTY_DICT).refused,
+        )
+
+
+def _renames() -> str:
+    """Whether torch renames Python-2 module names in every pickle ("always") or in protocol 2 ones."""
+    probe = pickle.GLOBAL + b"__builtin__\ntstprobe\n" + STOP
+    at_2, at_0 = unpickle(probe), unpickle(probe, proto=False)
+    for o in (at_2, at_0):
+        if not o.refused:
+            raise ProbeFailed(f"torch did not refuse the unknown global __builtin__.tstprobe ({o!r})")
+    if "__builtin__" in at_2.message:
+        raise ProbeFailed("torch no longer renames Python-2 globals (__builtin__ -> builtins) in protocol 2")
+    return "protocol_2" if "__builtin__" in at_0.message else "always"
+
+
+def _refusal_prefixes() -> tuple[str, str, str]:
+    """torch's words refusing BUILD on an unlisted type, NEWOBJ of an unlisted class and REDUCE of an
+    unlisted function, each up to the object it names."""
+    def refused(ops: bytes, what: str) -> str:
+        return _refusal(unpickle(ops + STOP), what)
+
+    shown = repr(unlisted_function)
+    with allowlisted([made]):
+        build = with_type(refused(made_op("other") + pickle.EMPTY_DICT + pickle.BUILD, "BUILD on an unlisted type"),
+                          ProbeOther)
+        newobj = with_type(refused(made_op("other_class") + pickle.EMPTY_TUPLE + pickle.NEWOBJ,
+                                   "NEWOBJ of an unlisted class"), ProbeOther)
+        reduce = refused(made_op("unlisted_function") + pickle.EMPTY_TUPLE + pickle.REDUCE,
+                         "REDUCE of an unlisted function")
+        if shown not in reduce:
+            raise ProbeFailed(f"torch's message {reduce!r} does not name the object it refused ({shown})")
+    return build, newobj, reduce[: reduce.index(shown)]
 
 
 def global_refusal(name: str, *, proto: bool = True) -> Optional[str]:
-    """torch's own message refusing the global *name* (``module.attr``) here and now, or None when
-    it accepts it.  Asked of torch per name: special cases (a nested jagged tensor before
-    ``torch.nested`` is imported) and the spelling of ``builtins`` names come with it.
-
-    *name* is spelled as the weights-only unpickler sees it (its Python-2 renames applied);
-    ``proto=False`` asks in a pickle without ``PROTO 2``, where a torch that renames only in
-    protocol 2 (2.4) renames nothing again -- for the names of a protocol 0/1 pickle there.
-    """
+    """torch's own message refusing the global *name* (``module.attr``, Python-2 renames applied) here and
+    now (special cases such as a nested jagged tensor before ``torch.nested`` is imported come with it), or
+    None when it accepts it.  ``proto=False`` asks without ``PROTO 2``, where torch 2.4 renames nothing."""
     key = (name, proto)
     known = _refusals.get(key)
     if known is None and key not in _refusals:
         module, _, attr = name.partition(".")
         body = pickle.GLOBAL + module.encode("utf-8", "surrogatepass") + b"\n" + attr.encode("utf-8", "surrogatepass")
         with registry_lock:
-            outcome = unpickle(body + b"\n" + probes.STOP, proto=proto)
+            outcome = unpickle(body + b"\n" + STOP, proto=proto)
         if outcome.loaded:
             return None  # allowlisted right now: nothing to remember
         if not outcome.refused:
