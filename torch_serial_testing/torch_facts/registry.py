@@ -11,7 +11,6 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Sequence
 
 from ..core.errors import RoundTripConfigError
@@ -170,16 +169,28 @@ def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
 # -- registrations made by modules imported during a test ------------------------------------------
 
 
-@dataclass
 class ImportRegistrations:
-    """What modules imported during one test registered with ``add_safe_globals`` (compared by value,
-    as GlobalState's fields are)."""
+    """What modules imported during one test registered with ``add_safe_globals`` (a plain class:
+    one is made per test, and a dataclass costs its methods' compilation at import)."""
 
-    #: entry -> why it must not be registered, or None (the trust policy's judgement).
-    judge: Any = field(default=None, repr=False, compare=False)
-    kept: list[Any] = field(default_factory=list)
-    #: (name, importing module, why refused) for every dangerous entry that was not registered.
-    refused: list[tuple[str, str, str]] = field(default_factory=list)
+    __slots__ = ("kept", "refused", "judge")
+
+    def __init__(self, judge: Any = None) -> None:
+        self.kept: list[Any] = []
+        #: (name, importing module, why refused) for every dangerous entry that was not registered.
+        self.refused: list[tuple[str, str, str]] = []
+        #: entry -> why it must not be registered, or None (the trust policy's judgement).
+        self.judge = judge
+
+    def __repr__(self) -> str:
+        return f"ImportRegistrations(kept={self.kept!r}, refused={self.refused!r})"
+
+    def __eq__(self, other: object) -> bool:  # by value, as GlobalState's fields are compared
+        if not isinstance(other, ImportRegistrations):
+            return NotImplemented
+        return (self.kept, self.refused) == (other.kept, other.refused)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 _recorders: list[ImportRegistrations] = []
