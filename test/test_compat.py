@@ -15,7 +15,7 @@ from unittest import mock
 
 import torch
 
-from roundtrip_fixtures import (
+from test.helpers.roundtrip_fixtures import (
     DEFAULT_WEIGHTS_ONLY,
     MODE_SKIPS,
     RUNNABLE_MODES,
@@ -30,9 +30,9 @@ from torch_serial_testing.loading.prediction import predict
 from torch_serial_testing.policy.declared import normalize_safe_globals
 from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
 from torch_serial_testing.torch_facts.probes import ProbeFailed
-from python_compat import decorator_skipped, expected_tests_run
-from subprocess_env import child_env
-from test_instantiation import make_generic, run
+from test.helpers.python_compat import decorator_skipped, expected_tests_run
+from test.helpers.subprocess_env import child_env
+from test.testing.test_instantiation import make_generic, run
 
 TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)
 
@@ -121,7 +121,7 @@ class TestOlderTorch(unittest.TestCase):
             result = load_modes.load(ckpt, LoadMode.DEFAULT)
         self.assertEqual((exp.weights_only, exp.loads), (True, False))
         self.assertFalse(result.loaded)
-        self.assertIn("roundtrip_fixtures.TinyNet not allowlisted", result.summary)
+        self.assertIn("test.helpers.roundtrip_fixtures.TinyNet not allowlisted", result.summary)
         # Asked again once torch is itself again (the answers are remembered per torch function):
         self.assertEqual(torch_default_weights_only()[0], DEFAULT_WEIGHTS_ONLY)
         with mock.patch.object(torch, "__version__", "2.5.1"):  # the version string alone changes nothing
@@ -246,7 +246,7 @@ class TestSourceDistribution(unittest.TestCase):
                 needed |= {os.path.relpath(os.path.join(dirpath, f), root) for f in filenames
                            if not f.endswith((".pyc", ".pyo")) and not f.startswith(".")}
         self.assertIn("test/ao/sparsity/test_qlinear_packed_params.py", needed)
-        self.assertIn("test/subprocess_env.py", needed)
+        self.assertIn("test/helpers/subprocess_env.py", needed)
         self.assertIn("test/npu_backend/npu_backend.cpp", needed)
         cwd = os.getcwd()
         os.chdir(root)  # FileList works on paths relative to the project root

@@ -21,9 +21,9 @@ from pathlib import Path
 from torch_serial_testing.torch_facts.registry import torch_allowlist
 from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
 
-from roundtrip_fixtures import MODE_SKIPS, READS_FORCE_NO_WEIGHTS_ONLY
-from python_compat import expected_tests_run
-from subprocess_env import child_env
+from test.helpers.roundtrip_fixtures import MODE_SKIPS, READS_FORCE_NO_WEIGHTS_ONLY
+from test.helpers.python_compat import expected_tests_run
+from test.helpers.subprocess_env import child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAGSHIP_DIR = ROOT / "test" / "ao" / "sparsity"

@@ -10,9 +10,9 @@ import textwrap
 import unittest
 
 import torch_serial_testing
-from roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, MODULE_GLOBALS, default_outcome
-from python_compat import verbose_ids, warnings_by_test
-from subprocess_env import child_env
+from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, MODULE_GLOBALS, default_outcome
+from test.helpers.python_compat import verbose_ids, warnings_by_test
+from test.helpers.subprocess_env import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

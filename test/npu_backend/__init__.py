@@ -9,7 +9,7 @@ the same time build it once.  ``python -m test.npu_backend`` builds it ahead of 
 
 :func:`register` then names privateuse1 ``npu`` for the rest of the process -- that is
 irreversible in torch, which is why the device tests run in child processes
-(``test/test_npu_device.py``) and the main test process never registers it.
+(``test/torch_facts/test_npu_device.py``) and the main test process never registers it.
 
 What it proves and what it cannot: tensors live in host memory behind torch's own
 privateuse1 machinery (dispatch key, allocator, device guard, hooks, storage location tag

@@ -1,14 +1,14 @@
-"""Round trips on a real second device: the npu test backend (run by ``test/test_npu_device.py``).
+"""Round trips on a real second device: the npu test backend (run by ``test/torch_facts/test_npu_device.py``).
 
 This module registers the backend at import, which renames privateuse1 for the rest of the
 process, so it runs only in a child process of its own::
 
-    cd test && python -m npu_backend.run --backend -m unittest -v npu_backend.device_cases
+    cd test && PYTHONPATH=.. python -m npu_backend.run --backend -m unittest -v npu_backend.device_cases
 
 Generated here: ``TestNpuRoundTripCPU`` / ``TestNpuRoundTripNPU`` from ``devices = ("cpu",
 "npu")``; ``TestPrivateuse1DeclarationNPU`` from ``devices = ("privateuse1",)``;
 ``TestNpuEnginesCPU`` / ``TestNpuEnginesNPU`` (the engine dimension on a non-CPU device); the
-README's device example (``test/test_npu_device.py`` runs it on the backend).  Run as a
+README's device example (``test/torch_facts/test_npu_device.py`` runs it on the backend).  Run as a
 script (``-m npu_backend.device_cases``) it prints the generated class names as JSON (the
 environment-filter tests use that).
 """
@@ -30,9 +30,9 @@ register()
 from torch_serial_testing import (  # noqa: E402 - the backend must exist before instantiation
     SerializationRoundTripTestCase, UnexpectedLoadOutcome, instantiate_round_trip_tests,
 )
-from device_filters import assert_filters_match_pytorch  # noqa: E402
+from test.helpers.device_filters import assert_filters_match_pytorch  # noqa: E402
 
-from roundtrip_fixtures import MODULE_SAFE_GLOBALS  # noqa: E402 - builtins.set where torch < 2.6 needs it
+from test.helpers.roundtrip_fixtures import MODULE_SAFE_GLOBALS  # noqa: E402 - builtins.set where torch < 2.6 needs it
 
 DEVICE_INDEX_ERROR = (
     "Attempting to deserialize object on NPU device 1 but torch.npu.device_count() is 1"

@@ -5,7 +5,7 @@ autoload does at ``import torch``.
 
     python -m npu_backend.run [--backend] [--fake-torch-npu] -m MODULE [ARGS...]
 
-(with ``test/`` on ``sys.path``).
+(with ``test/`` on ``sys.path``, and the project root where MODULE imports ``test.helpers``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,202 @@
+"""What one load remembers for the next, and what it must not: a test file loads the same module
+again and again, so a load reuses what nothing has changed since -- and re-reads all the rest."""
+
+import gc
+import os
+import types
+import unittest
+from unittest import mock
+
+import torch
+
+import torch_serial_testing as tst
+from test.helpers.roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet, clean_env
+from torch_serial_testing import Checkpoint, LoadMode
+from torch_serial_testing.torch_facts import load_call as decision
+from torch_serial_testing.core import environ
+from torch_serial_testing.loading import load as load_modes
+from torch_serial_testing.torch_facts import load_call as switches
+from torch_serial_testing.torch_facts.registry import allowlisted
+from torch_serial_testing.policy.declared import as_safe_globals
+from torch_serial_testing.core.errors import RoundTripConfigError
+
+WO, NO_WO = switches.FORCE_WO, switches.FORCE_NO_WO
+
+
+class TestSwitchValues(unittest.TestCase):
+    """switch_values reads what os.environ.get reads, on every call."""
+
+    def test_os_environ_read_fresh_every_time(self):
+        for wo, no in [(None, None), ("1", None), (None, "yes"), ("", "0"), ("1", "1")]:
+            env = {k: v for k, v in ((WO, wo), (NO_WO, no)) if v is not None}
+            with self.subTest(env=env), clean_env(**env):
+                raw = switches.switch_values()
+                # Unset is None; a set value is its (platform-encoded) text, whatever it says.
+                self.assertEqual([v is None for v in raw], [wo is None, no is None])
+                decoded = [v.decode() if isinstance(v, bytes) else v for v in raw]
+                self.assertEqual(decoded, [os.environ.get(WO), os.environ.get(NO_WO)])
+
+    def test_switches_read_as_text(self):
+        # The values read once are decoded as os.environ decodes them (messages quote them).
+        for value in ["1", "yes", "caf\u00e9", ""]:
+            with self.subTest(value=value), clean_env(**{WO: value, NO_WO: value}):
+                raw = switches.WeightsOnlySwitches.from_environ().raw
+                self.assertEqual(raw, {WO: value, NO_WO: value})
+                self.assertEqual(raw, switches.WeightsOnlySwitches.from_environ(dict(os.environ)).raw)
+
+    def test_stored_environ_only_for_os_environ(self):
+        self.assertIsNone(environ.stored_environ({WO: "1"}))
+        stored = environ.stored_environ(os.environ)
+        if stored is None:  # not CPython's os.environ: read through its public interface
+            return
+        data, encode, decode = stored
+        with clean_env(**{WO: "1"}):
+            self.assertIn(encode(WO), data)
+            self.assertEqual(decode(encode(WO)), WO)
+        self.assertNotIn(encode(WO), data)
+
+    def test_any_mapping(self):
+        self.assertEqual(switches.switch_values({WO: "y"}), ("y", None))
+        self.assertEqual(switches.switch_values({}), (None, None))
+        self.assertEqual(switches.switch_values({NO_WO: "true", "OTHER": "1"}), (None, "true"))
+
+
+class TestDecisionFollowsTheEnvironment(unittest.TestCase):
+    """The same mode and checkpoint, loaded again after something changed: predicted anew."""
+
+    def test_switch_changes_between_loads(self):
+        ckpt = Checkpoint.save(TinyNet())
+        with clean_env():
+            base = tst.predict("weights_only_false", ckpt)
+        with clean_env(**{WO: "1"}):
+            forced = tst.predict("weights_only_false", ckpt)
+            self.assertTrue(forced.weights_only)
+            self.assertFalse(forced.loads)
+            self.assertFalse(tst.load(ckpt, "weights_only_false", TINY_SAFE_GLOBALS).loaded)
+        with clean_env(**{WO: "0"}):  # set but not truthy: torch ignores it
+            self.assertEqual(tst.predict("weights_only_false", ckpt), base)
+        with clean_env():
+            self.assertIs(tst.predict("weights_only_false", ckpt), base)
+            self.assertTrue(tst.load(ckpt, "weights_only_false").loaded)
+
+    def test_force_no_presence_is_observed(self):
+        # Any value of TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD makes the load watch for torch's warning.
+        with clean_env():
+            self.assertFalse(decision.decide(LoadMode.DEFAULT, None).force_no_set)
+        with clean_env(**{NO_WO: ""}):
+            self.assertTrue(decision.decide(LoadMode.DEFAULT, None).force_no_set)
+        self.assertTrue(decision.decide(LoadMode.DEFAULT, {NO_WO: "0"}).force_no_set)
+
+    def test_torch_load_replaced_between_loads(self):
+        ckpt = Checkpoint.save({"t": torch.ones(2)})
+        real = torch.load
+
+        def wrapped_load(*args, **kwargs):
+            return real(*args, **kwargs)
+
+        with clean_env():
+            self.assertIsNone(tst.load(ckpt, "default").expectation.replaced_by)
+            with mock.patch.object(torch, "load", wrapped_load):
+                self.assertIn("wrapped_load", tst.load(ckpt, "default").expectation.replaced_by)
+            self.assertIsNone(tst.load(ckpt, "default").expectation.replaced_by)
+
+    def test_torch_default_changed_between_loads(self):
+        ckpt = Checkpoint.save({"t": torch.ones(2)})
+        with clean_env():
+            before = tst.predict("default", ckpt)
+            if hasattr(torch.serialization, "_default_to_weights_only"):
+                with mock.patch.object(torch.serialization, "_default_to_weights_only", lambda pickle_module: False):
+                    changed = tst.predict("default", ckpt)
+                self.assertFalse(changed.weights_only)
+                self.assertIn("fbcode", changed.reason)
+            with mock.patch.object(torch, "__version__", "2.5.1"):
+                if not hasattr(torch.serialization, "_default_to_weights_only"):
+                    self.assertFalse(tst.predict("default", ckpt).weights_only)
+            self.assertIs(tst.predict("default", ckpt), before)
+
+    def test_registry_changed_between_loads(self):
+        ckpt = Checkpoint.save(TinyNet())
+        with clean_env(**{WO: "1"}):
+            rejected = tst.predict("default", ckpt)
+            self.assertFalse(rejected.loads)
+            with allowlisted(TINY_SAFE_GLOBALS):
+                self.assertTrue(tst.predict("default", ckpt).loads)
+            self.assertIs(tst.predict("default", ckpt), rejected)
+
+
+class TestDeclarationsRemembered(unittest.TestCase):
+    def test_same_tuple_same_entries(self):
+        declared = tuple(TINY_SAFE_GLOBALS)
+        self.assertIs(as_safe_globals(declared), as_safe_globals(declared))
+        self.assertEqual(as_safe_globals(tuple(declared)), as_safe_globals(declared))
+
+    def test_refused_tuple_refused_every_time(self):
+        declared = (os.system,)
+        for _ in range(3):
+            with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                as_safe_globals(declared)
+
+    def test_a_list_is_read_again(self):
+        declared = [TinyNet]
+        as_safe_globals(declared)
+        declared.append(os.system)  # a list can change between loads: judged again
+        with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+            as_safe_globals(declared)
+
+
+class TestRejectionLeavesNoCycle(unittest.TestCase):
+    """A rejected load's error holds no frames: freed at once, not by the garbage collector."""
+
+    def _garbage_of(self, fn):
+        gc.collect()
+        enabled = gc.isenabled()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            fn()
+            gc.collect()
+            return list(gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            if enabled:
+                gc.enable()
+
+    def test_rejection_is_freed_by_reference_counting(self):
+        seen = {}
+
+        def rejected_round_trip():
+            result = tst.round_trip(TinyNet(), LoadMode.DEFAULT)
+            seen["loaded"], seen["error"] = result.loaded, result.error
+            seen["message"], seen["traceback"] = str(result.error), result.error.__traceback__
+            seen["context"] = result.error.__context__
+            seen.pop("error")
+            seen.pop("context")
+
+        with clean_env(**{WO: "1"}):
+            garbage = self._garbage_of(rejected_round_trip)
+        self.assertFalse(seen["loaded"])
+        self.assertIn("test.helpers.roundtrip_fixtures.TinyNet", seen["message"])  # the message is torch's, kept
+        self.assertIsNone(seen["traceback"])
+        leaked = [type(o).__name__ for o in garbage if isinstance(o, (types.FrameType, BaseException, Checkpoint))]
+        self.assertEqual(leaked, [])
+
+    def test_chained_exceptions_are_detached_too(self):
+        inner = ValueError("inner")
+        outer = RuntimeError("outer")
+        try:
+            try:
+                raise inner
+            except ValueError:
+                raise outer from inner
+        except RuntimeError:
+            pass
+        inner.__context__ = outer  # a cycle in the chain must not loop
+        load_modes._drop_tracebacks(outer)
+        self.assertIsNone(outer.__traceback__)
+        self.assertIsNone(inner.__traceback__)
+        self.assertIs(outer.__cause__, inner)
+
+
+if __name__ == "__main__":
+    unittest.main()

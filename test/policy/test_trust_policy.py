@@ -1,0 +1,282 @@
+"""The trust policy (issue #11.2): classes only, callables by explicit opt-in, a denylist as
+second line covering whole families of dangerous callables, never suggested.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import types
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the project root
+
+import numpy as np  # noqa: E402  (torch imports numpy already)
+import torch  # noqa: E402
+
+from test.helpers import hostile_checkpoints as H  # noqa: E402
+from torch_serial_testing import (  # noqa: E402
+    AllowlistError,
+    Checkpoint,
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    UnsafeCallable,
+    dangerous_reason,
+    judge_global,
+    required_globals,
+)
+from torch_serial_testing.policy.declared import normalize_safe_globals  # noqa: E402
+from torch_serial_testing.torch_facts.registry import torch_allowlist_objects  # noqa: E402
+from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS  # noqa: E402
+from torch_serial_testing.cli.inspection import format_inspect, inspect_report  # noqa: E402
+from torch_serial_testing.policy.trust import judge_name  # noqa: E402
+
+from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
+
+#: Callables from every family of issue #11.2: each must be judged dangerous by name.
+DANGEROUS_FAMILIES = {
+    "torch full-unpickle helper": "torch.storage._load_from_bytes",
+    "torch import helper": "torch._utils._import_dotted_name",
+    "fx reduce helper (exec)": "torch.fx.graph_module.reduce_graph_module",
+    "fx package reduce helper": "torch.fx.graph_module.reduce_package_graph_module",
+    "fx GraphModule class": "torch.fx.graph_module.GraphModule",
+    "numpy runstring": "numpy.testing._private.utils.runstring",
+    "cpp_extension load_inline": "torch.utils.cpp_extension.load_inline",
+    "cpp_extension load": "torch.utils.cpp_extension.load",
+    "timeit": "timeit.timeit",
+    "timeit Timer class": "timeit.Timer",
+    "pdb.run": "pdb.run",
+    "cProfile.run": "cProfile.run",
+    "profile.run": "profile.run",
+    "pydoc pager": "pydoc.pager",
+    "pydoc pipepager": "pydoc.pipepager",
+    "logging fileConfig": "logging.config.fileConfig",
+    "logging listen": "logging.config.listen",
+    "urlretrieve": "urllib.request.urlretrieve",
+    "urlopen": "urllib.request.urlopen",
+    "http connection": "http.client.HTTPConnection",
+    "numpy.load": "numpy.load",
+    "numpy memmap": "numpy.memmap",
+    "torch.ops.load_library": "torch.ops.load_library",
+    "types.FunctionType at runtime": "builtins.function",
+    "types.CodeType at runtime": "builtins.code",
+    "types.FunctionType": "types.FunctionType",
+    "builtins.type": "builtins.type",
+    "builtins.getattr": "builtins.getattr",
+    "copyreg reconstructor": "copyreg._reconstructor",
+    "functools.partial": "functools.partial",
+    "operator.methodcaller": "operator.methodcaller",
+    "torch.load": "torch.load",
+    "torch.jit.load": "torch.jit.load",
+    "ctypes": "ctypes.CDLL",
+    "io.FileIO": "io.FileIO",
+    "shutil.rmtree": "shutil.rmtree",
+    "dunder walk": "torch.nn.Module.__init__.__globals__",
+    "walk into os": "torch.serialization.os.system",
+}
+
+# What torch.save writes for a numpy array: numpy 2 moved numpy.core to numpy._core.
+_NP_CORE = np._core if hasattr(np, "_core") else np.core
+RECONSTRUCT = _NP_CORE.multiarray._reconstruct
+RECONSTRUCT_NAME = f"{_NP_CORE.multiarray.__name__}.{RECONSTRUCT.__name__}"
+# torch's BUILD check of a dtype wants its class (numpy >= 1.25 has numpy.dtypes).
+DTYPE_CLASSES = (type(np.dtype("float64")),) if hasattr(np, "dtypes") else ()
+
+
+class Meta(type):
+    pass
+
+
+class Spawner(subprocess.Popen):  # type: ignore[type-arg]
+    pass
+
+
+class Opener(io.FileIO):
+    pass
+
+
+class Pickler(__import__("pickle").Unpickler):
+    pass
+
+
+def _call_checkpoint(module: str, name: str) -> bytes:
+    return H.torch_zip(H.proto(2) + H.call1(H.glob(module, name), H.ustr("x")) + H.STOP)
+
+
+class TestDenylistFamilies(unittest.TestCase):
+    def test_every_family_is_dangerous_by_name(self) -> None:
+        for family, name in DANGEROUS_FAMILIES.items():
+            with self.subTest(family, name=name):
+                verdict = judge_name(name)
+                self.assertEqual(verdict.kind, "dangerous", verdict)
+                self.assertEqual(dangerous_reason(name), verdict.reason)
+
+    def test_inspect_flags_every_family_and_suggests_nothing(self) -> None:
+        for family, name in DANGEROUS_FAMILIES.items():
+            module, _, attr = name.rpartition(".")
+            with self.subTest(family):
+                r = inspect_report("f.pt", [], data=_call_checkpoint(module, attr))
+                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))
+                self.assertEqual([d["name"] for d in r["dangerous"]], [name])
+                self.assertIsNone(r["snippet"])
+                # and allowlisting it by hand is reported as unsafe, never as loading
+                r = inspect_report("f.pt", [name], data=_call_checkpoint(module, attr))
+                self.assertEqual(r["exit_code"], EXIT_DANGEROUS)
+                if not SAFE_GLOBALS_SKIP:
+                    self.assertEqual(r["modes"]["safe_globals"]["outcome"], "unsafe")
+
+    def test_declaring_a_family_member_is_refused(self) -> None:
+        import pdb
+        import timeit
+
+        for declared in (torch.storage._load_from_bytes, torch._utils._import_dotted_name, timeit.Timer, pdb.run,
+                         UnsafeCallable(torch.storage._load_from_bytes, reason="it is a torch function"),
+                         UnsafeCallable("timeit.timeit", reason="benchmark"), types.FunctionType, types.CodeType,
+                         (types.FunctionType, "builtins.function")):
+            with self.subTest(declared=declared):
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals([declared])
+
+    def test_genuine_graph_module_checkpoint_gets_no_snippet(self) -> None:
+        class AddOne(torch.nn.Module):
+            def forward(self, x):  # type: ignore[no-untyped-def]
+                return x + 1
+
+        buf = io.BytesIO()
+        torch.save(torch.fx.symbolic_trace(AddOne()), buf)
+        r = inspect_report("gm.pt", [], data=buf.getvalue())
+        self.assertEqual(r["status"], "dangerous")
+        self.assertIn("torch.fx.graph_module.reduce_graph_module", [d["name"] for d in r["dangerous"]])
+        self.assertIsNone(r["snippet"])
+
+    def test_torch_own_allowlist_passes_the_policy(self) -> None:
+        for name, obj in torch_allowlist_objects().items():
+            with self.subTest(name):
+                self.assertIsNone(judge_global(obj, name))
+                self.assertEqual(judge_name(name).kind, "allowlisted")
+
+
+class TestClassesOnly(unittest.TestCase):
+    def test_flagship_classes_are_suggested(self) -> None:
+        from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
+        from torch.ao.nn.sparse.quantized.linear import LinearPackedParams
+
+        for obj in (Linear, LinearPackedParams, torch.ScriptObject, torch.nn.Linear, set, np.ndarray, np.dtype):
+            with self.subTest(obj=obj):
+                self.assertIsNone(judge_global(obj))
+                name = f"{obj.__module__}.{obj.__qualname__}"
+                self.assertIn(judge_name(name).kind, ("class", "allowlisted"))
+
+    def test_aliases_are_not_suggested(self) -> None:
+        # torch matches a class by its own module.qualname: allowlisting Linear never matches
+        # a checkpoint naming it torch.nn.Linear, so that name is not suggested as if it would.
+        for name in ("torch.nn.Linear", "torch.nn.modules.linear.torch.nn.Linear"):
+            with self.subTest(name):
+                verdict = judge_name(name)
+                self.assertEqual((verdict.kind, verdict.suggestible), ("alias", False))
+                self.assertIn("torch.nn.modules.linear.Linear", verdict.reason)
+                r = inspect_report("f.pt", [], data=_call_checkpoint(*name.rsplit(".", 1)))
+                self.assertEqual((r["status"], r["snippet"]), ("unloadable", None))
+        self.assertEqual(judge_name("torch.nn.modules.linear.Linear").kind, "class")
+
+    def test_functions_are_refused_and_never_suggested(self) -> None:
+        for obj in (RECONSTRUCT, torch.nn.functional.relu, len, print, torch.add):
+            with self.subTest(obj=obj):
+                self.assertIsNotNone(judge_global(obj))
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals([obj])
+        verdict = judge_name(RECONSTRUCT_NAME)
+        self.assertEqual((verdict.kind, verdict.suggestible), ("callable", False))
+        self.assertIn("not a class", verdict.reason)
+
+    def test_metaclasses_and_dangerous_subclasses_are_refused(self) -> None:
+        for cls, why in ((Meta, "metaclass"), (Spawner, "subclasses subprocess.Popen"),
+                         (Opener, "subclasses _io.FileIO"), (Pickler, "subclasses _pickle.Unpickler")):
+            with self.subTest(cls=cls):
+                self.assertIn(why, judge_global(cls))
+                self.assertIn(why, judge_name(f"{__name__}.{cls.__qualname__}").reason)
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals([cls])
+
+    def test_numpy_checkpoint_needs_the_explicit_opt_in(self) -> None:
+        state = {"weight": torch.ones(2), "stats": np.arange(3.0)}
+        needed = required_globals(state)
+        self.assertIn(RECONSTRUCT_NAME, needed)
+        data = Checkpoint.save(state).rewound().getvalue()
+        r = inspect_report("np.pt", [], data=data)
+        self.assertEqual((r["status"], r["exit_code"]), ("needs_opt_in", EXIT_ATTENTION))
+        # numpy pickles an array's bytes through _codecs.encode: a function, on torch's own allowlist
+        # since torch 2.5; where it is not (asked of torch), it needs the same explicit opt-in.
+        codecs_needed = "_codecs.encode" not in torch_allowlist_objects()
+        self.assertEqual("_codecs.encode" in needed, codecs_needed)
+        self.assertEqual([d["name"] for d in r["needs_opt_in"]],
+                         ["_codecs.encode", RECONSTRUCT_NAME] if codecs_needed else [RECONSTRUCT_NAME])
+        self.assertNotIn("_reconstruct", r["snippet"])
+        self.assertIn("from numpy import ndarray", r["snippet"])
+        self.assertIn(f"UnsafeCallable('{RECONSTRUCT_NAME}'", "\n".join(r["notes"]))
+        text = format_inspect(r)
+        self.assertIn("NOT A CLASS", text)
+        self.assertIn("status: NEEDS_OPT_IN (exit 1)", text)
+
+    def test_opt_in_loads_a_numpy_checkpoint(self) -> None:
+        if SAFE_GLOBALS_SKIP:
+            self.skipTest(SAFE_GLOBALS_SKIP)
+        state = {"stats": np.arange(3.0)}
+        dtype_names = {f"{c.__module__}.{c.__qualname__}" for c in DTYPE_CLASSES}
+        extra = [g for g in required_globals(state) if g not in (RECONSTRUCT_NAME, "numpy.ndarray", "numpy.dtype")
+                 and g not in dtype_names]
+
+        class NumpyState(SerializationRoundTripTestCase, unittest.TestCase):
+            # torch's BUILD check also wants the dtype's class, which the pickle does not name as a
+            # global (required_globals lists it from the scan's BUILD types); a class: no opt-in.
+            safe_globals = (
+                UnsafeCallable(RECONSTRUCT, reason="numpy arrays in the state"),
+                np.ndarray, np.dtype, *DTYPE_CLASSES, *extra,
+            )
+            allow_unneeded_safe_globals = True
+
+            def runTest(self) -> None:  # noqa: N802
+                pass
+
+        probe = NumpyState()
+        probe.setUp()
+        try:
+            loaded = probe.round_trip(state, mode="safe_globals")
+        finally:
+            probe.doCleanups()
+        np.testing.assert_array_equal(loaded["stats"], state["stats"])
+
+        class Undeclared(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (np.ndarray, np.dtype, *DTYPE_CLASSES, *extra)
+            allow_unneeded_safe_globals = True
+
+            def runTest(self) -> None:  # noqa: N802
+                pass
+
+        probe = Undeclared()
+        probe.setUp()
+        try:
+            with self.assertRaises(AllowlistError) as cm:
+                probe.round_trip(state, mode="safe_globals")
+        finally:
+            probe.doCleanups()
+        self.assertIn("NOT suggested (callable)", str(cm.exception))
+        self.assertIn(f"UnsafeCallable('{RECONSTRUCT_NAME}', reason='...')", str(cm.exception))
+
+    def test_opt_in_needs_a_reason_and_a_plain_function(self) -> None:
+        import functools
+
+        with self.assertRaisesRegex(RoundTripConfigError, "needs reason="):
+            UnsafeCallable(len, reason="  ")
+        for target in (functools.partial(len), torch.nn.Linear(1, 1).forward, os.system.__call__, os):
+            with self.subTest(target=target):
+                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    normalize_safe_globals([UnsafeCallable(target, reason="because")])
+        (sg,) = normalize_safe_globals([UnsafeCallable("torch.nn.functional.relu", reason="a test")])
+        self.assertEqual((sg.name, sg.unsafe_reason), ("torch.nn.functional.relu", "a test"))
+
+
+if __name__ == "__main__":
+    unittest.main()

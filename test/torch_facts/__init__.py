@@ -1,0 +1,1 @@
+"""Tests of ``torch_serial_testing.torch_facts``."""
