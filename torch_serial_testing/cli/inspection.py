@@ -1,9 +1,7 @@
 """``inspect``: what ``torch.load`` would do with a checkpoint here, without unpickling it.
 
-The pickle opcodes are scanned (``torch.load`` is never called on the input); every global it
-needs is judged by :mod:`..policy.trust` (which never imports what a checkpoint names); the report
-says what each load mode would do and offers a snippet of verified classes only.  Names are data:
-each is shown escaped, and the text report escapes every non-printable character.
+Names a checkpoint holds are data: judged by :mod:`..policy.trust` (which never imports them),
+shown escaped, and suggested in a snippet only when verified classes.
 """
 
 from __future__ import annotations

@@ -136,11 +136,7 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, Any]) -> list[type]:
-    """Replace *generic_cls* in *scope* (usually ``globals()``) by one class per device type; the classes.
-
-    Raises :class:`RoundTripConfigError` for an unknown engine or device, an empty dimension, a
-    class without test methods or a generated name that already exists in *scope*.
-    """
+    """Replace *generic_cls* in *scope* (usually ``globals()``) by one class per device type; the classes."""
     if not (isinstance(generic_cls, type) and issubclass(generic_cls, SerializationRoundTripTestCase)
             and issubclass(generic_cls, unittest.TestCase)):
         raise RoundTripConfigError(
