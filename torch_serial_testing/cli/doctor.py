@@ -1,9 +1,5 @@
-"""``doctor``: this interpreter's torch and the switches that change what ``torch.load`` does.
-
-Reports torch's build, whether ``torch.load`` is torch's own, the ``weights_only`` default of a
-bare ``torch.load`` and why, the four environment switches (raw value and effect), the registered
-safe globals, engines and devices, as the JSON object documented in :mod:`.contract`.
-"""
+"""``doctor``: this interpreter's torch and the switches that change what ``torch.load`` does,
+as the JSON object documented in :mod:`.contract`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """``inspect``: what ``torch.load`` would do with a checkpoint here, without unpickling it.
 
-The pickle opcodes are scanned (``torch.load`` is never called on the input); every global it
-needs is judged by :mod:`..policy.trust` (which never imports what a checkpoint names); the report
-says what each load mode would do and offers a snippet of verified classes only.  Names are data:
-each is shown escaped, and the text report escapes every non-printable character.
+Names a checkpoint holds are data: judged by :mod:`..policy.trust` (which never imports them),
+shown escaped, and suggested in a snippet only when verified classes.
 """
 
 from __future__ import annotations
@@ -19,12 +17,6 @@ MODES = ("weights_only_false", "safe_globals", "default")
 _UNDECIDED = "what torch.load decides here is unknown"
 
 __all__ = ["inspect_report", "format_inspect"]
-
-
-def _full_load_names(info: Any) -> list[str]:
-    """``CheckpointInfo.full_load_globals`` as a list of names, when the scanner provides it."""
-    full = getattr(info, "full_load_globals", None) or ()
-    return sorted({n for n in (full.values() if hasattr(full, "values") else full) if isinstance(n, str)})
 
 
 def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Optional[bytes] = None,
@@ -80,13 +72,13 @@ def inspect_report(checkpoint: str, safe_globals: Sequence[str] = (), data: Opti
     flagged = {g for g, v in verdicts.items() if v.kind in ("dangerous", "malformed", "absent", "alias")}
     # A gadget behind a rename of a *full* unpickle (pickle's _compat_pickle, torch's load_module_mapping)
     # is flagged under the name it resolves to.
-    for full in _full_load_names(info):
+    for full in info.full_load_globals:  # sorted
         if full not in verdicts and full not in allowed:
             verdict = judge_name(full, allowed)
             if verdict.kind in ("dangerous", "malformed"):
                 dangerous.append({"name": full, "reason": f"a full unpickle of this file resolves a global as "
                                                           f"{show_name(full)}: {verdict.reason}"})
-    blocker = getattr(info, "weights_only_blocker", None)
+    blocker = info.weights_only_blocker
     refused_given = [g for g in given if g in flagged]  # a load "because" of them would be unsafe
     callable_given = [g for g in given if g in verdicts and verdicts[g].kind == "callable"]
     report.update(format=info.format, globals=list(info.globals), required_globals=required, dangerous=dangerous,

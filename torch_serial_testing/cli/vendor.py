@@ -69,24 +69,16 @@ def package_dir() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def _package_files(src: Path) -> dict[str, bytes]:
-    files = {}
-    for root, dirs, names in os.walk(src):
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
-        for path in (Path(root, name) for name in sorted(names) if not name.endswith(_SKIP_SUFFIXES)):
-            files[path.relative_to(src).as_posix()] = path.read_bytes()
-    return files
-
-
 def flagship_source() -> Optional[Path]:
     """The flagship next to the package: a checkout of this project (``test/``) or a vendored tree."""
     parent = package_dir().parent
     return next((c for c in (parent / "test" / FLAGSHIP, parent / FLAGSHIP) if c.is_file()), None)
 
 
-def _by_name_spans(lines: list[str]) -> set[int]:
-    """Indexes of by-name imports of the flagship (parenthesised ones span lines) and of our block."""
-    drop: set[int] = set()
+def _aggregator_text(text: str) -> str:
+    """*text* with the flagship's by-name imports replaced by ``AGGREGATOR_LINES``, once."""
+    lines = text.splitlines()
+    drop: set[int] = set()  # by-name imports of the flagship (parenthesised ones span lines) and our block
     i = 0
     while i < len(lines):
         if lines[i] in AGGREGATOR_LINES or _BY_NAME.match(lines[i]):
@@ -96,13 +88,6 @@ def _by_name_spans(lines: list[str]) -> set[int]:
                     i += 1
                     drop.add(i)
         i += 1
-    return drop
-
-
-def _aggregator_text(text: str) -> str:
-    """*text* with the flagship's by-name imports replaced by ``AGGREGATOR_LINES``, once."""
-    lines = text.splitlines()
-    drop = _by_name_spans(lines)
     kept = [ln for i, ln in enumerate(lines) if i not in drop]
     if drop:  # where the old import (or our block) was
         at = len([i for i in range(min(drop)) if i not in drop])
@@ -116,11 +101,8 @@ def _aggregator_text(text: str) -> str:
 
 
 def vendor(checkout: "os.PathLike[str] | str", *, with_flagship: bool = False, check: bool = False) -> VendorReport:
-    """Copy the package (and with *with_flagship* the flagship and its aggregator lines) into *checkout*.
-
-    With *check*, nothing is written and the report lists what is not current.  Raises
-    :class:`VendorError` for a path that is not a pytorch checkout or a missing flagship or aggregator.
-    """
+    """Copy the package (and with *with_flagship* the flagship and its aggregator lines) into *checkout*;
+    with *check*, write nothing and report what is not current."""
     checkout = Path(checkout).resolve()
     test = checkout / "test"
     if not checkout.is_dir():
@@ -131,7 +113,11 @@ def vendor(checkout: "os.PathLike[str] | str", *, with_flagship: bool = False, c
     report = VendorReport(checkout)
     src = package_dir()
     dest = test / PACKAGE
-    plan: dict[Path, bytes] = {dest / rel: data for rel, data in _package_files(src).items()}
+    plan: dict[Path, bytes] = {}
+    for root, dirs, names in os.walk(src):  # the package's files, bytecode caches left out
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+        for path in (Path(root, name) for name in sorted(names) if not name.endswith(_SKIP_SUFFIXES)):
+            plan[dest / path.relative_to(src)] = path.read_bytes()
     if with_flagship:
         flagship = flagship_source()
         if flagship is None:

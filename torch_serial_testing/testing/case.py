@@ -1,9 +1,7 @@
 """The ``SerializationRoundTripTestCase`` mixin: thin wiring of the other modules.
 
-A test class declares how to build its module (``make_module``), the globals it needs
-(``safe_globals``) and its dimensions (``load_modes``, ``qengines``, ``devices``).  Each test calls
-:meth:`~SerializationRoundTripTestCase.round_trip`; when torch should reject the load, the test
-ends there as a pass and says so ("default: rejected as expected (...)") in verbose output.
+When torch should reject a test's load, the test ends there as a pass and says so
+("default: rejected as expected (...)") in verbose output.
 """
 
 from __future__ import annotations
@@ -146,8 +144,7 @@ class SerializationRoundTripTestCase:
         getattr(super(), "setUp", lambda: None)()
         self.round_trip_outcomes: list[str] = []
         with deferred_interrupts():  # the snapshot is kept where run()'s finally finds it
-            state = GlobalState.capture()
-            self._tst_state = state
+            self._tst_state = state = GlobalState.capture()
         self.addCleanup(self._restore_global_state, state)  # type: ignore[attr-defined]
         dangerous = state.dangerous_registrations()
         if dangerous:
@@ -311,11 +308,9 @@ class SerializationRoundTripTestCase:
         (as in ``torch.testing.assert_close``) are those of :func:`assert_round_trip_equal`."""
         from .comparison import assert_round_trip_equal  # imported on first use
 
-        assert_round_trip_equal(
-            expected, actual, rtol=rtol, atol=atol, allow_subclasses=allow_subclasses,
-            check_requires_grad=check_requires_grad, check_dtype=check_dtype, check_device=check_device,
-            check_layout=check_layout,
-        )
+        assert_round_trip_equal(expected, actual, rtol=rtol, atol=atol, allow_subclasses=allow_subclasses,
+                                check_requires_grad=check_requires_grad, check_dtype=check_dtype,
+                                check_device=check_device, check_layout=check_layout)
 
     def required_globals(self, obj_or_buffer: Any) -> list[str]:
         """Globals the checkpoint of *obj_or_buffer* needs beyond torch's allowlist."""

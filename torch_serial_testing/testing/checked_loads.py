@@ -1,9 +1,7 @@
 """The mixin's one save path (:func:`save`), one load path (:func:`load_in_test`), and how a test ends.
 
-A load resolves the test's mode (skipping one that cannot run here), checks the environment's
-switches, judges the declared ``safe_globals``, loads and asserts under the test's load engine
-(:func:`..loading.load.load`), reports the outcome, and raises :class:`ExpectedRejection` to end the
-test (or subtest) as a pass: :func:`ends_on_rejection` wraps every test method for that.
+An expected rejection raises :class:`ExpectedRejection`, which ends the test (or subtest) as a pass:
+:func:`ends_on_rejection` wraps every test method for that.
 """
 
 from __future__ import annotations

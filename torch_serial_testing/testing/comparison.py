@@ -38,7 +38,7 @@ class _Checks(NamedTuple):
     check_layout: bool = True
 
 
-_EXACT = _Checks()  # the default checks (most calls): built once
+_EXACT = _Checks()
 
 
 def assert_round_trip_equal(
@@ -57,8 +57,8 @@ def assert_round_trip_equal(
     """
     if (rtol is None) != (atol is None):
         raise ValueError("pass rtol and atol together (or neither, for exact comparison)")
-    knobs = tuple(map(bool, (allow_subclasses, check_requires_grad, check_dtype, check_device, check_layout)))
-    _compare(expected, actual, "", _EXACT if rtol is None and knobs == _EXACT[2:] else _Checks(rtol, atol, *knobs))
+    knobs = map(bool, (allow_subclasses, check_requires_grad, check_dtype, check_device, check_layout))
+    _compare(expected, actual, "", _Checks(rtol, atol, *knobs))
 
 
 def _same_type(e: Any, a: Any, checks: _Checks) -> bool:

@@ -84,13 +84,10 @@ def check_declared(checkpoint: Checkpoint, declared: Sequence[SafeGlobal], where
                              f"{', '.join(map(show_name, missing))}\n" + example + notes)
     if unneeded and not allow_unneeded:
         keep = sorted(names - set(unneeded))
-        hint = ""
-        if where.attribute == "safe_globals" and saved_type is not None:
-            hint = (
-                f"\nClass-level safe_globals apply to every round_trip in the class; this one saves a "
+        hint = (f"\nClass-level safe_globals apply to every round_trip in the class; this one saves a "
                 f"{saved_type}, not a module: pass safe_globals=() (or the globals it needs) to this "
                 "call, or use round_trip_state_dict (which uses state_dict_safe_globals)."
-            )
+                if where.attribute == "safe_globals" and saved_type is not None else "")
         raise AllowlistError(
             f"{where.label} over-trusts: the checkpoint does not need {', '.join(map(show_name, unneeded))}. Remove "
             f"them, or set allow_unneeded_safe_globals = True on the class.{hint}\nThe exact declaration:\n\n"

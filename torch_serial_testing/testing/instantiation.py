@@ -83,10 +83,6 @@ def no_round_trip_dims(fn: F) -> F:
     return round_trip_dims(load_modes=(), qengines=None)(fn)
 
 
-def _device_part(device_type: str) -> str:
-    return class_suffix(device_type).lower()
-
-
 def _specs(fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optional[tuple[str, ...]],
            device: str) -> list[CaseSpec]:
     dims = getattr(fn, "_tst_dims", {})
@@ -121,7 +117,7 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
         if reason:
             raise unittest.SkipTest(reason)
         self._tst_case = spec
-        device = _device_part(spec.device_type) if spec.device_type == "privateuse1" else spec.device_type
+        device = class_suffix(spec.device_type).lower() if spec.device_type == "privateuse1" else spec.device_type
         args = (device,) if takes_device else ()
         if not spec.save_qengine:
             return fn(self, *args)
@@ -140,11 +136,7 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, Any]) -> list[type]:
-    """Replace *generic_cls* in *scope* (usually ``globals()``) by one class per device type; the classes.
-
-    Raises :class:`RoundTripConfigError` for an unknown engine or device, an empty dimension, a
-    class without test methods or a generated name that already exists in *scope*.
-    """
+    """Replace *generic_cls* in *scope* (usually ``globals()``) by one class per device type; the classes."""
     if not (isinstance(generic_cls, type) and issubclass(generic_cls, SerializationRoundTripTestCase)
             and issubclass(generic_cls, unittest.TestCase)):
         raise RoundTripConfigError(
@@ -183,7 +175,7 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
             raise RoundTripConfigError(f"{class_name} already exists in the module; rename "
                                        f"{generic_cls.__name__} or the existing {class_name}")
         methods: dict[str, Any] = {}
-        part = _device_part(device)
+        part = class_suffix(device).lower()
         for name, fn in tests.items():
             specs = _specs(fn, modes, engines, device)
             for spec in specs:
@@ -222,7 +214,9 @@ def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], lis
     seen: set[str] = set()
     bases: list[type] = []
     for klass in generic_cls.__mro__:
-        if klass in (SerializationRoundTripTestCase, unittest.TestCase, object) or _is_framework(klass):
+        # a test framework's base class (unittest, expecttest, pytorch's common_utils) has no tests of ours
+        framework = f"{klass.__module__}.".startswith(("unittest.", "expecttest.", "torch.testing._internal."))
+        if framework or klass in (SerializationRoundTripTestCase, unittest.TestCase, object):
             continue
         own = False
         for name, value in vars(klass).items():
@@ -237,22 +231,13 @@ def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], lis
     return tests, bases
 
 
-def _is_framework(klass: type) -> bool:
-    """A test framework's base class (unittest, expecttest, pytorch's common_utils): no tests of ours."""
-    return f"{klass.__module__}.".startswith(("unittest.", "expecttest.", "torch.testing._internal."))
-
-
 def import_round_trip_tests(
     module: Union[str, types.ModuleType], scope: MutableMapping[str, Any], *generic_names: str
 ) -> list[type]:
-    """Bind into *scope* (an aggregator's ``globals()``, e.g. pytorch's ``test_ao_sparsity.py``) the test
-    classes *module* defines here: all of them, or those generated from *generic_names*; in module order.
-
-    Which generated classes exist depends on the machine and ``PYTORCH_TESTING_DEVICE_ONLY_FOR`` /
-    ``..._EXCEPT_FOR``, so importing ``TestXCPU`` by name would turn a device filter into an ImportError
-    taking the aggregator down.  Raises :class:`RoundTripConfigError` only for an unknown generic name,
-    a module without test classes, or a name *scope* holds for a different object.
-    """
+    """Bind into *scope* (an aggregator's ``globals()``) the test classes *module* defines here: all of
+    them, or those generated from *generic_names*; in module order.  Which generated classes exist
+    depends on the machine and the device filters, so importing ``TestXCPU`` by name would turn a
+    device filter into an ImportError taking the aggregator down."""
     if not isinstance(module, types.ModuleType):
         if not isinstance(module, str) or not module:
             raise RoundTripConfigError(

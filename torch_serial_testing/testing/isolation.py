@@ -1,10 +1,8 @@
 """Process-wide state around a test: what it may change, captured and restored; the warnings it ignores.
 
-:class:`GlobalState`: the quantized engine, the qnnpack allocator, torch's safe-globals registry (what
-was registered before the snapshot survives), every ``TORCH_FORCE_*`` variable, the serialization
-config.  Each restore step is idempotent and changes its state at once, so an interrupt anywhere
-leaves each piece as the test left it or as before (the registry never empty, the two switches never
-both set unless they were); SIGINT waits until a restore ends (:mod:`..core.interrupts`).
+Each :class:`GlobalState` restore step is idempotent and changes its state at once, so an interrupt
+anywhere leaves each piece as the test left it or as before (the registry never empty, the two
+switches never both set unless they were); SIGINT waits until a restore ends (:mod:`..core.interrupts`).
 ``ignore_warnings``: every ``catch_warnings``/``filterwarnings`` makes Python forget which warnings it
 showed once per location, so one entry, matching only while a test whose class ignores the message
 runs, is inserted (which forgets nothing) at the front of ``warnings.filters``; a runner that resets
@@ -82,16 +80,11 @@ class GlobalState:
         """Restore everything (again: nothing to do); one line per thing that had leaked."""
         leaks: dict[str, str] = {}
         with deferred_interrupts():
-            run_all([
-                lambda: self._restore_recording(),
-                lambda: self._restore_engine(leaks),
-                lambda: self._restore_allocator(leaks),
-                lambda: self._restore_registry(leaks),
-                lambda: self._restore_env(leaks),
-                lambda: self._restore_config(leaks),
-            ])
+            steps = (self._restore_engine, self._restore_allocator, self._restore_registry, self._restore_env,
+                     self._restore_config)  # each sets at most its own key: leaks keeps this order
+            run_all([self._restore_recording, *(lambda step=step: step(leaks) for step in steps)])
             self.restored = True
-        return [leaks[k] for k in ("engine", "allocator", "registry", "env", "config") if k in leaks]
+        return list(leaks.values())
 
     # Each step reads the current state, notes a difference in leaks and writes the snapshot back.
 
