@@ -26,7 +26,7 @@ from ..core.errors import RoundTripConfigError
 from ..core.names import (
     FUNCTION_TYPES, escape_text, identity, is_marker, is_valid_name, name_problem, pickle_forms, show_name,
 )
-from ..torch_facts.registry import torch_allowlist, torch_allowlist_objects
+from ..torch_facts.registry import torch_allowlist, torch_allowlist_table
 from .denylist import denylist_reason
 
 __all__ = ["Verdict", "UnsafeCallable", "judge_name", "judge_global", "judge_registry_entry", "dangerous_reason",
@@ -213,23 +213,7 @@ def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) 
     problem = name_problem(name)
     if problem:
         return f"the name {show_name(name)} is not a dotted Python name ({problem})"
-    key = (id(obj), name, opt_in)
-    if _ACCEPTED.get(key, _ACCEPTED) is obj:
-        return None  # judged and accepted before (the entry keeps obj alive, so its id is not reused)
-    reason = _judge_global(obj, name, opt_in)
-    if reason is None and len(_ACCEPTED) < 4096:
-        _ACCEPTED[key] = obj
-    return reason
-
-
-#: (id(obj), name, opt_in) -> obj already accepted: load() re-checks every declaration, and the
-#: verdict on an (object, name) pair does not change.
-_ACCEPTED: dict[tuple[int, str, bool], Any] = {}
-
-
-def _judge_global(obj: Any, name: str, opt_in: bool) -> Optional[str]:
-    allowed = torch_allowlist_objects()
-    if name in allowed and allowed[name] is obj:
+    if torch_allowlist_table().get(name, judge_global) is obj:
         return None  # torch vouches for it itself
     why = denylist_reason(name)
     if why:

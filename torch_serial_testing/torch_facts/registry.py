@@ -48,17 +48,10 @@ def torch_allowlist() -> frozenset[str]:
     return frozenset(_wou()._get_allowed_globals())
 
 
-_type_names: list[tuple[Any, frozenset[str]]] = []
-
-
 def torch_allowed_type_names() -> frozenset[str]:
     """Real ``module.qualname`` of every value on torch's own allowlist (BUILD accepts instances of
-    the types among them), remembered per allowlist object."""
-    table = _wou()._get_allowed_globals()
-    if not _type_names or _type_names[0][0] is not table:
-        names = frozenset(n for n in map(torch_key, table.values()) if n and not isinstance(n, tuple))
-        _type_names[:] = [(table, names)]
-    return _type_names[0][1]
+    the types among them)."""
+    return frozenset(n for n in map(torch_key, _wou()._get_allowed_globals().values()) if n)
 
 
 def registered_globals() -> frozenset[str]:
