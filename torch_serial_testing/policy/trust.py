@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from ..core.errors import RoundTripConfigError
 from ..core.names import (
-    FUNCTION_TYPES, escape_text, identity, is_marker, is_valid_name, name_problem, pickle_forms, show_name,
+    FUNCTION_TYPES, escape_text, identity, imported_prefix, is_marker, is_valid_name, name_problem, pickle_forms, show_name,
 )
 from ..torch_facts.registry import torch_allowlist, torch_allowlist_table
 from .denylist import denylist_reason
@@ -119,14 +119,11 @@ def _resolve_static(name: str) -> Any:
     import inspect
 
     parts = name.split(".")
-    dots = [i for i, c in enumerate(name) if c == "."]  # prefixes by slicing: linear, no joins
-    cut = len(parts) - 1
-    while cut > 0 and name[:dots[cut - 1]] not in sys.modules:
-        cut -= 1
+    cut = imported_prefix(name)
     if cut == 0:
         return _CannotTell(f"module {parts[0]} is not imported in this process, and judging never imports what a "
                            "checkpoint names")
-    path = name[:dots[cut - 1]]
+    path = ".".join(parts[:cut])
     obj: Any = sys.modules[path]
     for attr in parts[cut:]:
         if isinstance(obj, types.ModuleType):
