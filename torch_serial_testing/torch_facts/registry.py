@@ -16,7 +16,6 @@ from typing import Any, Iterator, Optional, Sequence
 from ..core.errors import RoundTripConfigError
 from ..core.interrupts import deferred_interrupts
 from ..core.names import torch_key
-from .probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
 
 __all__ = ["registry_lock", "torch_allowlist", "torch_allowlist_objects", "torch_allowlist_table",
            "torch_allowed_type_names", "registered_globals", "snapshot_registry", "restore_registry",
@@ -121,6 +120,8 @@ def registry_takes_named_entries() -> bool:
     key = wou._get_user_allowed_globals
     known = _named_entries.get(key)
     if known is None:
+        from .probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
+
         name = f"{ProbeOther.__module__}.RenamedProbe"
         with preserved_registry():
             try:
@@ -283,6 +284,8 @@ def torch_own_registrations() -> frozenset[str]:
         return known
     import json
     import subprocess
+
+    from .probes import ProbeFailed
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
