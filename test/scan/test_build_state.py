@@ -212,8 +212,8 @@ class TestLoadPathJudgesTheType(unittest.TestCase):
 
     @contextlib.contextmanager
     def _with_rules(self, rules: BuildRules):
-        """Predict with *rules* instead of this torch's (predictions made with its rules forgotten)."""
-        with simulated_rules(build=rules), mock.patch.dict(prediction._expectations, clear=True):
+        """Predict with *rules* instead of this torch's."""
+        with simulated_rules(build=rules):
             yield
 
     def _loader_raising(self, error: BaseException):

@@ -655,7 +655,6 @@ class TestNothingReadsSource(unittest.TestCase):
         readers += [(ast, "parse"), (tokenize, "open")]
         forget_probes()
         load_call._answers.clear()
-        load_call._decisions.clear()
         with mock.patch("builtins.compile", side_effect=refuse), mock.patch("builtins.eval", side_effect=refuse):
             patches = [mock.patch.object(module, name, side_effect=refuse) for module, name in readers]
             for p in patches:

@@ -14,7 +14,7 @@ import types
 from typing import Any, Optional
 
 __all__ = ["MAX_NAME_LENGTH", "name_problem", "is_valid_name", "show_name", "quote_name", "escape_text",
-           "pickle_forms", "qualified_name", "torch_key", "identity", "FUNCTION_TYPES"]
+           "pickle_forms", "imported_prefix", "qualified_name", "torch_key", "identity", "FUNCTION_TYPES"]
 
 #: Longer names are malformed: no real class path comes near it, and a report must stay readable.
 MAX_NAME_LENGTH = 512
@@ -109,6 +109,18 @@ def pickle_forms(name: str) -> tuple[str, ...]:
             candidates.append(f"torch._tensor.{rest}")
         start = cut + 1
     return tuple(dict.fromkeys([name, *candidates]))
+
+
+def imported_prefix(name: str) -> int:
+    """How many leading parts of the dotted *name* form the longest module already in ``sys.modules``
+    (0: none); found by slicing, so linear in the name's length, and importing nothing."""
+    import sys
+
+    dots = [i for i, c in enumerate(name) if c == "."]
+    cut = len(dots)
+    while cut > 0 and name[:dots[cut - 1]] not in sys.modules:
+        cut -= 1
+    return cut
 
 
 def torch_key(entry: Any) -> Optional[str]:

@@ -136,11 +136,7 @@ def _expected(mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any,
               decision: Decision) -> Expectation:
     """The expectation of loading *checkpoint* under *decision*."""
     if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
-        full = decision.full
-        if full is None:
-            full = decision.full = Expectation(mode, False, decision.warns, True, (), decision.reason,
-                                               decision.replaced_by)
-        return full
+        return Expectation(mode, False, decision.warns, True, (), decision.reason, decision.replaced_by)
     reason = decision.reason
     try:  # (the scan itself raises no ProbeFailed)
         if checkpoint.format == "torchscript" and torchscript_refusal() is None:
@@ -153,20 +149,7 @@ def _expected(mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any,
     # Under the registry lock: no library round trip is inside its safe_globals context now.
     with registry_lock:
         allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else (), rules)
-    # The same facts, the same allowed set, the same decision: the same prediction.
-    key = (id(decision), id(info), id(allowed))
-    hit = _expectations.get(key)
-    if hit is not None and hit[0] is info and hit[1] is allowed and hit[2] is decision:
-        return hit[3]
-    expectation = _expect(mode, decision, reason, info, rules, allowed)
-    if len(_expectations) >= 256:
-        _expectations.clear()
-    _expectations[key] = (info, allowed, decision, expectation)  # keeps them alive: ids stay theirs
-    return expectation
-
-
-#: (id(decision), id(info), id(allowed)) -> (info, allowed, decision, the expectation).
-_expectations: dict[tuple[int, int, int], tuple[Any, Any, Decision, Expectation]] = {}
+    return _expect(mode, decision, reason, info, rules, allowed)
 
 
 @dataclass(eq=False)

@@ -7,10 +7,9 @@ names are left out.  Pure string work on :func:`~.trust.judge_name`: nothing nam
 
 from __future__ import annotations
 
-import sys
 from typing import Optional, Sequence
 
-from ..core.names import show_name
+from ..core.names import imported_prefix, show_name
 from .trust import Verdict, judge_name
 
 __all__ = ["safe_globals_snippet", "snippet_parts", "refusal_notes", "suggestible"]
@@ -85,7 +84,5 @@ def refusal_notes(names: Sequence[str], allowed: Optional[frozenset[str]] = None
 def _split_module(name: str) -> tuple[str, str]:
     """Split 'pkg.mod.Outer.Inner' at the longest already-imported module (never imports)."""
     parts = name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        if ".".join(parts[:cut]) in sys.modules:
-            return ".".join(parts[:cut]), ".".join(parts[cut:])
-    return ".".join(parts[:-1]), parts[-1]
+    cut = imported_prefix(name) or len(parts) - 1
+    return ".".join(parts[:cut]), ".".join(parts[cut:])

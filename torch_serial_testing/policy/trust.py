@@ -24,9 +24,9 @@ from typing import Any, Optional
 
 from ..core.errors import RoundTripConfigError
 from ..core.names import (
-    FUNCTION_TYPES, escape_text, identity, is_marker, is_valid_name, name_problem, pickle_forms, show_name,
+    FUNCTION_TYPES, escape_text, identity, imported_prefix, is_marker, is_valid_name, name_problem, pickle_forms, show_name,
 )
-from ..torch_facts.registry import torch_allowlist, torch_allowlist_objects
+from ..torch_facts.registry import torch_allowlist, torch_allowlist_table
 from .denylist import denylist_reason
 
 __all__ = ["Verdict", "UnsafeCallable", "judge_name", "judge_global", "judge_registry_entry", "dangerous_reason",
@@ -119,14 +119,11 @@ def _resolve_static(name: str) -> Any:
     import inspect
 
     parts = name.split(".")
-    dots = [i for i, c in enumerate(name) if c == "."]  # prefixes by slicing: linear, no joins
-    cut = len(parts) - 1
-    while cut > 0 and name[:dots[cut - 1]] not in sys.modules:
-        cut -= 1
+    cut = imported_prefix(name)
     if cut == 0:
         return _CannotTell(f"module {parts[0]} is not imported in this process, and judging never imports what a "
                            "checkpoint names")
-    path = name[:dots[cut - 1]]
+    path = ".".join(parts[:cut])
     obj: Any = sys.modules[path]
     for attr in parts[cut:]:
         if isinstance(obj, types.ModuleType):
@@ -213,23 +210,7 @@ def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) 
     problem = name_problem(name)
     if problem:
         return f"the name {show_name(name)} is not a dotted Python name ({problem})"
-    key = (id(obj), name, opt_in)
-    if _ACCEPTED.get(key, _ACCEPTED) is obj:
-        return None  # judged and accepted before (the entry keeps obj alive, so its id is not reused)
-    reason = _judge_global(obj, name, opt_in)
-    if reason is None and len(_ACCEPTED) < 4096:
-        _ACCEPTED[key] = obj
-    return reason
-
-
-#: (id(obj), name, opt_in) -> obj already accepted: load() re-checks every declaration, and the
-#: verdict on an (object, name) pair does not change.
-_ACCEPTED: dict[tuple[int, str, bool], Any] = {}
-
-
-def _judge_global(obj: Any, name: str, opt_in: bool) -> Optional[str]:
-    allowed = torch_allowlist_objects()
-    if name in allowed and allowed[name] is obj:
+    if torch_allowlist_table().get(name, judge_global) is obj:
         return None  # torch vouches for it itself
     why = denylist_reason(name)
     if why:

@@ -165,22 +165,15 @@ def torch_default_weights_only() -> tuple[bool, str]:
     return False, f"the default before torch 2.6 (torch {torch.__version__})"
 
 
-#: os.environ's key encoder -> the two switch names encoded by it.
-_encoded_names: dict[Any, tuple[Any, Any]] = {}
-
-
 def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Any]:
     """The two switches' raw values (None when unset), read on every load: from ``os.environ``'s
-    stored mapping (:mod:`..core.environ`), names encoded once, values the platform's (bytes on POSIX)."""
+    stored mapping (:mod:`..core.environ`), values the platform's (bytes on POSIX)."""
     env = os.environ if environ is None else environ
     stored = stored_environ(env)
     if stored is None:
         return env.get(FORCE_WO), env.get(FORCE_NO_WO)
     data, encode, _decode = stored
-    keys = _encoded_names.get(encode)
-    if keys is None:
-        keys = _encoded_names[encode] = (encode(FORCE_WO), encode(FORCE_NO_WO))
-    return data.get(keys[0]), data.get(keys[1])
+    return data.get(encode(FORCE_WO)), data.get(encode(FORCE_NO_WO))
 
 
 def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
@@ -211,7 +204,7 @@ class WeightsOnlySwitches:
 class Decision:
     """The effective ``weights_only`` of one load mode here and now, and what it was read from."""
 
-    __slots__ = ("weights_only", "warns", "reason", "replaced_by", "force_no_set", "cause", "full")
+    __slots__ = ("weights_only", "warns", "reason", "replaced_by", "force_no_set", "cause")
 
     def __init__(self, weights_only: bool, warns: bool, reason: str, replaced_by: Optional[str],
                  force_no_set: bool, cause: str = "default") -> None:
@@ -225,26 +218,15 @@ class Decision:
         self.replaced_by = replaced_by
         #: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is in the environment (any value: torch may warn).
         self.force_no_set = force_no_set
-        #: The prediction's expectation of a full load under this decision (set on first use).
-        self.full: Any = None
 
     def __repr__(self) -> str:
         return f"<Decision weights_only={self.weights_only} ({self.reason})>"
 
 
-_decisions: dict[tuple[Any, ...], Decision] = {}
-
-
 def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decision:
-    """torch.load's decision for *mode* in *environ* (default ``os.environ``), remembered by the switch
-    values and the torch functions it came from; both switches set raises ConflictingEnvironmentError."""
-    import torch
-
+    """torch.load's decision for *mode* in *environ* (default ``os.environ``), read on every load (the
+    canary's answers are remembered); both switches set raises ConflictingEnvironmentError."""
     values = switch_values(environ)
-    key = (mode, *values, torch.load, *_torch_key())
-    known = _decisions.get(key)
-    if known is not None:
-        return known
     wo, no = (_text(v) for v in values)
     explicit = mode.explicit_weights_only
     weights_only, warns = _ask(explicit, wo, no)
@@ -265,8 +247,4 @@ def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decis
         cause = "default"
         reason = (f"weights_only={weights_only} {why}" if default == weights_only
                   else f"weights_only={weights_only} (the environment overrides the default)")
-    decision = Decision(weights_only, warns, reason, torch_load_replacement(), values[1] is not None, cause)
-    if len(_decisions) >= 256:
-        _decisions.clear()
-    _decisions[key] = decision
-    return decision
+    return Decision(weights_only, warns, reason, torch_load_replacement(), values[1] is not None, cause)

@@ -16,7 +16,6 @@ from typing import Any, Iterator, Optional, Sequence
 from ..core.errors import RoundTripConfigError
 from ..core.interrupts import deferred_interrupts
 from ..core.names import torch_key
-from .probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
 
 __all__ = ["registry_lock", "torch_allowlist", "torch_allowlist_objects", "torch_allowlist_table",
            "torch_allowed_type_names", "registered_globals", "snapshot_registry", "restore_registry",
@@ -48,17 +47,10 @@ def torch_allowlist() -> frozenset[str]:
     return frozenset(_wou()._get_allowed_globals())
 
 
-_type_names: list[tuple[Any, frozenset[str]]] = []
-
-
 def torch_allowed_type_names() -> frozenset[str]:
     """Real ``module.qualname`` of every value on torch's own allowlist (BUILD accepts instances of
-    the types among them), remembered per allowlist object."""
-    table = _wou()._get_allowed_globals()
-    if not _type_names or _type_names[0][0] is not table:
-        names = frozenset(n for n in map(torch_key, table.values()) if n and not isinstance(n, tuple))
-        _type_names[:] = [(table, names)]
-    return _type_names[0][1]
+    the types among them)."""
+    return frozenset(n for n in map(torch_key, _wou()._get_allowed_globals().values()) if n)
 
 
 def registered_globals() -> frozenset[str]:
@@ -128,6 +120,8 @@ def registry_takes_named_entries() -> bool:
     key = wou._get_user_allowed_globals
     known = _named_entries.get(key)
     if known is None:
+        from .probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
+
         name = f"{ProbeOther.__module__}.RenamedProbe"
         with preserved_registry():
             try:
@@ -290,6 +284,8 @@ def torch_own_registrations() -> frozenset[str]:
         return known
     import json
     import subprocess
+
+    from .probes import ProbeFailed
 
     env = {k: v for k, v in os.environ.items()
            if k not in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}

@@ -93,7 +93,6 @@ class UnpicklerRules:
 
 _lock = threading.Lock()
 _known: dict[Any, Any] = {}
-_refusals: dict[tuple[str, bool], Optional[str]] = {}
 
 
 def unpickler_rules() -> UnpicklerRules:
@@ -113,7 +112,6 @@ def unpickler_rules() -> UnpicklerRules:
                 except ProbeFailed as e:
                     known = e
                 _known.clear()
-                _refusals.clear()
                 _known[key] = known
     if isinstance(known, ProbeFailed):
         raise known
@@ -302,19 +300,12 @@ def global_refusal(name: str, *, proto: bool = True) -> Optional[str]:
     """torch's own message refusing the global *name* (``module.attr``, Python-2 renames applied) here and
     now (special cases such as a nested jagged tensor before ``torch.nested`` is imported come with it), or
     None when it accepts it.  ``proto=False`` asks without ``PROTO 2``, where torch 2.4 renames nothing."""
-    key = (name, proto)
-    known = _refusals.get(key)
-    if known is None and key not in _refusals:
-        module, _, attr = name.partition(".")
-        body = pickle.GLOBAL + module.encode("utf-8", "surrogatepass") + b"\n" + attr.encode("utf-8", "surrogatepass")
-        with registry_lock:
-            outcome = unpickle(body + b"\n" + STOP, proto=proto)
-        if outcome.loaded:
-            return None  # allowlisted right now: nothing to remember
-        if not outcome.refused:
-            raise ProbeFailed(f"torch answered GLOBAL {name} with {outcome!r}, not a refusal")
-        known = outcome.message
-        if len(_refusals) > 4096:
-            _refusals.clear()
-        _refusals[key] = known
-    return known
+    module, _, attr = name.partition(".")
+    body = pickle.GLOBAL + module.encode("utf-8", "surrogatepass") + b"\n" + attr.encode("utf-8", "surrogatepass")
+    with registry_lock:
+        outcome = unpickle(body + b"\n" + STOP, proto=proto)
+    if outcome.loaded:
+        return None  # allowlisted right now
+    if not outcome.refused:
+        raise ProbeFailed(f"torch answered GLOBAL {name} with {outcome!r}, not a refusal")
+    return outcome.message
