@@ -76,7 +76,7 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
         with clean_env(**{WO: "0"}):  # set but not truthy: torch ignores it
             self.assertEqual(tst.predict("weights_only_false", ckpt), base)
         with clean_env():
-            self.assertIs(tst.predict("weights_only_false", ckpt), base)
+            self.assertEqual(tst.predict("weights_only_false", ckpt), base)
             self.assertTrue(tst.load(ckpt, "weights_only_false").loaded)
 
     def test_force_no_presence_is_observed(self):
@@ -112,7 +112,7 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
             with mock.patch.object(torch, "__version__", "2.5.1"):
                 if not hasattr(torch.serialization, "_default_to_weights_only"):
                     self.assertFalse(tst.predict("default", ckpt).weights_only)
-            self.assertIs(tst.predict("default", ckpt), before)
+            self.assertEqual(tst.predict("default", ckpt), before)
 
     def test_registry_changed_between_loads(self):
         ckpt = Checkpoint.save(TinyNet())
@@ -121,7 +121,7 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
             self.assertFalse(rejected.loads)
             with allowlisted(TINY_SAFE_GLOBALS):
                 self.assertTrue(tst.predict("default", ckpt).loads)
-            self.assertIs(tst.predict("default", ckpt), rejected)
+            self.assertEqual(tst.predict("default", ckpt), rejected)
 
 
 class TestDeclarationsRemembered(unittest.TestCase):

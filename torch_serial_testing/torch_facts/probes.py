@@ -32,26 +32,27 @@ def innermost_frame(error: BaseException) -> Any:
 
 
 class Outcome:
-    """What torch's weights-only unpickler did with one probe: loaded ``value`` or raised ``error``."""
+    """What torch's weights-only unpickler did with one probe: loaded ``value`` or raised ``error``.
 
-    __slots__ = ("value", "error")
+    ``refused``: one of the unpickler's own checks said no (``UnpicklingError``, or a ``RuntimeError``
+    raised by its own code: torch 2.4's checks, which ``torch.load`` turns into ``UnpicklingError``).
+    The error keeps no traceback or context, so a probe run while a load's rejection is being handled
+    leaves no reference cycle through that load's frames."""
+
+    __slots__ = ("value", "error", "refused")
 
     def __init__(self, value: Any = None, error: Optional[BaseException] = None) -> None:
         self.value = value
         self.error = error
+        frame = innermost_frame(error) if type(error) is RuntimeError else None
+        self.refused = isinstance(error, pickle.UnpicklingError) or (
+            frame is not None and frame.f_globals.get("__name__") == "torch._weights_only_unpickler")
+        if error is not None:
+            error.__traceback__ = error.__context__ = None
 
     @property
     def loaded(self) -> bool:
         return self.error is None
-
-    @property
-    def refused(self) -> bool:
-        """One of the unpickler's own checks said no: ``UnpicklingError``, or a ``RuntimeError`` raised
-        by its own code (torch 2.4's checks, which ``torch.load`` turns into ``UnpicklingError``)."""
-        if isinstance(self.error, pickle.UnpicklingError):
-            return True
-        frame = innermost_frame(self.error) if type(self.error) is RuntimeError else None
-        return frame is not None and frame.f_globals.get("__name__") == "torch._weights_only_unpickler"
 
     @property
     def message(self) -> str:
