@@ -10,7 +10,6 @@ needs -- not copied from a run.
 """
 
 import json
-import os
 import re
 import subprocess
 import sys

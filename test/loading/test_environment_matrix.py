@@ -19,7 +19,6 @@ import tempfile
 import unittest
 from typing import Mapping, Optional
 
-import torch
 
 from torch_serial_testing import (
     Checkpoint,

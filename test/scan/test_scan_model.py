@@ -26,7 +26,7 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import Checkpoint, predict, required_globals, scan_checkpoint
-from torch_serial_testing.torch_facts.registry import allowlisted, torch_allowlist
+from torch_serial_testing.torch_facts.registry import allowlisted
 from torch_serial_testing.scan.model import numpy_dtype_class
 from torch_serial_testing.torch_facts.probes import ProbeFailed
 from torch_serial_testing.torch_facts.unpickler import PersidRules, global_refusal, unpickler_rules

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import unittest
 import warnings
-from typing import Any
 
 import torch
 

@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import textwrap
-from typing import Any, NoReturn, Optional, Sequence
+from typing import NoReturn, Optional, Sequence
 
 from .contract import EXIT_USAGE, exit_codes_help
 
