@@ -154,28 +154,20 @@ _REDUCE_ARG_TYPE = {
 }
 
 
+#: The concrete values the walk keeps as themselves.
+_CONCRETE = {str: "builtins.str", bool: "builtins.bool", int: "builtins.int", tuple: "builtins.tuple"}
+
+
 def type_of(v: Any) -> Optional[str]:
-    """The type name of an abstract value (None: a global, or not known)."""
-    if isinstance(v, Obj):
-        return v.type
-    if isinstance(v, str):
-        return "builtins.str"
-    if isinstance(v, bool):
-        return "builtins.bool"
-    if isinstance(v, int):
-        return "builtins.int"
-    if isinstance(v, tuple):
-        return "builtins.tuple"
-    return None  # a Global is a class or a function: cannot tell without importing it
+    """The type name of an abstract value (None: a global, a class or a function the scan cannot tell
+    without importing it, or not known)."""
+    return v.type if isinstance(v, Obj) else _CONCRETE.get(type(v))
 
 
 def class_repr(type_name: Optional[str]) -> str:
     """How torch's messages print ``type(x)``: ``<class 'collections.deque'>``, ``<class 'list'>``."""
-    if type_name is None:
-        return "<class '?'>"
-    if type_name.startswith("builtins."):
-        type_name = type_name[len("builtins."):]
-    return f"<class '{type_name}'>"
+    name = "?" if type_name is None else type_name.removeprefix("builtins.")
+    return f"<class '{name}'>"
 
 
 def describe_value(v: Any) -> str:
@@ -282,11 +274,12 @@ def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, 
     return (sub, f"allowlisted_{sub}") if is_sub else ("other", "allowlisted_other")
 
 
-def container_check(rules: UnpicklerRules, opcode: str, type_name: str) -> Optional[Check]:
-    """The check before *opcode* (APPEND(S), SETITEM(S)) onto a *type_name*: None when it passes
-    whatever is allowlisted, ``"refused"`` when it never does (a deque), else one the allowlist decides
-    at load time (torch 2.14.1 lets an allowlisted list subclass through)."""
-    rule = rules.container(opcode)
+def container_check(rules: UnpicklerRules, opcode: str, target: Any) -> Optional[Check]:
+    """The check before *opcode* (APPEND(S), SETITEM(S)) onto the value *target*: None when it passes
+    whatever is allowlisted (or its type is unknown), ``"refused"`` when it never does (a deque), else
+    one the allowlist decides at load time (torch 2.14.1 lets an allowlisted list subclass through)."""
+    type_name = type_of(target)
+    rule = None if type_name is None else rules.container(opcode)
     if rule is None:
         return None
     refused = [kind in rule.refused for kind in _target_kinds(opcode, type_name)]
@@ -307,12 +300,10 @@ def persid_refusal(rules: UnpicklerRules, pid: Any) -> Optional[str]:
     """torch's refusal of a persistent id, or None: first its type, then a tuple's first item must be
     ``"storage"`` (one that passes may still fail in ``torch.load``'s ``persistent_load``: a damaged file)."""
     persid = rules.persid
-    if isinstance(pid, tuple):
+    if isinstance(pid, tuple):  # what torch.save writes: decided without a call
         category = "tuple"
-    elif (isinstance(pid, int) and not isinstance(pid, bool)) or (isinstance(pid, Obj) and pid.type == "builtins.int"):
-        category = "int"
     else:
-        category = "other"
+        category = "int" if type_of(pid) == "builtins.int" else "other"
     if category in persid.refused:
         return persid.type_message + class_repr(type_of(pid))
     if isinstance(pid, tuple) and pid and not (isinstance(pid[0], str) and pid[0] == "storage"):

@@ -27,6 +27,10 @@ from .walk_rules import WalkRules, walk_rules
 
 __all__ = ["scan_pickle", "walk_rules", "WalkRules"]
 
+#: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
+_PUSHES = {0x8B: INT, 0x47: FLOAT, 0x46: FLOAT, 0x42: BYTES, 0x43: BYTES, 0x8E: BYTES,
+           0x96: BYTEARRAY, 0x97: PICKLEBUFFER, 0x8F: SET}
+
 
 def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 rules: Optional[WalkRules] = None) -> tuple[int, Any]:
@@ -49,7 +53,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
     globals_, full = state.globals, state.full_load_globals
     max_name, max_stack, max_memo = limits.max_name_length, limits.max_stack_depth, limits.max_memo_entries
     budget = limits.max_opcodes - state.opcodes
-    unpack, arg_table = int.from_bytes, ARG
+    unpack, arg_table, pushes = int.from_bytes, ARG, _PUSHES
     stack: list[Any] = []
     push = stack.append
     memo: dict[int, Any] = {}
@@ -164,6 +168,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 pos += 5
                 continue
             # -- every other opcode: its argument by the stdlib's layout, then its effect ---------
+            # (each branch under 256 code units: a longer jump unspecialises the comparison before it)
             spec = arg_table.get(code)
             if spec is None:
                 raise damaged(f"unknown opcode {code}", pos)
@@ -233,31 +238,24 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                     elif t is not None and t not in BUILD_FREE:
                         check("type", t)
                         check("build", t, "", state_shape(build))
-            elif code == 0x61 or code == 0x65:  # APPEND, APPENDS
+            elif code == 0x61 or code == 0x65 or code == 0x73 or code == 0x75:  # APPEND(S), SETITEM(S)
                 if code == 0x61:
                     need(stack, 2, at)
                     stack.pop()
-                else:
+                elif code == 0x65:
                     pop_mark()
                     need(stack, 1, at)
-                t = type_of(stack[-1]) if wo else None
-                if t is not None:
-                    target = container_check(torch_rules, NAMES[code], t)
-                    if target is not None:
-                        check(target.kind, target.name, target.message)
-                        wo = target.kind != "refused"
-            elif code == 0x73 or code == 0x75:  # SETITEM, SETITEMS
-                if code == 0x73:
-                    need(stack, 3, at)
-                    keys: Any = stack[-2:-1]
-                    del stack[-2:]
                 else:
-                    keys = pop_mark()[0::2]
-                    need(stack, 1, at)
-                add_dict_keys(stack[-1], keys)  # a dict the pickle built: its keys, for BUILD states
-                t = type_of(stack[-1]) if wo else None
-                if t is not None:
-                    target = container_check(torch_rules, NAMES[code], t)
+                    if code == 0x73:
+                        need(stack, 3, at)
+                        keys: Any = stack[-2:-1]
+                        del stack[-2:]
+                    else:
+                        keys = pop_mark()[0::2]
+                        need(stack, 1, at)
+                    add_dict_keys(stack[-1], keys)  # a dict the pickle built: its keys, for BUILD states
+                if wo:
+                    target = container_check(torch_rules, NAMES[code], stack[-1])
                     if target is not None:
                         check(target.kind, target.name, target.message)
                         wo = target.kind != "refused"
@@ -278,13 +276,11 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 push(LIST)
             elif code == 0x4E:  # NONE
                 push(NONE)
+            elif code in pushes:
+                push(pushes[code])
             elif code == 0x8A:  # LONG1
                 p, length = arg
                 push(int.from_bytes(data[p:p + length], "little", signed=True) if length <= 32 else INT)
-            elif code == 0x8B:  # LONG4
-                push(INT)
-            elif code == 0x47 or code == 0x46:  # BINFLOAT, FLOAT
-                push(FLOAT)
             elif code == 0x80:  # PROTO
                 proto = arg[0]
                 if proto > pickle.HIGHEST_PROTOCOL:
@@ -306,25 +302,14 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 # STRING, SHORT_BINSTRING, BINSTRING, UNICODE: torch decodes them as UTF-8 str.
                 value = text_value(code, arg, data, max_name)
                 push(STR if value is None else BYTES if type(value) is bytes else value)
-            elif code in (0x42, 0x43, 0x8E):  # BINBYTES, SHORT_BINBYTES, BINBYTES8
-                push(BYTES)
-            elif code == 0x96:  # BYTEARRAY8
-                push(BYTEARRAY)
-            elif code == 0x97:  # NEXT_BUFFER
-                push(PICKLEBUFFER)
-            elif code == 0x8F:  # EMPTY_SET
-                push(SET)
             elif code == 0x98:  # READONLY_BUFFER
                 need(stack, 1, at)
             elif code == 0x90:  # ADDITEMS
                 pop_mark()
                 need(stack, 1, at)
-            elif code == 0x91:  # FROZENSET
+            elif code == 0x91 or code == 0x6C:  # FROZENSET, LIST
                 pop_mark()
-                push(FROZENSET)
-            elif code == 0x6C:  # LIST
-                pop_mark()
-                push(LIST)
+                push(FROZENSET if code == 0x91 else LIST)
             elif code == 0x64:  # DICT
                 push(DictValue(pop_mark()[0::2]))
             elif code == 0x6F:  # OBJ
