@@ -279,7 +279,9 @@ class TestPytest(VendoredTree):
         passed = 2 * FLAGSHIP_TESTS + STANDIN_TESTS - skips
         self.assertRegex(out, rf"\b{passed} passed" + (rf", {skips} skipped\b" if skips else r"\b"), out)
         self.assertVendoredImported(proc, records)
-        self.assertNotIn("torch_serial_testing/", out)  # never attributed to the library
+        # never attributed to the library (torch < 2.6's warning at the library's bare torch.load call
+        # may name it in the warnings summary: that is where torch.load was called)
+        self.assertNotRegex(out, r"(<- |::)\S*torch_serial_testing/")
         lines = [ln for ln in proc.stdout.splitlines() if "::Test" in ln and " PASSED" in ln]
         self.assertEqual(len(lines), passed, out)
         for ln in lines:

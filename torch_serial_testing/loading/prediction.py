@@ -191,7 +191,7 @@ def _replay(checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules
             missing.append(c.name)
             if rejection is None and unknown is None:
                 try:
-                    rejection = global_refusal(c.name, proto=rules.renames == "always")
+                    rejection = global_refusal(c.name, attr=c.message or None, proto=rules.renames == "always")
                 except ProbeFailed as e:
                     unknown = str(e)
                 if rejection is None and unknown is None:  # allowlisted after all: torch loads it

@@ -206,7 +206,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                             refuse(f"Trying to load unsupported GLOBAL {wo_name} whose module {wo_module} is blocked.",
                                    wo_name)
                         else:
-                            check("global", wo_name)
+                            check("global", wo_name, wo_attr)
                     push(Global(wo_name))
             elif code == 0x93:  # STACK_GLOBAL
                 need(stack, 2, at)

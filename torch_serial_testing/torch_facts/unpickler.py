@@ -296,11 +296,14 @@ def _refusal_prefixes() -> tuple[str, str, str]:
     return build, newobj, reduce[: reduce.index(shown)]
 
 
-def global_refusal(name: str, *, proto: bool = True) -> Optional[str]:
+def global_refusal(name: str, *, attr: Optional[str] = None, proto: bool = True) -> Optional[str]:
     """torch's own message refusing the global *name* (``module.attr``, Python-2 renames applied) here and
     now (special cases such as a nested jagged tensor before ``torch.nested`` is imported come with it), or
-    None when it accepts it.  ``proto=False`` asks without ``PROTO 2``, where torch 2.4 renames nothing."""
-    module, _, attr = name.partition(".")
+    None when it accepts it.  *attr*: the GLOBAL's own name part (default: all after the first dot), which
+    torch 2.4's hint names alone.  ``proto=False`` asks without ``PROTO 2``, where torch 2.4 renames nothing."""
+    if attr is None or not name.endswith(f".{attr}"):
+        attr = name.partition(".")[2]
+    module = name[: len(name) - len(attr) - 1]
     body = pickle.GLOBAL + module.encode("utf-8", "surrogatepass") + b"\n" + attr.encode("utf-8", "surrogatepass")
     with registry_lock:
         outcome = unpickle(body + b"\n" + STOP, proto=proto)
