@@ -131,12 +131,13 @@ class _RestLoader(pickle._Unpickler):  # type: ignore[name-defined]
     dispatch[pickle.SETITEMS[0]] = _setitems
 
 
-def _load_refusing(unpickler: Any) -> Any:
-    """This torch's own ``Unpickler.load``, its refusals raised as ``UnpicklingError`` whatever this torch
-    raises them as (torch 2.4's checks raise ``RuntimeError``, which ``torch.load`` turns into that), so a
-    stand-in built on any torch tells its refusals apart from other failures the same way."""
+def _load_refusing(load: Callable[[], Any]) -> Any:
+    """*load* (the next ``load`` up the stand-in's classes, this torch's own at the end), its refusals
+    raised as ``UnpicklingError`` whatever this torch raises them as (torch 2.4's checks raise
+    ``RuntimeError``, which ``torch.load`` turns into that), so a stand-in built on any torch tells
+    its refusals apart from other failures the same way."""
     try:
-        return REAL_UNPICKLER.load(unpickler)
+        return load()
     except RuntimeError as e:
         tb = e.__traceback__
         while tb is not None and tb.tb_next is not None:
@@ -176,7 +177,7 @@ class Torch2141Append(_Rerunnable):
 
     def load(self) -> Any:
         try:
-            return _load_refusing(self)
+            return _load_refusing(super().load)
         except pickle.UnpicklingError as e:
             if not str(e).startswith(("Can only append to lists", "Can only extend lists")):
                 raise
@@ -198,7 +199,7 @@ class Torch28Setitem(_Rerunnable):
 
     def load(self) -> Any:
         try:
-            return _load_refusing(self)
+            return _load_refusing(super().load)
         except pickle.UnpicklingError as e:
             if not str(e).startswith(("Can only SETITEM", "Can only SETITEMS")):
                 raise
@@ -236,7 +237,7 @@ class Torch28Persid(_Rerunnable):
 
     def load(self) -> Any:
         try:
-            return _load_refusing(self)
+            return _load_refusing(super().load)
         except pickle.UnpicklingError as e:
             if not str(e).startswith(("persistent_load id must be", "Only persistent_load of storage")):
                 raise
@@ -280,7 +281,7 @@ class Torch24Build(_Rerunnable):
 
     def load(self) -> Any:
         try:
-            _load_refusing(self)
+            _load_refusing(super().load)
         except pickle.UnpicklingError as e:  # one of this torch's checks said no
             if str(e).startswith("Can only build"):  # in torch 2.4's words
                 raise pickle.UnpicklingError("Can only build Tensor, parameter or OrderedDict objects, but got "
@@ -297,7 +298,7 @@ class Torch26Spelling(REAL_UNPICKLER):  # type: ignore[misc, valid-type]
 
     def load(self) -> Any:
         try:
-            return _load_refusing(self)
+            return _load_refusing(super().load)
         except pickle.UnpicklingError as e:
             message = str(e)
             m = re.match(r"Unsupported global: GLOBAL ([^ .]+) was not", message)
