@@ -228,10 +228,10 @@ class _CheckInAMethod(torch._weights_only_unpickler.Unpickler):
         except pickle.UnpicklingError as e:
             if not str(e).startswith(("Can only append to lists", "Can only extend lists")):
                 raise
-            self._check_append_target(self.stack[-1], str(e).split(" lists")[0])
+            self._tst_check_target(self.stack[-1], str(e).split(" lists")[0])
             raise
 
-    def _check_append_target(self, target: Any, words: str) -> None:
+    def _tst_check_target(self, target: Any, words: str) -> None:  # not torch 2.14.1's own method's name
         raise pickle.UnpicklingError(f"{words} lists, but got {type(target)}")
 
 
