@@ -19,7 +19,6 @@ from .core.errors import (
 from .core.limits import ScanLimits, scan_limits
 from .core.modes import LoadMode
 from .core.names import qualified_name
-from .policy.snippet import refusal_notes, safe_globals_snippet
 from .policy.trust import UnsafeCallable, dangerous_reason, judge_global
 from .testing.case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
 from .testing.instantiation import (
@@ -37,6 +36,7 @@ _ON_FIRST_USE = {
     **dict.fromkeys(("Expectation", "predict"), "loading.prediction"),
     **dict.fromkeys(("LoadResult", "load", "round_trip"), "loading.load"),
     "required_globals": "loading.required",
+    **dict.fromkeys(("refusal_notes", "safe_globals_snippet"), "policy.snippet"),
 }
 
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 from ..core.errors import AllowlistError, RoundTripConfigError
 from ..core.names import show_name, torch_key
 from ..policy.declared import SafeGlobal, split_entry
-from ..policy.snippet import refusal_notes, safe_globals_snippet, snippet_parts, suggestible
 from ..torch_facts.registry import torch_allowlist
 
 if TYPE_CHECKING:  # the round-trip machinery is imported on the first round trip
@@ -43,6 +42,8 @@ class Declaration:
 
     def fix(self, names: Sequence[str]) -> str:
         """The line(s) to paste where this declaration lives, then the plain torch.load form."""
+        from ..policy.snippet import safe_globals_snippet, snippet_parts  # a failing test's message only
+
         imports, refs = snippet_parts(sorted(names))
         snippet = safe_globals_snippet(sorted(names), context=True)
         tuple_text = "(" + ", ".join(refs) + ("," if len(refs) == 1 else "") + ")"
@@ -76,6 +77,8 @@ def check_declared(checkpoint: Checkpoint, declared: Sequence[SafeGlobal], where
     harmless = torch_allowlist() | LATER_ALLOWLISTED
     unneeded = sorted(n for n in names - needed if n not in used and n not in harmless)
     if missing:
+        from ..policy.snippet import refusal_notes, suggestible  # a failing test's message only
+
         keep = sorted(needed | (names & used))
         notes = "".join(f"\n{note}" for note in refusal_notes(keep))
         example = ("Declare them (only if you trust them):\n\n" + where.fix(keep) if suggestible(keep)

@@ -23,7 +23,6 @@ from ..core.interrupts import deferred_interrupts, run_all
 from ..core.names import show_name, torch_key
 from ..policy.trust import judge_registry_entry
 from ..torch_facts import engines
-from ..torch_facts.config import restore_serialization_config, serialization_config
 from ..torch_facts.registry import (
     ImportRegistrations, restore_registry, snapshot_registry, start_recording, stop_recording,
 )
@@ -65,6 +64,8 @@ class GlobalState:
     @classmethod
     def capture(cls) -> "GlobalState":
         """Read the state; the import recorder is started last, so an interrupt never leaks it."""
+        from ..torch_facts.config import serialization_config  # needs torch: on the first test, not at import
+
         with deferred_interrupts():
             state = cls(*engines.engine_state(), snapshot_registry(), _watched_env(), serialization_config(),
                         ImportRegistrations())
@@ -138,6 +139,8 @@ class GlobalState:
     def _restore_config(self, leaks: dict[str, str]) -> None:
         if self.config is None:
             return
+        from ..torch_facts.config import restore_serialization_config, serialization_config
+
         now = serialization_config()
         if now != self.config:
             diff = sorted(k for k in self.config if now is not None and now.get(k) != self.config[k])
