@@ -35,6 +35,7 @@ from torch import _weights_only_unpickler as wou
 from torch_serial_testing.loading import prediction
 from torch_serial_testing.scan import walk_rules
 from torch_serial_testing.torch_facts import records, unpickler
+from torch_serial_testing.torch_facts.probes import innermost_frame
 from torch_serial_testing.torch_facts.unpickler import UnpicklerRules, unpickler_rules
 
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
@@ -139,10 +140,8 @@ def _load_refusing(load: Callable[[], Any]) -> Any:
     try:
         return load()
     except RuntimeError as e:
-        tb = e.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        if tb is not None and tb.tb_frame.f_globals.get("__name__") == wou.__name__:
+        frame = innermost_frame(e)
+        if frame is not None and frame.f_globals.get("__name__") == wou.__name__:
             raise pickle.UnpicklingError(str(e)) from None
         raise
 
