@@ -36,15 +36,33 @@ from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
 from torch.ao.nn.sparse.quantized.linear import LinearPackedParams
 from torch.testing._internal.common_utils import TestCase
 
-FLAGSHIP = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "test", "ao", "sparsity",
-                        "test_qlinear_packed_params.py")
+FLAGSHIP = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), os.pardir, "test", "ao", "sparsity", "test_qlinear_packed_params.py"
+)
 # What is taken from the flagship file: its module-level data and builders, and the checks its
 # test class runs on the modules as built.
 FLAGSHIP_NAMES = {
-    "ROW_BLOCK_SIZE", "COL_BLOCK_SIZE", "DTYPE", "ENGINES", "SMALL_WEIGHT_ROWS", "SCALES", "CROSS_SCALES",
-    "WIDE_IN_FEATURES", "PACKED_WEIGHT_OFFSET", "ROW_BLOCK_INDICES_POS", "COL_BLOCK_INDICES_POS",
-    "small_weight_fp32", "wide_weight_fp32", "zero_points_for", "weight_cases", "_weight_cases", "make_linear",
-    "packed_state", "make_packed_params", "with_int32_block_indices", "QUANTIZED_CREATION_DEPRECATION",
+    "ROW_BLOCK_SIZE",
+    "COL_BLOCK_SIZE",
+    "DTYPE",
+    "ENGINES",
+    "SMALL_WEIGHT_ROWS",
+    "SCALES",
+    "CROSS_SCALES",
+    "WIDE_IN_FEATURES",
+    "PACKED_WEIGHT_OFFSET",
+    "ROW_BLOCK_INDICES_POS",
+    "COL_BLOCK_INDICES_POS",
+    "small_weight_fp32",
+    "wide_weight_fp32",
+    "zero_points_for",
+    "weight_cases",
+    "_weight_cases",
+    "make_linear",
+    "packed_state",
+    "make_packed_params",
+    "with_int32_block_indices",
+    "QUANTIZED_CREATION_DEPRECATION",
 }
 FLAGSHIP_CHECKS = {"check_packed_state", "check_unpacked", "check_same_output"}
 
@@ -61,10 +79,16 @@ def _from_flagship() -> tuple[dict[str, Any], dict[str, Any]]:
             return {t.id for t in node.targets if isinstance(t, ast.Name)}
         return set()
 
-    namespace: dict[str, Any] = {"torch": torch, "functools": functools, "Linear": Linear,
-                                 "LinearPackedParams": LinearPackedParams}
+    namespace: dict[str, Any] = {
+        "torch": torch,
+        "functools": functools,
+        "Linear": Linear,
+        "LinearPackedParams": LinearPackedParams,
+    }
     body = [node for node in tree.body if defines(node) & FLAGSHIP_NAMES]
-    test_class = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "TestQlinearPackedParams")
+    test_class = next(
+        node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "TestQlinearPackedParams"
+    )
     checks = [node for node in test_class.body if isinstance(node, ast.FunctionDef) and node.name in FLAGSHIP_CHECKS]
     exec(compile(ast.Module(body=body + checks, type_ignores=[]), FLAGSHIP, "exec"), namespace)  # noqa: S102
     missing = (FLAGSHIP_NAMES | FLAGSHIP_CHECKS) - set(namespace)
@@ -120,8 +144,9 @@ class TestQlinearPackedParamsPlain(TestCase):
         """Exact: types, then tensors with torch.equal, sequences item by item, the rest with ==."""
         self.assertIs(type(actual), type(expected))
         if isinstance(expected, torch.Tensor):
-            self.assertTrue(expected.dtype == actual.dtype and expected.shape == actual.shape
-                            and torch.equal(expected, actual))
+            self.assertTrue(
+                expected.dtype == actual.dtype and expected.shape == actual.shape and torch.equal(expected, actual)
+            )
         elif isinstance(expected, (tuple, list)):
             self.assertEqual(len(actual), len(expected))
             for e, a in zip(expected, actual):
@@ -198,19 +223,27 @@ class TestQlinearPackedParamsPlain(TestCase):
         for name in ENGINES:
             with engine(name):
                 weight = F["weight_cases"](F["zero_points_for"](name))["per_tensor_small"][0]
-                self.assertIsInstance(self.load(save(F["make_linear"](weight)[0]), "safe_globals", SAFE_GLOBALS),
-                                      Linear)
+                self.assertIsInstance(
+                    self.load(save(F["make_linear"](weight)[0]), "safe_globals", SAFE_GLOBALS), Linear
+                )
 
     def test_full_module_state_dict_load_is_broken_in_torch(self) -> None:
         for name in ENGINES:
             with self.subTest(engine=name), engine(name):
                 weight = F["weight_cases"](F["zero_points_for"](name))["per_tensor_small"][0]
                 lin = F["make_linear"](weight)[0]
-                fresh = Linear(out_features=lin.out_features, in_features=lin.in_features,
-                               row_block_size=ROW_BLOCK_SIZE, col_block_size=COL_BLOCK_SIZE, bias=True, dtype=DTYPE)
-                with self.assertRaisesRegex(ValueError, r"^invalid literal for int\(\) with base 10: 'sparse_dynamic'$"):
+                fresh = Linear(
+                    out_features=lin.out_features,
+                    in_features=lin.in_features,
+                    row_block_size=ROW_BLOCK_SIZE,
+                    col_block_size=COL_BLOCK_SIZE,
+                    bias=True,
+                    dtype=DTYPE,
+                )
+                with self.assertRaisesRegex(
+                    ValueError, r"^invalid literal for int\(\) with base 10: 'sparse_dynamic'$"
+                ):
                     fresh.load_state_dict(lin.state_dict())
-
 
 
 def tearDownModule() -> None:  # noqa: N802 - unittest's name
@@ -220,22 +253,32 @@ def tearDownModule() -> None:  # noqa: N802 - unittest's name
 
 def _generate() -> None:
     """The flagship's generated tests, by the same names: engine x mode, and cross-engine x mode."""
+
     def make(method: str, *args: Any, qengine: Any = None) -> Any:
         def test(self: TestQlinearPackedParamsPlain) -> None:
             self.qengine = qengine
             getattr(self, method)(*args)
+
         return test
 
     for mode in MODES:
         for name in ENGINES:
-            setattr(TestQlinearPackedParamsPlain, f"test_qlinear_packed_params_{name}_{mode}_cpu",
-                    make("packed_params", mode, qengine=name))
-            setattr(TestQlinearPackedParamsPlain, f"test_qlinear_packed_params_state_dict_{name}_{mode}_cpu",
-                    make("state_dict", mode, qengine=name))
+            setattr(
+                TestQlinearPackedParamsPlain,
+                f"test_qlinear_packed_params_{name}_{mode}_cpu",
+                make("packed_params", mode, qengine=name),
+            )
+            setattr(
+                TestQlinearPackedParamsPlain,
+                f"test_qlinear_packed_params_state_dict_{name}_{mode}_cpu",
+                make("state_dict", mode, qengine=name),
+            )
         for a, b in ((ENGINES[0], ENGINES[1]), (ENGINES[1], ENGINES[0])):
-            setattr(TestQlinearPackedParamsPlain,
-                    f"test_qlinear_packed_params_cross_compatibility_{a}_to_{b}_{mode}_cpu",
-                    make("cross_compatibility", a, b, mode, qengine=b))
+            setattr(
+                TestQlinearPackedParamsPlain,
+                f"test_qlinear_packed_params_cross_compatibility_{a}_to_{b}_{mode}_cpu",
+                make("cross_compatibility", a, b, mode, qengine=b),
+            )
 
 
 _generate()

@@ -54,9 +54,20 @@ def count(directory: str, module: str, env: dict[str, str]) -> int:
             fh.write(CHILD)
         out = os.path.join(tmp, "callgrind.out")
         proc = subprocess.run(
-            ["valgrind", "--tool=callgrind", "--collect-atstart=no", f"--callgrind-out-file={out}",
-             sys.executable, child, directory, module],
-            capture_output=True, text=True, env=env, timeout=1800,
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--collect-atstart=no",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                child,
+                directory,
+                module,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
         )
         found = re.search(r"Collected : (\d+)", proc.stderr)
         if proc.returncode != 0 or found is None:

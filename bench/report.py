@@ -58,8 +58,10 @@ def text_summary(pairs: Sequence[Pair]) -> str:
     lines = []
     for p in pairs:
         cpu = f", CPU ratio {p.cpu_ratio:.3f}" if p.cpu_ratio is not None else ""
-        lines.append(f"{p.library.task_spec.label} / {p.library.task_spec.sub_label}: "
-                     f"ratio {ratio(p):.3f}{cpu}  target {verdict(p)}")
+        lines.append(
+            f"{p.library.task_spec.label} / {p.library.task_spec.sub_label}: "
+            f"ratio {ratio(p):.3f}{cpu}  target {verdict(p)}"
+        )
     return "\n".join(lines)
 
 
@@ -86,26 +88,45 @@ def loadavg() -> Optional[float]:
 
 
 def machine_line() -> str:
-    return (f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; "
-            f"torch {torch.__version__}")
+    return (
+        f"{platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; torch {torch.__version__}"
+    )
 
 
-def rst(pairs: Sequence[Pair], *, command: str, load_start: Optional[float], load_end: Optional[float],
-        when: Optional[datetime.datetime] = None, notes: Sequence[str] = ()) -> str:
+def rst(
+    pairs: Sequence[Pair],
+    *,
+    command: str,
+    load_start: Optional[float],
+    load_end: Optional[float],
+    when: Optional[datetime.datetime] = None,
+    notes: Sequence[str] = (),
+) -> str:
     """The RESULTS file: an RST fragment README carries verbatim (test_readme checks it)."""
     when = when or datetime.datetime.now(datetime.timezone.utc)
     rows = [["Measurement", "Library median (IQR)", "Plain torch median (IQR)", "Ratio", "CPU ratio", "Target"]]
     for p in pairs:
-        rows.append([f"{p.library.task_spec.label}: {p.library.task_spec.sub_label}", fmt_dist(p.library),
-                     fmt_dist(p.plain), f"{ratio(p):.3f}", f"{p.cpu_ratio:.3f}" if p.cpu_ratio is not None else "n/a",
-                     verdict(p)])
+        rows.append(
+            [
+                f"{p.library.task_spec.label}: {p.library.task_spec.sub_label}",
+                fmt_dist(p.library),
+                fmt_dist(p.plain),
+                f"{ratio(p):.3f}",
+                f"{p.cpu_ratio:.3f}" if p.cpu_ratio is not None else "n/a",
+                verdict(p),
+            ]
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     rule = "  ".join("=" * w for w in widths)
     table = [rule, "  ".join(c.ljust(w) for c, w in zip(rows[0], widths)).rstrip(), rule]
     table += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[1:]]
     table.append(rule)
-    load = ", ".join(f"{name} {value:.2f}" for name, value in (("start", load_start), ("end", load_end))
-                     if value is not None) or "unknown"
+    load = (
+        ", ".join(
+            f"{name} {value:.2f}" for name, value in (("start", load_start), ("end", load_end)) if value is not None
+        )
+        or "unknown"
+    )
     head = [
         f"Machine: {machine_line()}; {when:%Y-%m-%d %H:%M} UTC.",
         f"Command: ``{command}``.  Load average (1 min): {load}, on {os.cpu_count()} CPUs.",

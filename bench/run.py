@@ -103,8 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=BENCHMARKS, help="run only these (repeatable)")
     parser.add_argument("--rst", default=None, help=f"write the RST results here (full runs: {RESULTS})")
     parser.add_argument("--readme", action="store_true", help="also put the results into README.rst")
-    parser.add_argument("--profile-flagship", type=int, nargs="?", const=40, default=None, metavar="TOP",
-                        help="profile the flagship file in process and print the TOP entries")
+    parser.add_argument(
+        "--profile-flagship",
+        type=int,
+        nargs="?",
+        const=40,
+        default=None,
+        metavar="TOP",
+        help="profile the flagship file in process and print the TOP entries",
+    )
     args = parser.parse_args(argv)
     if args.profile_flagship is not None:
         profile_flagship(args.profile_flagship)
@@ -128,23 +135,31 @@ def main(argv: list[str] | None = None) -> int:
         flagship_pairs, summary = timing.time_flagship(2 * rounds)
         pairs += flagship_pairs
         notes.append(f"The flagship run: {summary}.")
-        notes.append("The flagship's plain-torch twin (``bench/flagship_plain.py``) runs the same tests -- its "
-                     "builders and checks taken from the flagship file, the same saves and loads per mode -- "
-                     "without the library, so the flagship's time over the twin is the library's share "
-                     "(informational; issue 16's target is against the empty file).")
+        notes.append(
+            "The flagship's plain-torch twin (``bench/flagship_plain.py``) runs the same tests -- its "
+            "builders and checks taken from the flagship file, the same saves and loads per mode -- "
+            "without the library, so the flagship's time over the twin is the library's share "
+            "(informational; issue 16's target is against the empty file)."
+        )
     if "import" in only or "flagship" in only:
-        notes.append("Whole processes import byte-compiled code on both sides: the library's and the test files' "
-                     "``.pyc`` are written first (``compileall``), as ``pip install`` does for torch.")
+        notes.append(
+            "Whole processes import byte-compiled code on both sides: the library's and the test files' "
+            "``.pyc`` are written first (``compileall``), as ``pip install`` does for torch."
+        )
     if "round_trip" in only:
-        notes.append("The round-trip rows repeat one module, so after the first round trip the library reuses its "
-                     "scan of the identical bytes (as a test file's modes and engines do); the \"first scan\" row "
-                     "clears that memory before every round trip (informational, no target).")
+        notes.append(
+            "The round-trip rows repeat one module, so after the first round trip the library reuses its "
+            'scan of the identical bytes (as a test file\'s modes and engines do); the "first scan" row '
+            "clears that memory before every round trip (informational, no target)."
+        )
     load_end = report.loadavg()
     if "instructions" in only:  # after the timings: valgrind's load would disturb them, not its own counts
         notes.append(count_instructions())
     report.print_compare(pairs)
     print(report.text_summary(pairs))
-    command = "python bench/run.py" + (" --quick" if args.quick else "") + (f" --rounds {args.rounds}" if args.rounds else "")
+    command = (
+        "python bench/run.py" + (" --quick" if args.quick else "") + (f" --rounds {args.rounds}" if args.rounds else "")
+    )
     text = report.rst(pairs, command=command, load_start=load_start, load_end=load_end, notes=notes)
     out = args.rst or (RESULTS if not args.quick and not args.only and not args.rounds else None)
     if out:

@@ -121,9 +121,16 @@ def plain_round_trip_twin(obj: Any, mode: str, declared: tuple[Any, ...]) -> Any
     return plain_round_trip(obj, mode, declared)
 
 
-def time_round_trips(label: str, obj: Any, declared: tuple[Any, ...], rounds: int, min_run_time: float,
-                     modes: tuple[str, ...] = MODES, library_fn: Any = library_round_trip,
-                     plain_fn: Any = plain_round_trip) -> list[Pair]:
+def time_round_trips(
+    label: str,
+    obj: Any,
+    declared: tuple[Any, ...],
+    rounds: int,
+    min_run_time: float,
+    modes: tuple[str, ...] = MODES,
+    library_fn: Any = library_round_trip,
+    plain_fn: Any = plain_round_trip,
+) -> list[Pair]:
     """Library vs plain torch per mode: *rounds* interleaved ``blocked_autorange`` runs each, merged."""
     threads = torch.get_num_threads()
     pairs = []
@@ -131,12 +138,22 @@ def time_round_trips(label: str, obj: Any, declared: tuple[Any, ...], rounds: in
         if mode == "safe_globals" and not hasattr(torch.serialization, "safe_globals"):
             continue  # torch < 2.5: the library skips this mode, so there is nothing to compare
         timers = {
-            LIBRARY: Timer("fn(obj, mode, declared)", globals=dict(fn=library_fn, obj=obj, mode=mode,
-                                                                    declared=declared),
-                           label=label, sub_label=mode, description=LIBRARY, num_threads=threads),
-            PLAIN: Timer("fn(obj, mode, declared)", globals=dict(fn=plain_fn, obj=obj, mode=mode,
-                                                                  declared=declared),
-                         label=label, sub_label=mode, description=PLAIN, num_threads=threads),
+            LIBRARY: Timer(
+                "fn(obj, mode, declared)",
+                globals=dict(fn=library_fn, obj=obj, mode=mode, declared=declared),
+                label=label,
+                sub_label=mode,
+                description=LIBRARY,
+                num_threads=threads,
+            ),
+            PLAIN: Timer(
+                "fn(obj, mode, declared)",
+                globals=dict(fn=plain_fn, obj=obj, mode=mode, declared=declared),
+                label=label,
+                sub_label=mode,
+                description=PLAIN,
+                num_threads=threads,
+            ),
         }
         runs: dict[str, list[Measurement]] = {LIBRARY: [], PLAIN: []}
         for r in range(rounds):
@@ -183,8 +200,9 @@ def byte_compile(*paths: str) -> None:
 def run_process(cmd: list[str], cwd: str, env: dict[str, str]) -> tuple[float, float, int, str]:
     """(wall s, user+system CPU s, exit code, stderr) of one child process."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
     stderr = proc.stderr.read() if proc.stderr else b""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -195,13 +213,21 @@ def run_process(cmd: list[str], cwd: str, env: dict[str, str]) -> tuple[float, f
 
 
 def _measurement(times: list[float], label: str, sub_label: str, description: str, stmt: str) -> Measurement:
-    return Measurement(number_per_run=1, raw_times=times,
-                       task_spec=TaskSpec(stmt=stmt, setup="", label=label, sub_label=sub_label,
-                                          description=description))
+    return Measurement(
+        number_per_run=1,
+        raw_times=times,
+        task_spec=TaskSpec(stmt=stmt, setup="", label=label, sub_label=sub_label, description=description),
+    )
 
 
-def time_processes(label: str, sub_label: str, library: tuple[list[str], str], plain: tuple[list[str], str],
-                   rounds: int, env: dict[str, str]) -> tuple[Pair, dict[str, str]]:
+def time_processes(
+    label: str,
+    sub_label: str,
+    library: tuple[list[str], str],
+    plain: tuple[list[str], str],
+    rounds: int,
+    env: dict[str, str],
+) -> tuple[Pair, dict[str, str]]:
     """Interleaved whole-process runs of two commands (each ``(argv, cwd)``); one warm-up each.
 
     Returns the pair and each command's last stderr (a test runner's summary is there)."""
@@ -209,8 +235,9 @@ def time_processes(label: str, sub_label: str, library: tuple[list[str], str], p
     return pair_of(runs, LIBRARY, PLAIN, label, sub_label, {LIBRARY: library, PLAIN: plain}), last
 
 
-def run_interleaved(commands: dict[str, tuple[list[str], str]], rounds: int,
-                    env: dict[str, str]) -> tuple[dict[str, tuple[list[float], list[float]]], dict[str, str]]:
+def run_interleaved(
+    commands: dict[str, tuple[list[str], str]], rounds: int, env: dict[str, str]
+) -> tuple[dict[str, tuple[list[float], list[float]]], dict[str, str]]:
     """Whole-process runs of each command, *rounds* times, in an order rotated every round so
     that drift hits all alike; one uncounted warm-up each.  Returns ``{name: (walls, cpus)}`` and
     each command's last stderr."""
@@ -237,11 +264,19 @@ def run_interleaved(commands: dict[str, tuple[list[str], str]], rounds: int,
     return runs, last
 
 
-def pair_of(runs: dict[str, tuple[list[float], list[float]]], library: str, plain: str, label: str,
-            sub_label: str, commands: dict[str, tuple[list[str], str]]) -> Pair:
+def pair_of(
+    runs: dict[str, tuple[list[float], list[float]]],
+    library: str,
+    plain: str,
+    label: str,
+    sub_label: str,
+    commands: dict[str, tuple[list[str], str]],
+) -> Pair:
     """The :class:`Pair` of two commands' runs from :func:`run_interleaved`."""
-    ms = {who: _measurement(runs[name][0], label, sub_label, who, " ".join(commands[name][0]))
-          for who, name in ((LIBRARY, library), (PLAIN, plain))}
+    ms = {
+        who: _measurement(runs[name][0], label, sub_label, who, " ".join(commands[name][0]))
+        for who, name in ((LIBRARY, library), (PLAIN, plain))
+    }
     return Pair(ms[LIBRARY], ms[PLAIN], _median(runs[library][1]) / _median(runs[plain][1]))
 
 
@@ -263,9 +298,14 @@ def time_import(rounds: int) -> Pair:
     py = sys.executable
     byte_compile(os.path.dirname(tst.__file__))
     with tempfile.TemporaryDirectory(prefix="tst-bench-") as cwd:
-        pair, _ = time_processes("import (whole process)", "import torch [+ library]",
-                                 ([py, "-c", "import torch; import torch_serial_testing"], cwd),
-                                 ([py, "-c", "import torch"], cwd), rounds, process_env())
+        pair, _ = time_processes(
+            "import (whole process)",
+            "import torch [+ library]",
+            ([py, "-c", "import torch; import torch_serial_testing"], cwd),
+            ([py, "-c", "import torch"], cwd),
+            rounds,
+            process_env(),
+        )
     return pair
 
 
@@ -324,8 +364,14 @@ def time_flagship(rounds: int) -> tuple[list[Pair], str]:
         commands = {who: ([py, "-m", "unittest", module], directory) for who, (directory, module) in files.items()}
         runs, last = run_interleaved(commands, rounds, process_env())
     pairs = [
-        pair_of(runs, "flagship", "empty", "test file (whole process)", f"{FLAGSHIP_MODULE} vs empty TestCase file",
-                commands),
+        pair_of(
+            runs,
+            "flagship",
+            "empty",
+            "test file (whole process)",
+            f"{FLAGSHIP_MODULE} vs empty TestCase file",
+            commands,
+        ),
         pair_of(runs, "flagship", "twin", TWIN_LABEL, f"{FLAGSHIP_MODULE} vs {PLAIN_TWIN_MODULE}", commands),
     ]
     summary = _runner_summary(last.get("flagship", ""))
@@ -335,13 +381,21 @@ def time_flagship(rounds: int) -> tuple[list[Pair], str]:
 def all_round_trips(rounds: int, min_run_time: float) -> list[Pair]:
     small, small_declared = small_module()
     with tst.override_qengine("qnnpack"):  # its packed weights load only under the engine that packed them
-        pairs = time_round_trips("round trip, small sparse quantized Linear", small, small_declared, rounds,
-                                 min_run_time)
+        pairs = time_round_trips(
+            "round trip, small sparse quantized Linear", small, small_declared, rounds, min_run_time
+        )
         # The same, with the library's scan memory cleared before every round trip (informational:
         # a test pays this once per distinct checkpoint; the rows above are the repeats).
-        pairs += time_round_trips("round trip, small sparse quantized Linear, first scan of its bytes", small,
-                                  small_declared, rounds, min_run_time, modes=("default",),
-                                  library_fn=library_round_trip_first_scan, plain_fn=plain_round_trip_twin)
+        pairs += time_round_trips(
+            "round trip, small sparse quantized Linear, first scan of its bytes",
+            small,
+            small_declared,
+            rounds,
+            min_run_time,
+            modes=("default",),
+            library_fn=library_round_trip_first_scan,
+            plain_fn=plain_round_trip_twin,
+        )
     big, big_declared = large_module()
     label = "round trip, 256 MiB float"
     pairs += time_round_trips(label, big, big_declared, rounds, min_run_time, modes=MODES[:2])
@@ -350,4 +404,3 @@ def all_round_trips(rounds: int, min_run_time: float) -> list[Pair]:
     with registered(big_declared):
         pairs += time_round_trips(label, big, big_declared, rounds, min_run_time, modes=("default",))
     return pairs
-

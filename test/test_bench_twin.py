@@ -45,17 +45,25 @@ def _ids(directory: str, module: str) -> set[str]:
         "    else: out.append(s.id().rsplit('.', 1)[1])\n"
         "print(''.join(f'test id: {name}\\n' for name in sorted(out)))"
     )
-    proc = subprocess.run([sys.executable, "-c", code, directory, module], capture_output=True, text=True,
-                          cwd=directory, env=_env(), timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, directory, module],
+        capture_output=True,
+        text=True,
+        cwd=directory,
+        env=_env(),
+        timeout=600,
+    )
     if proc.returncode != 0:
         raise AssertionError(f"collecting {module} failed:\n{proc.stderr[-3000:]}")
     # Only the marked lines: a torch may print to stdout while the module is imported.
-    return {line[len("test id: "):] for line in proc.stdout.splitlines() if line.startswith("test id: ")}
+    return {line[len("test id: ") :] for line in proc.stdout.splitlines() if line.startswith("test id: ")}
 
 
 @unittest.skipIf(_sparse_linear_missing(), "this torch has no sparse quantized Linear (the flagship skips too)")
-@unittest.skipUnless(hasattr(torch.serialization, "safe_globals"),
-                     "torch < 2.5 has no safe_globals context: the flagship skips that mode, the twin would not")
+@unittest.skipUnless(
+    hasattr(torch.serialization, "safe_globals"),
+    "torch < 2.5 has no safe_globals context: the flagship skips that mode, the twin would not",
+)
 class TestFlagshipPlainTwin(unittest.TestCase):
     def test_same_tests_as_the_flagship(self) -> None:
         flagship = _ids(FLAGSHIP_DIR, "test_qlinear_packed_params")
@@ -64,8 +72,14 @@ class TestFlagshipPlainTwin(unittest.TestCase):
         self.assertEqual(twin, flagship)
 
     def test_green_without_the_library(self) -> None:
-        proc = subprocess.run([sys.executable, "-m", "unittest", "-v", "flagship_plain"], capture_output=True,
-                              text=True, cwd=BENCH, env=_env(), timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "unittest", "-v", "flagship_plain"],
+            capture_output=True,
+            text=True,
+            cwd=BENCH,
+            env=_env(),
+            timeout=600,
+        )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertIn("Ran 20 tests", proc.stderr)
         self.assertNotIn("skipped", proc.stderr)

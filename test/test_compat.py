@@ -43,6 +43,7 @@ def bare_load_default(behaviour):
     exception, raised where torch decides the default).  Where torch decides it in
     ``torch.serialization._default_to_weights_only`` (>= 2.6) that function is replaced; an older
     torch has none, and its ``torch.serialization.load`` is wrapped to decide the same way."""
+
     def decide(pickle_module=None):
         if isinstance(behaviour, BaseException):
             raise behaviour
@@ -66,8 +67,10 @@ class TestOlderTorch(unittest.TestCase):
         generic = make_generic(devices=("cpu",))
         (cls,) = instantiate_round_trip_tests(generic, {})
         had_context = hasattr(torch.serialization, "safe_globals")  # torch >= 2.5
-        reason = (f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
-                  f"torch {torch.__version__} lacks it")
+        reason = (
+            f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+            f"torch {torch.__version__} lacks it"
+        )
         with contextlib.ExitStack() as stack:
             if had_context:  # hide it; a torch before 2.5 really lacks it, nothing to hide there
                 stack.enter_context(mock.patch.object(torch.serialization, "safe_globals"))
@@ -111,8 +114,10 @@ class TestOlderTorch(unittest.TestCase):
         # and torch really did that: the full load of the owned checkpoint went through
         self.assertTrue(result.loaded)
         self.assertIsInstance(result.value, TinyNet)
-        self.assertEqual(result.summary, "default: loaded as expected (weights_only=False the default before "
-                                         "torch 2.6 (torch 2.5.1))")
+        self.assertEqual(
+            result.summary,
+            "default: loaded as expected (weights_only=False the default before torch 2.6 (torch 2.5.1))",
+        )
         # torch's behaviour, not the version string, decides: a bare load that is weights-only
         # under the same version string is predicted (and is) a rejection.
         with clean_env(), bare_load_default(True), mock.patch.object(torch, "__version__", "2.5.1"):
@@ -126,8 +131,7 @@ class TestOlderTorch(unittest.TestCase):
         self.assertEqual(torch_default_weights_only()[0], DEFAULT_WEIGHTS_ONLY)
         with mock.patch.object(torch, "__version__", "2.5.1"):  # the version string alone changes nothing
             self.assertEqual(torch_default_weights_only()[0], DEFAULT_WEIGHTS_ONLY)
-            self.assertEqual(predict(LoadMode.DEFAULT, ckpt, environ={}).weights_only,
-                             DEFAULT_WEIGHTS_ONLY)
+            self.assertEqual(predict(LoadMode.DEFAULT, ckpt, environ={}).weights_only, DEFAULT_WEIGHTS_ONLY)
 
     def test_fbcode_style_default(self):
         # A torch >= 2.6 built to keep the old default (fbcode): asked, not inferred from the version.
@@ -142,24 +146,35 @@ class TestOlderTorch(unittest.TestCase):
         # cannot answer, so the prediction is unknown and a load says so instead of guessing.
         ckpt = Checkpoint.save(TinyNet())
         with clean_env(), bare_load_default(LookupError("simulated: the default cannot be decided")):
-            with self.assertRaisesRegex(ProbeFailed, r"^torch\.load of the library's canary raised LookupError: "
-                                                     r"simulated: the default cannot be decided$"):
+            with self.assertRaisesRegex(
+                ProbeFailed,
+                r"^torch\.load of the library's canary raised LookupError: "
+                r"simulated: the default cannot be decided$",
+            ):
                 torch_default_weights_only()
             exp = predict(LoadMode.DEFAULT, ckpt, environ={})
             with self.assertRaises(UnexpectedLoadOutcome) as cm:
                 load_modes.load(ckpt, LoadMode.DEFAULT)
             # the explicit modes do not depend on the default: still predicted
             explicit = predict(LoadMode.WEIGHTS_ONLY_FALSE, ckpt, environ={})
-        self.assertEqual(exp.unknown, "torch.load of the library's canary raised LookupError: simulated: the "
-                                      "default cannot be decided")
+        self.assertEqual(
+            exp.unknown,
+            "torch.load of the library's canary raised LookupError: simulated: the default cannot be decided",
+        )
         self.assertEqual(exp.reason, "what torch.load decides here is unknown")
-        self.assertEqual(exp.summary(False), "default: rejected, not predicted (what torch.load decides here is "
-                                             "unknown; torch.load of the library's canary raised LookupError: "
-                                             "simulated: the default cannot be decided)")
+        self.assertEqual(
+            exp.summary(False),
+            "default: rejected, not predicted (what torch.load decides here is "
+            "unknown; torch.load of the library's canary raised LookupError: "
+            "simulated: the default cannot be decided)",
+        )
         # loaded all the same (torch raised from its bare load), and reported as not predicted
-        self.assertEqual(str(cm.exception), "default: cannot predict this load here (torch.load of the library's "
-                                            "canary raised LookupError: simulated: the default cannot be decided); "
-                                            "torch rejected it:\nsimulated: the default cannot be decided")
+        self.assertEqual(
+            str(cm.exception),
+            "default: cannot predict this load here (torch.load of the library's "
+            "canary raised LookupError: simulated: the default cannot be decided); "
+            "torch rejected it:\nsimulated: the default cannot be decided",
+        )
         self.assertEqual((explicit.unknown, explicit.weights_only, explicit.loads), (None, False, True))
         # nothing of the failure is remembered: torch itself again answers as before
         self.assertEqual(torch_default_weights_only()[0], DEFAULT_WEIGHTS_ONLY)
@@ -171,8 +186,11 @@ class TestOlderTorch(unittest.TestCase):
             result, out = run([cls])
         failed = {t.id().rsplit(".", 1)[1]: text for t, text in result.failures + result.errors}
         self.assertEqual(sorted(failed), ["test_rt_default_cpu"], out)
-        self.assertIn("UnexpectedLoadOutcome: default: cannot predict this load here (torch.load of the library's "
-                      "canary raised LookupError: simulated); torch rejected it:\nsimulated\n", failed["test_rt_default_cpu"])
+        self.assertIn(
+            "UnexpectedLoadOutcome: default: cannot predict this load here (torch.load of the library's "
+            "canary raised LookupError: simulated); torch rejected it:\nsimulated\n",
+            failed["test_rt_default_cpu"],
+        )
         self.assertIn("test_rt_weights_only_false_cpu", out)
         self.assertEqual(result.testsRun, 4)
 
@@ -214,13 +232,17 @@ class TestFutureTorchWithoutQuantization(unittest.TestCase):
             reasons = sorted({r for _, r in result.skipped})
             print("RESULT", suite.countTestCases(), len(result.skipped), len(result.errors) + len(result.failures), reasons)
         """)
-        proc = subprocess.run([sys.executable, "-c", code], cwd=os.path.join(here, "ao", "sparsity"),
-                              capture_output=True, text=True,
-                              env=child_env())
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=os.path.join(here, "ao", "sparsity"),
+            capture_output=True,
+            text=True,
+            env=child_env(),
+        )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         # Our line, not what imports print (torch < 2.6's common_utils reports a missing hypothesis).
         (line,) = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-        total, skipped, bad, reasons = line[len("RESULT "):].split(" ", 3)  # every test skipped
+        total, skipped, bad, reasons = line[len("RESULT ") :].split(" ", 3)  # every test skipped
         self.assertEqual(total, skipped)
         self.assertGreater(int(total), 0)
         self.assertEqual(bad, "0")
@@ -243,8 +265,11 @@ class TestSourceDistribution(unittest.TestCase):
         for folder in ("test", "tools", "bench", "docs"):
             for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
                 dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
-                needed |= {os.path.relpath(os.path.join(dirpath, f), root) for f in filenames
-                           if not f.endswith((".pyc", ".pyo")) and not f.startswith(".")}
+                needed |= {
+                    os.path.relpath(os.path.join(dirpath, f), root)
+                    for f in filenames
+                    if not f.endswith((".pyc", ".pyo")) and not f.startswith(".")
+                }
         self.assertIn("test/ao/sparsity/test_qlinear_packed_params.py", needed)
         self.assertIn("test/helpers/subprocess_env.py", needed)
         self.assertIn("test/npu_backend/npu_backend.cpp", needed)

@@ -39,14 +39,16 @@ WEIGHT_CASES = 3  # per_tensor_small, per_channel_small, per_tensor_large
 # What a full-module checkpoint of the sparse Linear needs beyond torch's allowlist (sorted, as
 # the rejection summaries list them): its classes and torch.ScriptObject on every torch, plus
 # builtins.set (nn.Module._non_persistent_buffers_set) where torch's allowlist lacks it (< 2.6).
-MODULE_GLOBALS = tuple(sorted(
-    {
-        "torch.ScriptObject",
-        "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
-        "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
-    }
-    | ({"builtins.set"} - torch_allowlist())
-))
+MODULE_GLOBALS = tuple(
+    sorted(
+        {
+            "torch.ScriptObject",
+            "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
+            "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
+        }
+        | ({"builtins.set"} - torch_allowlist())
+    )
+)
 # Whether torch.load reads TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD at all (torch >= 2.6); before, it
 # is ignored: no forced full load, no warning, and no error when both switches are set
 # (observed on a real torch.load).
@@ -159,7 +161,9 @@ class TestFlagshipEnvironments(unittest.TestCase):
         # A test whose mode this torch cannot run says so next to its id (verbose output may put
         # the docstring's first line in between), with the library's exact reason.
         for test_id, reason in skipped_tests().items():
-            self.assertRegex(out, rf"{id_in_verbose_output(test_id)}(?:\n[^\n]*)? \.\.\. skipped {re.escape(repr(reason))}\n")
+            self.assertRegex(
+                out, rf"{id_in_verbose_output(test_id)}(?:\n[^\n]*)? \.\.\. skipped {re.escape(repr(reason))}\n"
+            )
         self.assertEqual(len(re.findall(r" \.\.\. skipped ", out)), len(skipped_tests()), out[-5000:])
         return proc, records, out
 
@@ -199,8 +203,10 @@ class TestFlagshipEnvironments(unittest.TestCase):
         if TORCH_DEFAULT:
             self.assertEqual(
                 rejected,
-                {f"default: rejected as expected (weights_only=True {TORCH_DEFAULT_WHY}; "
-                 f"{', '.join(MODULE_GLOBALS)} not allowlisted)"},
+                {
+                    f"default: rejected as expected (weights_only=True {TORCH_DEFAULT_WHY}; "
+                    f"{', '.join(MODULE_GLOBALS)} not allowlisted)"
+                },
             )
         else:  # torch < 2.6: a bare torch.load fully unpickles, so nothing is rejected
             self.assertEqual(rejected, set())

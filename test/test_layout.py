@@ -131,7 +131,7 @@ class TestLayers(unittest.TestCase):
             state[node] = 1
             for nxt in sorted(graph.get(node, ())):
                 if state.get(nxt) == 1:
-                    cycles.append(" -> ".join(trail[trail.index(nxt):] + [nxt]) if nxt in trail else nxt)
+                    cycles.append(" -> ".join(trail[trail.index(nxt) :] + [nxt]) if nxt in trail else nxt)
                 elif nxt in graph and state.get(nxt) is None:
                     visit(nxt, trail + [nxt])
             state[node] = 2
@@ -142,8 +142,12 @@ class TestLayers(unittest.TestCase):
         self.assertEqual(cycles, [])
 
     def test_torch_private_api_only_in_torch_facts(self) -> None:
-        found = [f"{m}:{line} {what}" for m, path in modules() if layer(m) != "torch_facts"
-                 for line, what in torch_private_uses(path)]
+        found = [
+            f"{m}:{line} {what}"
+            for m, path in modules()
+            if layer(m) != "torch_facts"
+            for line, what in torch_private_uses(path)
+        ]
         self.assertEqual(found, [])
         # and the check sees what it looks for
         facts = [what for m, path in modules() if layer(m) == "torch_facts" for _l, what in torch_private_uses(path)]

@@ -16,9 +16,19 @@ import unittest
 #: only a load or a scan asks for (the load decision, the loader proxy, the unpickler rules,
 #: torch's records).
 ROUND_TRIP_MACHINERY = (
-    "scan", "scan.archive", "scan.build_state", "scan.checkpoint", "scan.model", "scan.walker",
-    "loading.prediction", "loading.load", "testing.comparison",
-    "torch_facts.load_call", "torch_facts.loader", "torch_facts.unpickler", "torch_facts.records",
+    "scan",
+    "scan.archive",
+    "scan.build_state",
+    "scan.checkpoint",
+    "scan.model",
+    "scan.walker",
+    "loading.prediction",
+    "loading.load",
+    "testing.comparison",
+    "torch_facts.load_call",
+    "torch_facts.loader",
+    "torch_facts.unpickler",
+    "torch_facts.records",
 )
 
 
@@ -57,8 +67,15 @@ class LazyImportTest(unittest.TestCase):
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch_serial_testing.'))))\n"
         )
         loaded = {m.split(".", 1)[1] for m in got}
-        for module in ("scan", "scan.checkpoint", "scan.walker", "loading.prediction", "loading.load",
-                       "torch_facts.load_call", "torch_facts.unpickler"):
+        for module in (
+            "scan",
+            "scan.checkpoint",
+            "scan.walker",
+            "loading.prediction",
+            "loading.load",
+            "torch_facts.load_call",
+            "torch_facts.unpickler",
+        ):
             self.assertIn(module, loaded)
 
     def test_public_names_resolve_on_first_use(self) -> None:

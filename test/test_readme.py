@@ -166,7 +166,9 @@ class TestReadme(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("Ran 13 tests", proc.stderr)
         # @no_round_trip_dims: one test_required_globals, with neither a mode nor an engine
-        self.assertEqual(re.findall(r"^(test_required_globals\w*) \(", proc.stderr, re.M), ["test_required_globals_cpu"])
+        self.assertEqual(
+            re.findall(r"^(test_required_globals\w*) \(", proc.stderr, re.M), ["test_required_globals_cpu"]
+        )
         # Warnings exactly as in the same tests without the library (none from torch 2.6 on; before,
         # torch's FutureWarning of a bare torch.load, shown once).
         assert_warnings_as_in_twin(self, "test_tinynet", proc, TINYNET_TWIN)
@@ -184,7 +186,9 @@ class TestReadme(unittest.TestCase):
     def test_complete_example_as_a_script_keeps_its_golden_record(self):
         (example,) = [b for b in code_blocks(readme(), "python") if "test_tinynet.py" in b]
         needed = sorted(["test_tinynet.TinyNet", *MODULE_GLOBALS])
-        example = example.replace('"""\\\ntest_tinynet.TinyNet\n"""', '"""\\\n' + "".join(f"{g}\n" for g in needed) + '"""')
+        example = example.replace(
+            '"""\\\ntest_tinynet.TinyNet\n"""', '"""\\\n' + "".join(f"{g}\n" for g in needed) + '"""'
+        )
         example += "\nif __name__ == '__main__':\n    unittest.main()\n"
         proc = run_example("test_tinynet", example, script=True)
         self.assertEqual(proc.returncode, 0, proc.stderr)
@@ -201,15 +205,20 @@ class TestReadme(unittest.TestCase):
         if "qnnpack" not in torch_serial_testing.supported_qengines():
             return
         # The option is what makes it pass: without it, the qnnpack tests that load fail as the README says.
-        strict = example.replace("self.assertRoundTripEqual(original, loaded, allow_subclasses=True)",
-                                 "self.assertRoundTripEqual(original, loaded)")
+        strict = example.replace(
+            "self.assertRoundTripEqual(original, loaded, allow_subclasses=True)",
+            "self.assertRoundTripEqual(original, loaded)",
+        )
         self.assertNotEqual(strict, example)
         proc = run_example("test_qdynamic", strict)
         loading = 2 - (1 if "safe_globals" in MODE_SKIPS else 0) - (0 if DEFAULT_WEIGHTS_ONLY else -1)
         skipped = 2 * len(MODE_SKIPS)  # a load mode this torch lacks, for each engine
         self.assertIn(f"FAILED (failures={loading}" + (f", skipped={skipped})" if skipped else ")"), proc.stderr)
-        self.assertIn("round trip mismatch at .state_dict()['_packed_params._packed_params'][1]: tensor class "
-                      "Tensor != expected Parameter", proc.stderr)
+        self.assertIn(
+            "round trip mismatch at .state_dict()['_packed_params._packed_params'][1]: tensor class "
+            "Tensor != expected Parameter",
+            proc.stderr,
+        )
 
     def test_quick_start_is_a_venv_then_two_commands_and_ci_runs_them(self):
         venv, console = code_blocks(readme(), "console")[:2]

@@ -34,17 +34,29 @@ import xml.etree.ElementTree as ET
 from typing import NamedTuple
 
 # The latest patch of every torch minor the library supports (setup.cfg: torch>=2.4).
-ALL_VERSIONS = ("2.4.1", "2.5.1", "2.6.0", "2.7.1", "2.8.0", "2.9.1", "2.10.0", "2.11.0",
-                "2.12.1", "2.13.0", "2.14.1", "2.15.0")
+ALL_VERSIONS = (
+    "2.4.1",
+    "2.5.1",
+    "2.6.0",
+    "2.7.1",
+    "2.8.0",
+    "2.9.1",
+    "2.10.0",
+    "2.11.0",
+    "2.12.1",
+    "2.13.0",
+    "2.14.1",
+    "2.15.0",
+)
 
 
 class Row(NamedTuple):
-    torch: str        # the version torch reports inside the venv (shows +cpu, +cu121 ...)
+    torch: str  # the version torch reports inside the venv (shows +cpu, +cu121 ...)
     python: str
     passed: int
     skipped: int
-    failed: int       # failures + errors
-    notes: str        # notable skips (reason x count) or what went wrong
+    failed: int  # failures + errors
+    notes: str  # notable skips (reason x count) or what went wrong
     seconds: float
 
     @property
@@ -96,45 +108,89 @@ def run_version(version: str, source: str, python: str, workdir: str, log_dir: s
     # A machine may cap torch through a pip constraints file (this one does, at the releases it
     # has on disk); the matrix asks for exact versions, so no other constraint applies.
     env["PIP_CONSTRAINT"] = os.devnull
-    env["PIP_NO_CACHE_DIR"] = "1"   # several GB per version: do not keep a copy in pip's cache
-    env.pop("PYTHONPATH", None)     # the venv must see only what it installed and the checkout
+    env["PIP_NO_CACHE_DIR"] = "1"  # several GB per version: do not keep a copy in pip's cache
+    env.pop("PYTHONPATH", None)  # the venv must see only what it installed and the checkout
     for name in [k for k in env if k.startswith("TORCH_FORCE_")]:
-        del env[name]               # the suite sets these itself, per test
+        del env[name]  # the suite sets these itself, per test
     with open(log_path, "w") as log:
         try:
             if _run([python, "-m", "venv", venv], log) != 0:
                 return Row(version, "?", 0, 0, 0, "venv creation failed", time.monotonic() - started)
             vpy = os.path.join(venv, "bin", "python")
             if _run([vpy, "-m", "pip", "install", "--quiet", f"torch=={version}"], log, env=env) != 0:
-                return Row(version, _python_version(vpy), 0, 0, 0, "pip install torch failed (see log)",
-                           time.monotonic() - started)
+                return Row(
+                    version,
+                    _python_version(vpy),
+                    0,
+                    0,
+                    0,
+                    "pip install torch failed (see log)",
+                    time.monotonic() - started,
+                )
             if _run([vpy, "-m", "pip", "install", "--quiet", "-e", f"{source}[test]"], log, env=env) != 0:
-                return Row(version, _python_version(vpy), 0, 0, 0, "pip install of the checkout failed",
-                           time.monotonic() - started)
-            reported = subprocess.run([vpy, "-c", "import torch; print(torch.__version__)"],
-                                      capture_output=True, text=True, env=env).stdout.strip() or version
-            code = _run([vpy, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", f"--junitxml={junit}",
-                         *pytest_args, "test"], log, env=env, cwd=source)
+                return Row(
+                    version,
+                    _python_version(vpy),
+                    0,
+                    0,
+                    0,
+                    "pip install of the checkout failed",
+                    time.monotonic() - started,
+                )
+            reported = (
+                subprocess.run(
+                    [vpy, "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True, env=env
+                ).stdout.strip()
+                or version
+            )
+            code = _run(
+                [
+                    vpy,
+                    "-m",
+                    "pytest",
+                    "-p",
+                    "no:cacheprovider",
+                    "-q",
+                    "-rs",
+                    f"--junitxml={junit}",
+                    *pytest_args,
+                    "test",
+                ],
+                log,
+                env=env,
+                cwd=source,
+            )
             if not os.path.exists(junit):
-                return Row(reported, _python_version(vpy), 0, 0, 0, f"pytest exited {code} without results",
-                           time.monotonic() - started)
+                return Row(
+                    reported,
+                    _python_version(vpy),
+                    0,
+                    0,
+                    0,
+                    f"pytest exited {code} without results",
+                    time.monotonic() - started,
+                )
             passed, skipped, failed, notes = _summarise_junit(junit)
             if code != 0 and failed == 0:
                 failed, notes = 1, [f"pytest exited {code}", *notes]
-            return Row(reported, _python_version(vpy), passed, skipped, failed, "; ".join(notes),
-                       time.monotonic() - started)
+            return Row(
+                reported, _python_version(vpy), passed, skipped, failed, "; ".join(notes), time.monotonic() - started
+            )
         finally:
             shutil.rmtree(venv, ignore_errors=True)
 
 
 def _python_version(python: str) -> str:
-    return subprocess.run([python, "-c", "import platform; print(platform.python_version())"],
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [python, "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def format_row(row: Row) -> str:
-    return (f"{row.torch:<16} {row.python:<8} {row.passed:>6} {row.skipped:>7} {row.failed:>6} "
-            f"{row.seconds:>6.0f}s  {row.notes or '-'}")
+    return (
+        f"{row.torch:<16} {row.python:<8} {row.passed:>6} {row.skipped:>7} {row.failed:>6} "
+        f"{row.seconds:>6.0f}s  {row.notes or '-'}"
+    )
 
 
 HEADER = f"{'torch':<16} {'python':<8} {'passed':>6} {'skipped':>7} {'failed':>6} {'time':>7}  notable skips / failures"
@@ -142,9 +198,14 @@ HEADER = f"{'torch':<16} {'python':<8} {'passed':>6} {'skipped':>7} {'failed':>6
 
 def rst_table(rows: list[Row]) -> str:
     """The matrix as an RST grid-free simple table (what README's Compatibility section carries)."""
-    cols = [("torch", [r.torch for r in rows]), ("Python", [r.python for r in rows]),
-            ("passed", [str(r.passed) for r in rows]), ("skipped", [str(r.skipped) for r in rows]),
-            ("failed", [str(r.failed) for r in rows]), ("notable skips / failures", [r.notes or "-" for r in rows])]
+    cols = [
+        ("torch", [r.torch for r in rows]),
+        ("Python", [r.python for r in rows]),
+        ("passed", [str(r.passed) for r in rows]),
+        ("skipped", [str(r.skipped) for r in rows]),
+        ("failed", [str(r.failed) for r in rows]),
+        ("notable skips / failures", [r.notes or "-" for r in rows]),
+    ]
     widths = [max(len(title), *(len(v) for v in values)) for title, values in cols]
     rule = "  ".join("=" * w for w in widths)
     lines = [rule, "  ".join(t.ljust(w) for (t, _), w in zip(cols, widths)).rstrip(), rule]
@@ -158,16 +219,30 @@ def main(argv: list[str] | None = None) -> int:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("versions", nargs="*", help="torch versions (exact, e.g. 2.8.0)")
-    parser.add_argument("--all", action="store_true", help="every minor 2.4 .. 2.15, latest patch: " + " ".join(ALL_VERSIONS))
+    parser.add_argument(
+        "--all", action="store_true", help="every minor 2.4 .. 2.15, latest patch: " + " ".join(ALL_VERSIONS)
+    )
     parser.add_argument("--source", default=here, help="the checkout to test (default: this script's)")
-    parser.add_argument("--python", default=shutil.which("python3") or sys.executable,
-                        help="the interpreter each venv is made from (default: python3 on PATH)")
-    parser.add_argument("--workdir", default=None, help="where the (one) venv lives while it runs (default: a temp dir)")
-    parser.add_argument("--log-dir", default=None, help="pip/pytest logs and JUnit XML per version (default: a temp dir)")
+    parser.add_argument(
+        "--python",
+        default=shutil.which("python3") or sys.executable,
+        help="the interpreter each venv is made from (default: python3 on PATH)",
+    )
+    parser.add_argument(
+        "--workdir", default=None, help="where the (one) venv lives while it runs (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--log-dir", default=None, help="pip/pytest logs and JUnit XML per version (default: a temp dir)"
+    )
     parser.add_argument("--rst", default=None, help="also write the table as RST to this file")
     parser.add_argument("--pytest-args", default="-n 2", help="extra pytest arguments (default: %(default)s)")
-    parser.add_argument("--from-logs", metavar="DIR", action="append", default=[],
-                        help="run nothing: print the table from the rows.jsonl of earlier runs' --log-dir (repeatable)")
+    parser.add_argument(
+        "--from-logs",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="run nothing: print the table from the rows.jsonl of earlier runs' --log-dir (repeatable)",
+    )
     args = parser.parse_args(argv)
     if args.from_logs:
         rows = []
@@ -184,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("name torch versions (e.g. 2.8.0 2.13.0) or pass --all")
     source = os.path.abspath(args.source)
     if not os.path.isfile(os.path.join(source, "setup.cfg")) or not os.path.isdir(os.path.join(source, "test")):
-        parser.error(f"--source {source} is not a torch_serial_testing checkout (no setup.cfg and test/): "
-                     "pass the repository's root folder")
+        parser.error(
+            f"--source {source} is not a torch_serial_testing checkout (no setup.cfg and test/): "
+            "pass the repository's root folder"
+        )
     workdir = args.workdir or tempfile.mkdtemp(prefix="tst-compat-")
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="tst-compat-logs-")
     os.makedirs(workdir, exist_ok=True)

@@ -26,8 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--source", default=root, help="the checkout to package (default: this one)")
-    parser.add_argument("--python", default=shutil.which("python3") or sys.executable,
-                        help="interpreter for the fresh venv (default: python3 on PATH)")
+    parser.add_argument(
+        "--python",
+        default=shutil.which("python3") or sys.executable,
+        help="interpreter for the fresh venv (default: python3 on PATH)",
+    )
     parser.add_argument("--torch", default="2.13.0", help="torch version to install first (default: %(default)s)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (venv, sdist, unpacked tree)")
     parser.add_argument("--pytest-args", default="-n 2", help="extra pytest arguments (default: %(default)s)")
@@ -40,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         pip = [py, "-m", "pip", "install", "--quiet"]
         subprocess.run([*pip, "build", f"torch=={args.torch}"], check=True)
         dist = os.path.join(work, "dist")
-        subprocess.run([py, "-m", "build", "--sdist", "--outdir", dist, args.source], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [py, "-m", "build", "--sdist", "--outdir", dist, args.source], check=True, stdout=subprocess.DEVNULL
+        )
         (sdist,) = glob.glob(os.path.join(dist, "*.tar.gz"))
         print(f"built {os.path.basename(sdist)} ({os.path.getsize(sdist)} bytes)", flush=True)
         subprocess.run([*pip, f"{sdist}[test]"], check=True)
@@ -51,8 +55,11 @@ def main(argv: list[str] | None = None) -> int:
             tar.extractall(unpacked, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         (tree,) = glob.glob(os.path.join(unpacked, "*"))
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("TORCH_FORCE_")}
-        code = subprocess.run([py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args.pytest_args.split(), "test"],
-                              cwd=tree, env=env).returncode
+        code = subprocess.run(
+            [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args.pytest_args.split(), "test"],
+            cwd=tree,
+            env=env,
+        ).returncode
         print(f"pytest from the unpacked sdist ({tree}): exit {code}", flush=True)
         return code
     finally:

@@ -13,8 +13,13 @@ import importlib
 from typing import Any
 
 from .core.errors import (
-    AllowlistError, CheckpointFormatError, ConflictingEnvironmentError, LeakedGlobalStateError, RoundTripConfigError,
-    UnexpectedLoadOutcome, UnsafeLoadRefused,
+    AllowlistError,
+    CheckpointFormatError,
+    ConflictingEnvironmentError,
+    LeakedGlobalStateError,
+    RoundTripConfigError,
+    UnexpectedLoadOutcome,
+    UnsafeLoadRefused,
 )
 from .core.limits import ScanLimits, scan_limits
 from .core.modes import LoadMode
@@ -22,7 +27,11 @@ from .core.names import qualified_name
 from .policy.trust import UnsafeCallable, dangerous_reason, judge_global
 from .testing.case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
 from .testing.instantiation import (
-    cross_engine, import_round_trip_tests, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims,
+    cross_engine,
+    import_round_trip_tests,
+    instantiate_round_trip_tests,
+    no_round_trip_dims,
+    round_trip_dims,
 )
 from .testing.isolation import GlobalState
 from .torch_facts.devices import available_device_types
@@ -56,12 +65,43 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllowlistError", "CaseSpec", "Checkpoint", "CheckpointFormatError", "CheckpointInfo",
-    "ConflictingEnvironmentError", "Expectation", "ExpectedRejection", "GlobalState", "LeakedGlobalStateError",
-    "LoadMode", "LoadResult", "RoundTripConfigError", "RoundTripMismatch", "ScanLimits",
-    "SerializationRoundTripTestCase", "UnexpectedLoadOutcome", "UnsafeCallable", "UnsafeLoadRefused",
-    "assert_round_trip_equal", "available_device_types", "cross_engine", "dangerous_reason",
-    "import_round_trip_tests", "instantiate_round_trip_tests", "judge_global", "load", "no_round_trip_dims",
-    "override_qengine", "predict", "qualified_name", "refusal_notes", "required_globals", "round_trip",
-    "round_trip_dims", "safe_globals_snippet", "scan_checkpoint", "scan_limits", "supported_qengines",
+    "AllowlistError",
+    "CaseSpec",
+    "Checkpoint",
+    "CheckpointFormatError",
+    "CheckpointInfo",
+    "ConflictingEnvironmentError",
+    "Expectation",
+    "ExpectedRejection",
+    "GlobalState",
+    "LeakedGlobalStateError",
+    "LoadMode",
+    "LoadResult",
+    "RoundTripConfigError",
+    "RoundTripMismatch",
+    "ScanLimits",
+    "SerializationRoundTripTestCase",
+    "UnexpectedLoadOutcome",
+    "UnsafeCallable",
+    "UnsafeLoadRefused",
+    "assert_round_trip_equal",
+    "available_device_types",
+    "cross_engine",
+    "dangerous_reason",
+    "import_round_trip_tests",
+    "instantiate_round_trip_tests",
+    "judge_global",
+    "load",
+    "no_round_trip_dims",
+    "override_qengine",
+    "predict",
+    "qualified_name",
+    "refusal_notes",
+    "required_globals",
+    "round_trip",
+    "round_trip_dims",
+    "safe_globals_snippet",
+    "scan_checkpoint",
+    "scan_limits",
+    "supported_qengines",
 ]

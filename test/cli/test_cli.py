@@ -26,7 +26,14 @@ import torch
 from torch_serial_testing import Checkpoint
 
 from torch_serial_testing.cli import contract
-from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_CODES, EXIT_DANGEROUS, EXIT_OK, EXIT_USAGE, SCHEMA_VERSION
+from torch_serial_testing.cli.contract import (
+    EXIT_ATTENTION,
+    EXIT_CODES,
+    EXIT_DANGEROUS,
+    EXIT_OK,
+    EXIT_USAGE,
+    SCHEMA_VERSION,
+)
 from torch_serial_testing.cli.doctor import AUTOLOAD, ENV_VARS, WAIT_LIMIT
 from torch_serial_testing.cli.inspection import MODES
 from torch_serial_testing.loading import load as load_modes
@@ -61,20 +68,50 @@ TORCH_READS_FORCE_NO = READS_FORCE_NO_WEIGHTS_ONLY
 def default_mode_line(rejected_or_loads: str) -> str:
     """The regex of inspect's `default` line for a checkpoint that is *rejected_or_loads* weights-only."""
     if not TORCH_DEFAULT_WO:  # a full load: the CLI never does it, whatever the checkpoint needs
-        return rf"default +unsafe: weights_only=False {re.escape(TORCH_DEFAULT_WHY)}: would execute arbitrary pickle code"
+        return (
+            rf"default +unsafe: weights_only=False {re.escape(TORCH_DEFAULT_WHY)}: would execute arbitrary pickle code"
+        )
     if rejected_or_loads == "loads":
         return rf"default +loads \(weights_only=True {re.escape(TORCH_DEFAULT_WHY)}\)"
     return rf"default +rejected: weights_only=True {re.escape(TORCH_DEFAULT_WHY)}"
 
+
 DOCTOR_KEYS = {
-    "schema", "command", "status", "exit_code", "problems", "torch", "torch_load_replaced_by",
-    "default_weights_only", "environment", "backend_entry_points", "safe_globals",
-    "quantized_engines", "devices",
+    "schema",
+    "command",
+    "status",
+    "exit_code",
+    "problems",
+    "torch",
+    "torch_load_replaced_by",
+    "default_weights_only",
+    "environment",
+    "backend_entry_points",
+    "safe_globals",
+    "quantized_engines",
+    "devices",
 }
 INSPECT_KEYS = {
-    "schema", "command", "status", "exit_code", "checkpoint", "nbytes", "format", "error", "globals",
-    "required_globals", "dangerous", "malformed", "unknown", "needs_opt_in", "notes", "safe_globals", "modes",
-    "snippet", "torch", "torch_load_replaced_by",
+    "schema",
+    "command",
+    "status",
+    "exit_code",
+    "checkpoint",
+    "nbytes",
+    "format",
+    "error",
+    "globals",
+    "required_globals",
+    "dangerous",
+    "malformed",
+    "unknown",
+    "needs_opt_in",
+    "notes",
+    "safe_globals",
+    "modes",
+    "snippet",
+    "torch",
+    "torch_load_replaced_by",
 }
 MODE_KEYS = {"weights_only", "outcome", "missing", "summary"}
 
@@ -87,20 +124,20 @@ EXPECTED_EXIT_CODES = {
     },
     EXIT_ATTENTION: {
         "inspect": "needs action first: allowlisting the listed classes, an explicit UnsafeCallable opt-in "
-                   "for a needed global that is not a class, or (TorchScript, legacy .tar) a loader only "
-                   "for trusted files",
+        "for a needed global that is not a class, or (TorchScript, legacy .tar) a loader only "
+        "for trusted files",
         "doctor": "attention: a TORCH_FORCE_* switch is active or set to a spelling torch ignores, a "
-                  "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
-                  "not weights-only, or backend autoload is off for installed backends or set to "
-                  "something other than 0 or 1",
+        "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
+        "not weights-only, or backend autoload is off for installed backends or set to "
+        "something other than 0 or 1",
         "vendor": "--check: the copy is not current (listed)",
     },
     EXIT_DANGEROUS: {
         "inspect": "dangerous or unloadable input: a DANGEROUS or malformed global, a global this torch "
-                   "lacks, unreadable / truncated / not a checkpoint, both TORCH_FORCE_* switches set "
-                   "(every torch.load fails), or this torch cannot be asked what torch.load does",
+        "lacks, unreadable / truncated / not a checkpoint, both TORCH_FORCE_* switches set "
+        "(every torch.load fails), or this torch cannot be asked what torch.load does",
         "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError), or this "
-                  "torch cannot be asked what torch.load does",
+        "torch cannot be asked what torch.load does",
         "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
     },
     EXIT_USAGE: {"all": "usage error (bad arguments, unknown subcommand)"},
@@ -129,8 +166,9 @@ def exit_code_blocks(help_text: str) -> dict[int, dict[str, str]]:
         elif more:
             assert entries, f"a meaning before any code:\n{shown}"
             code = entries[-1][0]
-            assert more.group(1) not in {c for k, c, _ in entries if k == code}, \
+            assert more.group(1) not in {c for k, c, _ in entries if k == code}, (
                 f"{more.group(1)} listed twice under exit code {code}:\n{shown}"
+            )
             entries.append((code, more.group(1), [more.group(2)]))
         else:
             assert entries and line.startswith(" " * 7) and line.strip(), f"stray line {line!r} in:\n{shown}"
@@ -216,13 +254,20 @@ class CLITestBase(unittest.TestCase):
     def run_cli(self, *args: str, stdin: bytes | None = None, **switches: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "torch_serial_testing", *args],
-            input=stdin, capture_output=True, cwd=self.tmp, env=self.env(**switches), timeout=300,
+            input=stdin,
+            capture_output=True,
+            cwd=self.tmp,
+            env=self.env(**switches),
+            timeout=300,
         )
 
     def run_code(self, code: str, **switches: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-c", textwrap.dedent(code)],
-            capture_output=True, cwd=self.tmp, env=self.env(**switches), timeout=300,
+            capture_output=True,
+            cwd=self.tmp,
+            env=self.env(**switches),
+            timeout=300,
         )
 
     def json_of(self, proc: subprocess.CompletedProcess, expect_code: int) -> dict:
@@ -251,8 +296,10 @@ class TestInspect(CLITestBase):
         if hasattr(torch.serialization, "safe_globals"):
             self.assertIn(f"with torch.serialization.safe_globals([{SEED_REFS}]):", out)
         else:  # torch < 2.5: the snippet registers process-wide instead of using the missing context
-            self.assertIn(f"    torch.serialization.add_safe_globals([{SEED_REFS}])\n"
-                          "    obj = torch.load(f, weights_only=True)", out)
+            self.assertIn(
+                f"    torch.serialization.add_safe_globals([{SEED_REFS}])\n    obj = torch.load(f, weights_only=True)",
+                out,
+            )
             self.assertNotIn("with torch.serialization.safe_globals", out)
         self.assertIn("from torch.ao.nn.sparse.quantized.dynamic.linear import Linear", out)
         self.assertIn("status: NEEDS_ALLOWLIST (exit 1)", out)
@@ -321,7 +368,9 @@ class TestInspect(CLITestBase):
         # All but the last needed global (two of three where torch allowlists builtins.set).
         args = [a for name in SEED_GLOBALS[:-1] for a in ("--safe-global", name)]
         out = self.text_of(self.run_cli("inspect", self.seed, *args), EXIT_ATTENTION)
-        self.assertRegex(out, rf"safe_globals +rejected: weights_only=True explicit; not allowlisted: {SEED_GLOBALS[-1]} ")
+        self.assertRegex(
+            out, rf"safe_globals +rejected: weights_only=True explicit; not allowlisted: {SEED_GLOBALS[-1]} "
+        )
 
     def test_state_dict_loads(self):
         out = self.text_of(self.run_cli("inspect", self.state_dict), EXIT_OK)
@@ -345,7 +394,9 @@ class TestInspect(CLITestBase):
         # hand torch its own few-byte probes), and no payload may run (the sentinel is checked in tearDown).
         ts = os.path.join(self.tmp, "scripted.pt")
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")  # Deprecation- (2.13) or FutureWarning (2.15)
+            warnings.filterwarnings(
+                "ignore", message=r"`torch\.jit\.\w+` is deprecated"
+            )  # Deprecation- (2.13) or FutureWarning (2.15)
             torch.jit.script(torch.nn.Linear(2, 2)).save(ts)
         tar = os.path.join(self.tmp, "legacy.tar.pt")
         with open(tar, "wb") as f:
@@ -497,10 +548,14 @@ class TestInspect(CLITestBase):
         results = json.loads(proc.stdout)
         code, r = results["force"]  # weights_only=False is overridden: even that mode runs weights-only
         self.assertEqual(code, EXIT_OK)
-        self.assertEqual((r["modes"]["weights_only_false"]["weights_only"], r["modes"]["weights_only_false"]["outcome"]),
-                         (True, "loads"))
-        self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 over explicit weights_only=False",
-                      r["modes"]["weights_only_false"]["summary"])
+        self.assertEqual(
+            (r["modes"]["weights_only_false"]["weights_only"], r["modes"]["weights_only_false"]["outcome"]),
+            (True, "loads"),
+        )
+        self.assertIn(
+            "forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 over explicit weights_only=False",
+            r["modes"]["weights_only_false"]["summary"],
+        )
         code, r = results["force_no"]  # the bare default now fully unpickles; explicit True still obeyed
         self.assertEqual(code, EXIT_OK)
         self.assertEqual((r["modes"]["default"]["weights_only"], r["modes"]["default"]["outcome"]), (False, "unsafe"))
@@ -520,8 +575,10 @@ class TestInspect(CLITestBase):
         else:  # torch < 2.6 ignores the second switch: every mode is forced weights-only, and loads
             self.assertEqual((code, r["status"]), (EXIT_OK, "loads"))
             self.assertEqual({(m["weights_only"], m["outcome"]) for m in r["modes"].values()}, {(True, "loads")})
-            self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=true over explicit weights_only=False",
-                          r["modes"]["weights_only_false"]["summary"])
+            self.assertIn(
+                "forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=true over explicit weights_only=False",
+                r["modes"]["weights_only_false"]["summary"],
+            )
 
 
 class TestTorchThatCannotBeAsked(CLITestBase):
@@ -577,8 +634,9 @@ class TestTorchThatCannotBeAsked(CLITestBase):
                 # an explicit weights_only=False load is a full one whatever the unpickler: still asked, still unsafe
                 self.assertEqual(r["modes"]["weights_only_false"]["outcome"], "unsafe")
                 if not TORCH_DEFAULT_WO:
-                    self.assertEqual((r["modes"]["default"]["outcome"], r["modes"]["default"]["weights_only"]),
-                                     ("unsafe", False))
+                    self.assertEqual(
+                        (r["modes"]["default"]["outcome"], r["modes"]["default"]["weights_only"]), ("unsafe", False)
+                    )
         code, out = results["doctor"]
         r = json.loads(out)
         self.assertEqual((code, r["status"]), (EXIT_DANGEROUS, "error"))
@@ -591,7 +649,7 @@ class TestTorchThatCannotBeAsked(CLITestBase):
             self.assertTrue(wo["torch_default_reason"].startswith("unknown: "), wo)
         else:
             self.assertEqual(wo["torch_default_reason"], TORCH_DEFAULT_WHY)
-        self.assertEqual(r["problems"][0], f"cannot tell what torch.load does here: {wo['reason'][len('unknown: '):]}")
+        self.assertEqual(r["problems"][0], f"cannot tell what torch.load does here: {wo['reason'][len('unknown: ') :]}")
         force = r["environment"][FORCE_WO]
         self.assertEqual((force["raw"], force["value"]), ("1", None))
         self.assertIn(f"unknown: this torch cannot be asked how it reads {FORCE_WO}", force["effect"])
@@ -615,7 +673,9 @@ class TestUsage(CLITestBase):
         from torch_serial_testing import __version__
 
         proc = self.run_cli("--version")
-        self.assertEqual((proc.returncode, proc.stdout.decode(), proc.stderr), (0, f"torch_serial_testing {__version__}\n", b""))
+        self.assertEqual(
+            (proc.returncode, proc.stdout.decode(), proc.stderr), (0, f"torch_serial_testing {__version__}\n", b"")
+        )
         self.assertRegex(__version__, r"^\d+\.\d+\.\d+")
         self.assertIn("--version", self.text_of(self.run_cli("--help"), 0))
 
@@ -630,10 +690,13 @@ class TestUsage(CLITestBase):
         for command in ("doctor", "inspect", "vendor"):
             with self.subTest(command=command):
                 text = self.text_of(self.run_cli(command, "--help"), 0)
-                self.assertEqual(exit_code_blocks(text), {
-                    code: {c: t for c, t in meanings.items() if c in (command, "all")}
-                    for code, meanings in EXPECTED_EXIT_CODES.items()
-                })
+                self.assertEqual(
+                    exit_code_blocks(text),
+                    {
+                        code: {c: t for c, t in meanings.items() if c in (command, "all")}
+                        for code, meanings in EXPECTED_EXIT_CODES.items()
+                    },
+                )
         doctor = self.text_of(self.run_cli("doctor", "--help"), 0)
         for key in DOCTOR_KEYS | {"TORCH_DEVICE_BACKEND_AUTOLOAD", "TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT"}:
             self.assertIn(key, doctor)
@@ -649,9 +712,13 @@ class TestDoctor(CLITestBase):
         out = self.text_of(self.run_cli("doctor"), self._clean_code())
         self.assertIn(f"torch {torch.__version__}", out)
         self.assertIn("torch.load: torch's own", out)
-        self.assertIn(f"bare torch.load(f): weights_only={TORCH_DEFAULT_WO} -- torch's default {TORCH_DEFAULT_WHY}", out)
+        self.assertIn(
+            f"bare torch.load(f): weights_only={TORCH_DEFAULT_WO} -- torch's default {TORCH_DEFAULT_WHY}", out
+        )
         if not TORCH_DEFAULT_WO:  # why the clean doctor asks for attention before torch 2.6
-            self.assertIn(f"a bare torch.load is weights_only=False here ({TORCH_DEFAULT_WHY}): it fully unpickles", out)
+            self.assertIn(
+                f"a bare torch.load is weights_only=False here ({TORCH_DEFAULT_WHY}): it fully unpickles", out
+            )
         for name in ENV_SWITCHES:
             self.assertIn(f"  {name}=unset\n", out)
         self.assertIn("waits up to 10 s", out)
@@ -723,8 +790,13 @@ class TestDoctor(CLITestBase):
 
     def test_force_weights_only(self):
         r = self.json_of(
-            self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="1",
-                         TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="on", TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT="2.5"),
+            self.run_cli(
+                "doctor",
+                "--json",
+                TORCH_FORCE_WEIGHTS_ONLY_LOAD="1",
+                TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="on",
+                TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT="2.5",
+            ),
             EXIT_ATTENTION,
         )
         self.assertEqual(r["status"], "attention")
@@ -745,26 +817,33 @@ class TestDoctor(CLITestBase):
         out = self.text_of(proc, EXIT_ATTENTION)
         self.assertIn("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD='yes'", out)
         if TORCH_READS_FORCE_NO:
-            self.assertIn("bare torch.load(f): weights_only=False -- forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=yes", out)
+            self.assertIn(
+                "bare torch.load(f): weights_only=False -- forced by TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=yes", out
+            )
             self.assertIn("UserWarning", out)
             self.assertIn("explicit weights_only=True/False is obeyed", out)
         else:  # torch < 2.6 does not read the switch: torch's own default applies, and the switch is flagged
-            self.assertIn(f"bare torch.load(f): weights_only={TORCH_DEFAULT_WO} -- torch's default {TORCH_DEFAULT_WHY}", out)
+            self.assertIn(
+                f"bare torch.load(f): weights_only={TORCH_DEFAULT_WO} -- torch's default {TORCH_DEFAULT_WHY}", out
+            )
             self.assertIn("ignored: this torch's torch.load does not read it", out)
             self.assertNotIn("UserWarning", out)
         self.assertIn("does not wait for autograd worker threads", out)
         self.assertIn("status: ATTENTION (exit 1)", out)
 
     def test_both_force_switches_is_an_error(self):
-        proc = self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="true", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="y")
+        proc = self.run_cli(
+            "doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY_LOAD="true", TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="y"
+        )
         if not TORCH_READS_FORCE_NO:
             # torch < 2.6 ignores TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD: no error, TORCH_FORCE_WEIGHTS_ONLY_LOAD rules.
             r = self.json_of(proc, EXIT_ATTENTION)
             self.assertEqual(r["status"], "attention")
             self.assertIs(r["default_weights_only"]["value"], True)
             self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD=true", r["default_weights_only"]["reason"])
-            self.assertEqual((r["environment"][FORCE_WO]["value"], r["environment"][FORCE_NO_WO]["value"]),
-                             (True, False))
+            self.assertEqual(
+                (r["environment"][FORCE_WO]["value"], r["environment"][FORCE_NO_WO]["value"]), (True, False)
+            )
             self.assertIn("ignored", r["environment"][FORCE_NO_WO]["effect"])
             return
         r = self.json_of(proc, EXIT_DANGEROUS)
@@ -775,19 +854,24 @@ class TestDoctor(CLITestBase):
         self.assertIn("both set", r["problems"][0])
 
     def test_misspelled_switch_names_need_attention(self):
-        r = self.json_of(self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY="1",
-                                      torch_force_no_weights_only_load="1"), EXIT_ATTENTION)
+        r = self.json_of(
+            self.run_cli("doctor", "--json", TORCH_FORCE_WEIGHTS_ONLY="1", torch_force_no_weights_only_load="1"),
+            EXIT_ATTENTION,
+        )
         self.assertEqual(r["status"], "attention")
         self.assertEqual(r["environment"][FORCE_WO]["raw"], None)  # the real switches are unset
         self.assertEqual(r["default_weights_only"]["value"], TORCH_DEFAULT_WO)  # and have no effect
         near = [p for p in r["problems"] if "is not a switch torch reads" in p]
-        self.assertEqual(near, [
-            "TORCH_FORCE_WEIGHTS_ONLY='1' is not a switch torch reads: did you mean TORCH_FORCE_WEIGHTS_ONLY_LOAD? "
-            "(torch reads only the exact name TORCH_FORCE_WEIGHTS_ONLY_LOAD; TORCH_FORCE_WEIGHTS_ONLY has no effect)",
-            "torch_force_no_weights_only_load='1' is not a switch torch reads: did you mean "
-            "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD? (torch reads only the exact name TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD; "
-            "torch_force_no_weights_only_load has no effect)",
-        ])
+        self.assertEqual(
+            near,
+            [
+                "TORCH_FORCE_WEIGHTS_ONLY='1' is not a switch torch reads: did you mean TORCH_FORCE_WEIGHTS_ONLY_LOAD? "
+                "(torch reads only the exact name TORCH_FORCE_WEIGHTS_ONLY_LOAD; TORCH_FORCE_WEIGHTS_ONLY has no effect)",
+                "torch_force_no_weights_only_load='1' is not a switch torch reads: did you mean "
+                "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD? (torch reads only the exact name TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD; "
+                "torch_force_no_weights_only_load has no effect)",
+            ],
+        )
 
     def test_bare_load_is_what_torch_load_does(self):
         # doctor's default_weights_only (value, warns) for a switch setting is what a bare
@@ -797,9 +881,19 @@ class TestDoctor(CLITestBase):
 
         buf = io.BytesIO()
         torch.save(_NotAllowlisted(), buf)
-        settings = [{}, {FORCE_WO: "1"}, {FORCE_WO: "0"}, {FORCE_WO: "TRUE"}, {FORCE_WO: "on"},
-                    {FORCE_NO_WO: "1"}, {FORCE_NO_WO: "yes"}, {FORCE_NO_WO: "off"}, {FORCE_NO_WO: " 1 "},
-                    {FORCE_WO: "true", FORCE_NO_WO: "y"}, {FORCE_WO: "0", FORCE_NO_WO: "1"}]
+        settings = [
+            {},
+            {FORCE_WO: "1"},
+            {FORCE_WO: "0"},
+            {FORCE_WO: "TRUE"},
+            {FORCE_WO: "on"},
+            {FORCE_NO_WO: "1"},
+            {FORCE_NO_WO: "yes"},
+            {FORCE_NO_WO: "off"},
+            {FORCE_NO_WO: " 1 "},
+            {FORCE_WO: "true", FORCE_NO_WO: "y"},
+            {FORCE_WO: "0", FORCE_NO_WO: "1"},
+        ]
         for env in settings:
             with self.subTest(env=env):
                 with _switches(env), warnings.catch_warnings(record=True) as seen:
@@ -824,7 +918,9 @@ class TestDoctor(CLITestBase):
                 warned = any(FORCE_NO_WO in str(w.message) for w in seen)
                 wo = doctor_report(dict(env))["default_weights_only"]
                 self.assertEqual((wo["value"], wo["warns"]), (torch_did, warned), wo)
-                self.assertEqual((wo["torch_default"], wo["torch_default_reason"]), (TORCH_DEFAULT_WO, TORCH_DEFAULT_WHY))
+                self.assertEqual(
+                    (wo["torch_default"], wo["torch_default_reason"]), (TORCH_DEFAULT_WO, TORCH_DEFAULT_WHY)
+                )
                 if torch_did is None:
                     self.assertIsNone(forced_wo)
                     reason = "both TORCH_FORCE_* switches are set: every torch.load raises RuntimeError"
@@ -840,16 +936,31 @@ class TestDoctor(CLITestBase):
         from torch_serial_testing.cli.doctor import near_miss_switches
 
         typos = {
-            "TORCH_FORCE_WEIGHTS_ONLY": FORCE_WO, "TORCH_FORCE_WEIGHT_ONLY_LOAD": FORCE_WO,
-            "PYTORCH_FORCE_WEIGHTS_ONLY_LOAD": FORCE_WO, "TORCH_FORCE_NO_WEIGHTS_ONLY": FORCE_NO_WO,
-            "TORCH_FORCE_NO_WEIGHT_ONLY_LOAD": FORCE_NO_WO, "TORCH_DEVICE_BACKEND_AUTO_LOAD": AUTOLOAD,
-            "TORCH_AUTOGRAD_SHUTDOWN_WAIT": WAIT_LIMIT, "torch_force_weights_only_load": FORCE_WO,
+            "TORCH_FORCE_WEIGHTS_ONLY": FORCE_WO,
+            "TORCH_FORCE_WEIGHT_ONLY_LOAD": FORCE_WO,
+            "PYTORCH_FORCE_WEIGHTS_ONLY_LOAD": FORCE_WO,
+            "TORCH_FORCE_NO_WEIGHTS_ONLY": FORCE_NO_WO,
+            "TORCH_FORCE_NO_WEIGHT_ONLY_LOAD": FORCE_NO_WO,
+            "TORCH_DEVICE_BACKEND_AUTO_LOAD": AUTOLOAD,
+            "TORCH_AUTOGRAD_SHUTDOWN_WAIT": WAIT_LIMIT,
+            "torch_force_weights_only_load": FORCE_WO,
         }
         self.assertEqual(near_miss_switches(dict.fromkeys(typos, "1")), sorted(typos.items()))
         # The real switches, and variables torch (or this library) reads for other things, are not typos.
-        real = [*ENV_VARS, "TORCH_HOME", "TORCH_LOGS", "TORCH_SERIAL_TESTING_REPORT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
-                "PYTORCH_SINK_WAITS_LIMIT", "TORCH_BISECT_BACKEND", "TORCH_COMPILE_BACKEND", "TORCH_USE_RTLD_GLOBAL",
-                "TORCH_DOCTEST_DATALOADER", "PYTORCH_TESTING_DEVICE_ONLY_FOR", "TORCH_SHOW_CPP_STACKTRACES"]
+        real = [
+            *ENV_VARS,
+            "TORCH_HOME",
+            "TORCH_LOGS",
+            "TORCH_SERIAL_TESTING_REPORT",
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+            "PYTORCH_SINK_WAITS_LIMIT",
+            "TORCH_BISECT_BACKEND",
+            "TORCH_COMPILE_BACKEND",
+            "TORCH_USE_RTLD_GLOBAL",
+            "TORCH_DOCTEST_DATALOADER",
+            "PYTORCH_TESTING_DEVICE_ONLY_FOR",
+            "TORCH_SHOW_CPP_STACKTRACES",
+        ]
         self.assertEqual(near_miss_switches(dict.fromkeys(real, "1")), [])
 
     def test_backend_autoload_disabled(self):

@@ -83,7 +83,7 @@ if __name__ == "__main__":
 '''
 
 # The issue's aggregator: pytorch's style of import lines, including the one that breaks.
-AGGREGATOR = '''\
+AGGREGATOR = """\
 # Stand-in for pytorch's test/test_ao_sparsity.py
 from torch.testing._internal.common_utils import run_tests
 
@@ -95,7 +95,7 @@ from ao.sparsity.test_qlinear_packed_params import TestQlinearPackedParams  # no
 
 if __name__ == "__main__":
     run_tests()
-'''
+"""
 
 PROBE = f'''\
 """Test probe: at exit, record which torch_serial_testing and flagship this process imported."""
@@ -140,8 +140,10 @@ def build_tree(root: Path) -> Path:
 
 def clean_env(probe_file: Path, probe_dir: Path, **extra: str) -> dict:
     env = {
-        k: v for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "CI", PROBE_ENV) and k not in FILTER_ENV
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "CI", PROBE_ENV)
+        and k not in FILTER_ENV
         and not k.startswith(("TORCH_FORCE_", "PYTEST_", "TORCH_SERIAL_TESTING_", "EXPECTTEST_"))
     }
     env["PYTHONPATH"] = str(probe_dir)
@@ -154,7 +156,11 @@ def vendor_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run(
         [sys.executable, "-m", "torch_serial_testing", "vendor", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
     )
 
 
@@ -177,8 +183,12 @@ class VendoredTree(unittest.TestCase):
     def run_in(self, rel_cwd: str, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list]:
         probe_file = Path(tempfile.mkstemp(prefix="probe_", suffix=".jsonl", dir=self._tmp.name)[1])
         proc = subprocess.run(
-            [sys.executable, *args], cwd=self.root / rel_cwd, capture_output=True, text=True,
-            env=clean_env(probe_file, self.root / "_probe", **env), timeout=RUN_TIMEOUT,
+            [sys.executable, *args],
+            cwd=self.root / rel_cwd,
+            capture_output=True,
+            text=True,
+            env=clean_env(probe_file, self.root / "_probe", **env),
+            timeout=RUN_TIMEOUT,
         )
         records = [json.loads(line) for line in probe_file.read_text().splitlines() if line.strip()]
         return proc, records
@@ -206,8 +216,10 @@ class TestDirectRunners(VendoredTree):
         # the seed report's command
         proc, records = self.run_in("test/ao/sparsity", "-m", "unittest", "test_qlinear_packed_params", "-v")
         self.assertUnittestRan(proc, records, FLAGSHIP_TESTS)
-        self.assertIn("test_qlinear_packed_params_fbgemm_default_cpu "
-                      "(test_qlinear_packed_params.TestQlinearPackedParamsCPU", proc.stderr)
+        self.assertIn(
+            "test_qlinear_packed_params_fbgemm_default_cpu (test_qlinear_packed_params.TestQlinearPackedParamsCPU",
+            proc.stderr,
+        )
 
     def test_script_from_test_folder(self):
         proc, records = self.run_in("test", "ao/sparsity/test_qlinear_packed_params.py", "-v")
@@ -224,7 +236,11 @@ class TestDirectRunners(VendoredTree):
 
     def test_unittest_by_module_path_except_cpu(self):
         proc, records = self.run_in(
-            "test", "-m", "unittest", "ao.sparsity.test_qlinear_packed_params", "-v",
+            "test",
+            "-m",
+            "unittest",
+            "ao.sparsity.test_qlinear_packed_params",
+            "-v",
             PYTORCH_TESTING_DEVICE_EXCEPT_FOR="cpu",
         )
         self.assertUnittestRan(proc, records, FACTS_TESTS)
@@ -244,8 +260,11 @@ class TestAggregator(VendoredTree):
         proc, records = self.run_in("test", "test_ao_sparsity.py", "-v")
         self.assertUnittestRan(proc, records, FLAGSHIP_TESTS + STANDIN_TESTS)
         # ids name the module the class comes from, as for any class an aggregator imports
-        self.assertIn("test_qlinear_packed_params_qnnpack_safe_globals_cpu "
-                      "(ao.sparsity.test_qlinear_packed_params.TestQlinearPackedParamsCPU", proc.stderr)
+        self.assertIn(
+            "test_qlinear_packed_params_qnnpack_safe_globals_cpu "
+            "(ao.sparsity.test_qlinear_packed_params.TestQlinearPackedParamsCPU",
+            proc.stderr,
+        )
         self.assertIn("test_unrelated (ao.sparsity.test_standin_kernels.TestStandinKernels", proc.stderr)
 
     def test_aggregator_only_for_cuda_keeps_unrelated_tests(self):
@@ -328,8 +347,11 @@ class TestVendorCommand(unittest.TestCase):
 
     def package_files(self):
         src = Path(torch_serial_testing.__file__).parent
-        return sorted(p.relative_to(src).as_posix() for p in src.rglob("*")
-                      if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc")
+        return sorted(
+            p.relative_to(src).as_posix()
+            for p in src.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )
 
     def test_cli_copies_checks_and_is_idempotent(self):
         check = vendor_cli(str(self.root), "--check")
@@ -373,26 +395,30 @@ class TestVendorCommand(unittest.TestCase):
         vendor_mod.vendor(self.root, with_flagship=True)
         self.assertEqual((self.root / FLAGSHIP_REL).read_bytes(), FLAGSHIP_SRC.read_bytes())
         text = (self.root / "test" / "test_ao_sparsity.py").read_text()
-        self.assertEqual(text, AGGREGATOR.replace(
-            "from ao.sparsity.test_qlinear_packed_params import TestQlinearPackedParams  # noqa: F401",
-            "\n".join(vendor_mod.AGGREGATOR_LINES)))
+        self.assertEqual(
+            text,
+            AGGREGATOR.replace(
+                "from ao.sparsity.test_qlinear_packed_params import TestQlinearPackedParams  # noqa: F401",
+                "\n".join(vendor_mod.AGGREGATOR_LINES),
+            ),
+        )
         self.assertEqual(vendor_mod.vendor(self.root, with_flagship=True).written, [])
         self.assertEqual(vendor_mod.vendor(self.root, check=True, with_flagship=True).stale, [])
         # a stale flagship is reported under --with-flagship only
         (self.root / FLAGSHIP_REL).write_text("# old\n")
         self.assertEqual(vendor_mod.vendor(self.root, check=True).stale, [])
-        self.assertEqual(vendor_mod.vendor(self.root, check=True, with_flagship=True).stale, [f"{FLAGSHIP_REL} (differs)"])
+        self.assertEqual(
+            vendor_mod.vendor(self.root, check=True, with_flagship=True).stale, [f"{FLAGSHIP_REL} (differs)"]
+        )
 
     def test_aggregator_rewrites(self):
         lines = "\n".join(vendor_mod.AGGREGATOR_LINES)
         cases = {
             # no import of the flagship yet: before the main guard, set off by blank lines
-            "from x import A  # noqa: F401\n\nif __name__ == '__main__':\n    run_tests()\n":
-                f"from x import A  # noqa: F401\n\n{lines}\n\nif __name__ == '__main__':\n    run_tests()\n",
+            "from x import A  # noqa: F401\n\nif __name__ == '__main__':\n    run_tests()\n": f"from x import A  # noqa: F401\n\n{lines}\n\nif __name__ == '__main__':\n    run_tests()\n",
             # parenthesised by-name import of generated classes: replaced in place
             "from x import A\nfrom ao.sparsity.test_qlinear_packed_params import (\n    TestQlinearPackedParamsCPU,\n"
-            "    TestQlinearPackedParamsCheckpointFacts,\n)\nfrom y import B\n":
-                f"from x import A\n{lines}\nfrom y import B\n",
+            "    TestQlinearPackedParamsCheckpointFacts,\n)\nfrom y import B\n": f"from x import A\n{lines}\nfrom y import B\n",
             # no main guard: at the end
             "from x import A\n": f"from x import A\n\n{lines}\n",
         }
@@ -445,10 +471,16 @@ class TestReadmeVendoringSection(unittest.TestCase):
         from test.ao.sparsity import test_qlinear_packed_params as flagship
 
         rows = self.table()
-        self.assertEqual(sorted(rows), sorted([
-            "test_qlinear_packed_params_fbgemm", "test_qlinear_packed_params_qnnpack",
-            "test_qlinear_packed_params_fbgemm_qnnpack_cross_compatibility",
-        ]))
+        self.assertEqual(
+            sorted(rows),
+            sorted(
+                [
+                    "test_qlinear_packed_params_fbgemm",
+                    "test_qlinear_packed_params_qnnpack",
+                    "test_qlinear_packed_params_fbgemm_qnnpack_cross_compatibility",
+                ]
+            ),
+        )
         modes = ("weights_only_false", "safe_globals", "default")
         for upstream, (selector, generated) in rows.items():
             with self.subTest(upstream=upstream):
@@ -456,11 +488,16 @@ class TestReadmeVendoringSection(unittest.TestCase):
                 expanded = set()
                 for mode in modes:
                     for pair in ("fbgemm_to_qnnpack", "qnnpack_to_fbgemm"):
-                        expanded.add(pattern.replace("<mode>", mode).replace("{fbgemm_to_qnnpack,qnnpack_to_fbgemm}", pair))
+                        expanded.add(
+                            pattern.replace("<mode>", mode).replace("{fbgemm_to_qnnpack,qnnpack_to_fbgemm}", pair)
+                        )
                 loader = unittest.TestLoader()
                 loader.testNamePatterns = [f"*{selector}*"]
-                selected = {t.id().rsplit(".", 1)[1] for c in (flagship.TestQlinearPackedParamsCPU,)
-                            for t in loader.loadTestsFromTestCase(c)}
+                selected = {
+                    t.id().rsplit(".", 1)[1]
+                    for c in (flagship.TestQlinearPackedParamsCPU,)
+                    for t in loader.loadTestsFromTestCase(c)
+                }
                 self.assertEqual(selected, expanded)
                 self.assertEqual(len(selected), 6 if "cross" in upstream else 3)
 

@@ -40,12 +40,13 @@ def _pytorch_filters_alias_backend_name() -> bool:
     compares names as written (its backend test base is ``privateuse1``), and the library
     follows the pytorch that runs.  Its behaviour is the answer, never its code."""
     env = child_env({"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, drop=("TORCH_FORCE_", "PYTORCH_TESTING_DEVICE_"))
-    proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, timeout=300
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("KEPT ")]
     if proc.returncode != 0 or not lines:
         raise AssertionError(f"asking pytorch's filter_desired_device_types failed:\n{proc.stderr[-3000:]}")
-    kept = json.loads(lines[-1][len("KEPT "):])
+    kept = json.loads(lines[-1][len("KEPT ") :])
     # the backend's name selects the base, does not exclude it; privateuse1 always selects it
     if kept == [1, 0, 1]:
         return True
@@ -67,8 +68,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def assert_filters_match_pytorch(case: unittest.TestCase, bases: Sequence[type], declared: tuple[str, ...],
-                                 values: Sequence[str]) -> None:
+def assert_filters_match_pytorch(
+    case: unittest.TestCase, bases: Sequence[type], declared: tuple[str, ...], values: Sequence[str]
+) -> None:
     """For every ONLY_FOR x EXCEPT_FOR pair of *values*: pytorch's ``filter_desired_device_types``
     over *bases* and our ``resolve_devices(declared)`` agree (both refuse, or both select the same)."""
     from torch.testing._internal import common_device_type as cdt  # tests may import it, the library never
@@ -77,8 +79,12 @@ def assert_filters_match_pytorch(case: unittest.TestCase, bases: Sequence[type],
         for excl in values:
             with case.subTest(only=only, excl=excl):
                 try:
-                    theirs = [b.device_type for b in cdt.filter_desired_device_types(
-                        bases, excl.split(",") if excl else [], only.split(",") if only else [])]
+                    theirs = [
+                        b.device_type
+                        for b in cdt.filter_desired_device_types(
+                            bases, excl.split(",") if excl else [], only.split(",") if only else []
+                        )
+                    ]
                 except AssertionError:
                     theirs = None
                 try:

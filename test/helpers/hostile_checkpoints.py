@@ -102,8 +102,11 @@ def legacy_stream(obj_pickle: bytes, sys_info_pickle: bytes | None = None) -> by
     """A legacy (pre-1.6, non-zip) checkpoint: magic, protocol version, sys_info, object, storage keys."""
     if sys_info_pickle is None:
         sys_info_pickle = pickle.dumps(
-            {"protocol_version": _LEGACY_PROTOCOL_VERSION, "little_endian": True,
-             "type_sizes": {"short": 2, "int": 4, "long": 4}},
+            {
+                "protocol_version": _LEGACY_PROTOCOL_VERSION,
+                "little_endian": True,
+                "type_sizes": {"short": 2, "int": 4, "long": 4},
+            },
             protocol=2,
         )
     return (
@@ -119,8 +122,11 @@ def legacy_tar(pickle_member: bytes, sys_info_member: bytes | None = None) -> by
     """A legacy tar checkpoint (torch < 0.4): members sys_info, pickle, storages, tensors."""
     if sys_info_member is None:
         sys_info_member = pickle.dumps(
-            {"protocol_version": _LEGACY_PROTOCOL_VERSION, "little_endian": True,
-             "type_sizes": {"short": 2, "int": 4, "long": 4}},
+            {
+                "protocol_version": _LEGACY_PROTOCOL_VERSION,
+                "little_endian": True,
+                "type_sizes": {"short": 2, "int": 4, "long": 4},
+            },
             protocol=2,
         )
     members = {
@@ -227,7 +233,13 @@ def build_all(sentinel: str) -> dict[str, bytes]:
 
     # STACK_GLOBAL whose module string is computed at unpickling time (str("os") by REDUCE):
     # statically unnameable.  (DUP/POP/memo games are followed by the scan and name os.system.)
-    body = short_ustr("pad") + b"0" + call1(glob("builtins", "str"), short_ustr("os")) + short_ustr("system") + STACK_GLOBAL
+    body = (
+        short_ustr("pad")
+        + b"0"
+        + call1(glob("builtins", "str"), short_ustr("os"))
+        + short_ustr("system")
+        + STACK_GLOBAL
+    )
     out["stack_global_unresolved"] = tz(call1(body, short_ustr(sh("stack_global_unresolved"))), protocol=4)
 
     # Protocol 0 INST: MARK, args, INST module name -- calls os.system(args).
@@ -275,9 +287,7 @@ def _state_dict_with_payload(payload: _Reduce) -> bytes:
     torch.save(state, buf)  # pickling only records the payload's global; nothing is called
     with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as z:
         prefix = z.namelist()[0].split("/")[0]
-        storages = {
-            n.split("/data/", 1)[1]: z.read(n) for n in z.namelist() if n.startswith(f"{prefix}/data/")
-        }
+        storages = {n.split("/data/", 1)[1]: z.read(n) for n in z.namelist() if n.startswith(f"{prefix}/data/")}
         data_pkl = z.read(f"{prefix}/data.pkl")
     return torch_zip(data_pkl, storages)
 

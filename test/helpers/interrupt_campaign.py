@@ -83,7 +83,9 @@ class Injector:
     number *target*.  Fed per instruction by :func:`_traced` (``sys.monitoring`` or
     ``sys.settrace``)."""
 
-    def __init__(self, target: Optional[int], arm_on: Optional[Any] = None, files: Optional[tuple[str, ...]] = None) -> None:
+    def __init__(
+        self, target: Optional[int], arm_on: Optional[Any] = None, files: Optional[tuple[str, ...]] = None
+    ) -> None:
         self.target = target
         self.count = 0
         self.armed = arm_on is None
@@ -169,8 +171,14 @@ def _traced(injector: Injector, fn: Callable[[], None]) -> bool:
     return False
 
 
-def campaign(name: str, scenario: Callable[[], None], consistent: Callable[[], Optional[str]], arm_on: Any = None,
-             files: Optional[tuple[str, ...]] = None, stride: int = 1) -> dict[str, Any]:
+def campaign(
+    name: str,
+    scenario: Callable[[], None],
+    consistent: Callable[[], Optional[str]],
+    arm_on: Any = None,
+    files: Optional[tuple[str, ...]] = None,
+    stride: int = 1,
+) -> dict[str, Any]:
     counter = Injector(None, arm_on, files)
     _traced(counter, scenario)
     problem = consistent()
@@ -245,12 +253,20 @@ def main() -> None:
             "body",
             lambda: run_tests(leaky("test_change_then_round_trip")),
             exactly_restored,
-            files=("testing/case.py", "testing/checked_loads.py", "testing/isolation.py", "loading/load.py",
-                   "torch_facts/engines.py", "torch_facts/registry.py", "torch_facts/loader.py",
-                   "core/interrupts.py"),
+            files=(
+                "testing/case.py",
+                "testing/checked_loads.py",
+                "testing/isolation.py",
+                "loading/load.py",
+                "torch_facts/engines.py",
+                "torch_facts/registry.py",
+                "torch_facts/loader.py",
+                "core/interrupts.py",
+            ),
         )
 
     if "qnnpack" in engines.supported_qengines():
+
         def switch() -> None:
             with engines.override_qengine("qnnpack"):
                 pass
@@ -270,6 +286,7 @@ def main() -> None:
         report["engine"] = campaign("engine", switch, engine_consistent)
 
     if READS_FORCE_NO:
+
         def observe() -> None:
             loading.round_trip(Gate().state_dict(), "default")
 
@@ -283,8 +300,9 @@ def main() -> None:
             return None
 
         with clean_env(TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1"):
-            report["warnings"] = campaign("warnings", observe, warnings_consistent,
-                                          files=("torch_facts/loader.py", "core/interrupts.py"))
+            report["warnings"] = campaign(
+                "warnings", observe, warnings_consistent, files=("torch_facts/loader.py", "core/interrupts.py")
+            )
 
     print(json.dumps({"startup": startup, "scenarios": report}))
 

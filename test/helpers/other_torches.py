@@ -51,8 +51,10 @@ def simulated_rules(**changes: Any) -> Iterator[UnpicklerRules]:
     """The model (scan and prediction) follows this torch's rules with *changes* applied
     (``dataclasses.replace``).  Checkpoints scanned inside keep that scan: use fresh ones."""
     rules = dataclasses.replace(unpickler_rules(), **changes)
-    with mock.patch.object(walk_rules, "unpickler_rules", return_value=rules), \
-            mock.patch.object(prediction, "unpickler_rules", return_value=rules):
+    with (
+        mock.patch.object(walk_rules, "unpickler_rules", return_value=rules),
+        mock.patch.object(prediction, "unpickler_rules", return_value=rules),
+    ):
         yield rules
 
 
@@ -107,8 +109,9 @@ class _RestLoader(pickle._Unpickler):  # type: ignore[name-defined]
 
     def check_setitem(self, opcode: str, target: Any) -> None:
         if type(target) not in (dict, collections.OrderedDict, collections.Counter):
-            raise pickle.UnpicklingError(f"Can only {opcode} for dict, collections.OrderedDict, "
-                                         f"collections.Counter, but got {type(target)}")
+            raise pickle.UnpicklingError(
+                f"Can only {opcode} for dict, collections.OrderedDict, collections.Counter, but got {type(target)}"
+            )
 
     def _append(self) -> None:
         self.check_append(self.stack[-2])
@@ -261,7 +264,9 @@ class _OldBuildRest(_RestLoader):
             else:
                 inst.__dict__.update(state)
         else:
-            raise pickle.UnpicklingError(f"Can only build Tensor, parameter or OrderedDict objects, but got {type(inst)}")
+            raise pickle.UnpicklingError(
+                f"Can only build Tensor, parameter or OrderedDict objects, but got {type(inst)}"
+            )
 
     dispatch[pickle.BUILD[0]] = _build
 
@@ -283,8 +288,10 @@ class Torch24Build(_Rerunnable):
             _load_refusing(super().load)
         except pickle.UnpicklingError as e:  # one of this torch's checks said no
             if str(e).startswith("Can only build"):  # in torch 2.4's words
-                raise pickle.UnpicklingError("Can only build Tensor, parameter or OrderedDict objects, but got "
-                                             + str(e).rpartition("but got ")[2]) from None
+                raise pickle.UnpicklingError(
+                    "Can only build Tensor, parameter or OrderedDict objects, but got "
+                    + str(e).rpartition("but got ")[2]
+                ) from None
             raise
         except Exception:  # noqa: BLE001 - this torch's own BUILD failed: the old BUILD decides
             pass
@@ -304,7 +311,8 @@ class Torch26Spelling(REAL_UNPICKLER):  # type: ignore[misc, valid-type]
             if m is None:
                 raise
             raise pickle.UnpicklingError(
-                message.replace(f"GLOBAL {m.group(1)} ", f"GLOBAL builtins.{m.group(1)} ", 1)) from None
+                message.replace(f"GLOBAL {m.group(1)} ", f"GLOBAL builtins.{m.group(1)} ", 1)
+            ) from None
 
 
 class RaisingUnpickler(REAL_UNPICKLER):  # type: ignore[misc, valid-type]
@@ -328,8 +336,14 @@ def _switches_unset() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def switch_reader(*, true_values: tuple[str, ...] = ("1", "y", "yes", "true"), lower: bool = True,
-                  reads_no: bool = True, default: bool = True, jit_dispatch: bool = False) -> Callable[..., Any]:
+def switch_reader(
+    *,
+    true_values: tuple[str, ...] = ("1", "y", "yes", "true"),
+    lower: bool = True,
+    reads_no: bool = True,
+    default: bool = True,
+    jit_dispatch: bool = False,
+) -> Callable[..., Any]:
     """A ``torch.serialization.load`` reading the two switches like another release: torch 2.8
     compared the raw value (``lower=False``), torch before 2.6 read only
     TORCH_FORCE_WEIGHTS_ONLY_LOAD (``reads_no=False``) and defaulted to a full load
@@ -342,21 +356,32 @@ def switch_reader(*, true_values: tuple[str, ...] = ("1", "y", "yes", "true"), l
         value = os.getenv(name, "0")
         return (value.lower() if lower else value) in true_values
 
-    def load(f: Any, map_location: Any = None, pickle_module: Any = None, *, weights_only: Optional[bool] = None,
-             **kwargs: Any) -> Any:
+    def load(
+        f: Any,
+        map_location: Any = None,
+        pickle_module: Any = None,
+        *,
+        weights_only: Optional[bool] = None,
+        **kwargs: Any,
+    ) -> Any:
         not_set = weights_only is None
         if not_set:
             weights_only = default
         force_wo, force_no = is_set(FORCE_WO), reads_no and is_set(FORCE_NO_WO)
         if force_wo and force_no:
-            raise RuntimeError("Only one of `TORCH_FORCE_WEIGHTS_ONLY_LOAD` or `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` "
-                               "should be set, but both were set.")
+            raise RuntimeError(
+                "Only one of `TORCH_FORCE_WEIGHTS_ONLY_LOAD` or `TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD` "
+                "should be set, but both were set."
+            )
         if force_wo:
             weights_only = True
         elif force_no and not_set:
             torch.serialization.warnings.warn(
                 "Environment variable TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected, since the`weights_only` argument "
-                "was not explicitly passed to `torch.load`, forcing weights_only=False.", UserWarning, stacklevel=2)
+                "was not explicitly passed to `torch.load`, forcing weights_only=False.",
+                UserWarning,
+                stacklevel=2,
+            )
             weights_only = False
         if jit_dispatch:
             start = f.tell()

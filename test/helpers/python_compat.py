@@ -19,7 +19,8 @@ def _unittest_counts_skipped_tests() -> bool:
             pass
 
     result = unittest.TextTestRunner(stream=io.StringIO(), verbosity=0).run(
-        unittest.defaultTestLoader.loadTestsFromTestCase(_Probe))
+        unittest.defaultTestLoader.loadTestsFromTestCase(_Probe)
+    )
     return result.testsRun == 1
 
 
@@ -37,7 +38,8 @@ def decorator_skipped(cls: type) -> int:
     """How many of *cls*'s tests skip by a decorator on the method or the class (see above)."""
     tests = unittest.defaultTestLoader.loadTestsFromTestCase(cls)
     return sum(
-        1 for test in tests
+        1
+        for test in tests
         if getattr(cls, "__unittest_skip__", False)
         or getattr(getattr(cls, test._testMethodName), "__unittest_skip__", False)
     )
@@ -53,8 +55,10 @@ VERBOSE_HEADER_START = r"(?:^|(?<=\.\.\. ))"
 
 def verbose_headers(out: str) -> list[tuple[str, "re.Match[str]"]]:
     """(full test id ``module.Class.test_x``, match) for each test header ``unittest -v`` printed."""
-    return [(f"{m.group('owner')}.{m.group('name')}", m)
-            for m in re.finditer(VERBOSE_HEADER_START + VERBOSE_HEADER, out, re.M)]
+    return [
+        (f"{m.group('owner')}.{m.group('name')}", m)
+        for m in re.finditer(VERBOSE_HEADER_START + VERBOSE_HEADER, out, re.M)
+    ]
 
 
 def verbose_ids(out: str) -> list[str]:
@@ -64,8 +68,9 @@ def verbose_ids(out: str) -> list[str]:
 
 def failure_ids(out: str) -> list[str]:
     """The ids of the ``FAIL:`` / ``ERROR:`` blocks of a unittest run, in either Python's format."""
-    return [f"{m.group('owner')}.{m.group('name')}"
-            for m in re.finditer(r"^(?:FAIL|ERROR): " + VERBOSE_HEADER, out, re.M)]
+    return [
+        f"{m.group('owner')}.{m.group('name')}" for m in re.finditer(r"^(?:FAIL|ERROR): " + VERBOSE_HEADER, out, re.M)
+    ]
 
 
 #: A warning as ``warnings.showwarning`` prints it: ``file:line: Category: message`` (then the source

@@ -52,8 +52,12 @@ TINY_GLOBALS = sorted(["test.helpers.roundtrip_fixtures.TinyNet", *MODULE_GLOBAL
 #: The minimal safe globals a full TinyNet checkpoint needs here.
 TINY_SAFE_GLOBALS = (TinyNet, *MODULE_SAFE_GLOBALS)
 WRAPPER_GLOBALS = sorted(
-    ["test.helpers.roundtrip_fixtures.TinyNet", "test.helpers.roundtrip_fixtures.Wrapper", "torch.nn.modules.linear.Linear",
-     *MODULE_GLOBALS]
+    [
+        "test.helpers.roundtrip_fixtures.TinyNet",
+        "test.helpers.roundtrip_fixtures.Wrapper",
+        "torch.nn.modules.linear.Linear",
+        *MODULE_GLOBALS,
+    ]
 )
 
 
@@ -237,8 +241,10 @@ def torch_sets(name: str, value: str) -> bool:
         return False
     # Loaded bare: set, unless this torch's bare load is a full load anyway (before 2.6).
     buf.seek(0)
-    with _mock.patch.dict(_os.environ, {k: v for k, v in env.items() if k != name}, clear=True), \
-            _warnings.catch_warnings():
+    with (
+        _mock.patch.dict(_os.environ, {k: v for k, v in env.items() if k != name}, clear=True),
+        _warnings.catch_warnings(),
+    ):
         _warnings.simplefilter("ignore")
         try:
             torch.load(buf)

@@ -34,8 +34,12 @@ def import_path(*first: str, base: Optional[str] = None) -> str:
     return os.pathsep.join(seen)
 
 
-def child_env(overrides: Optional[Mapping[str, str]] = None, *, path_first: tuple[str, ...] = (),
-              drop: tuple[str, ...] = ("TORCH_FORCE_",)) -> dict[str, str]:
+def child_env(
+    overrides: Optional[Mapping[str, str]] = None,
+    *,
+    path_first: tuple[str, ...] = (),
+    drop: tuple[str, ...] = ("TORCH_FORCE_",),
+) -> dict[str, str]:
     """``os.environ`` without variables starting with *drop*, plus *overrides*, with ``PYTHONPATH``
     led by *path_first* and carrying the library's folder and the parent's ``PYTHONPATH``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}

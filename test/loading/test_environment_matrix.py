@@ -86,8 +86,28 @@ def expected_loaded(test: str, mode: str, weights_only: bool) -> bool:
 
 # -- in process: predict and the switches -----------------------------------------------------
 
-SPELLINGS = ("1", "y", "Y", "yes", "Yes", "YES", "true", "TRUE", "True",
-             "0", "", "false", "False", "no", "n", "2", "on", " 1", "1 ", "yes!")
+SPELLINGS = (
+    "1",
+    "y",
+    "Y",
+    "yes",
+    "Yes",
+    "YES",
+    "true",
+    "TRUE",
+    "True",
+    "0",
+    "",
+    "false",
+    "False",
+    "no",
+    "n",
+    "2",
+    "on",
+    " 1",
+    "1 ",
+    "yes!",
+)
 
 
 class TestWeightsOnlySwitches(unittest.TestCase):
@@ -159,7 +179,9 @@ class TestPredictRules(unittest.TestCase):
                         if rule is None:
                             with self.assertRaises(ConflictingEnvironmentError) as cm:
                                 predict(mode, checkpoint, self.declared, environ=env)
-                            self.assertEqual(str(cm.exception), WeightsOnlySwitches.from_environ(env).conflict_message())
+                            self.assertEqual(
+                                str(cm.exception), WeightsOnlySwitches.from_environ(env).conflict_message()
+                            )
                             continue
                         weights_only, warns = rule
                         exp = predict(mode, checkpoint, self.declared, environ=env)
@@ -332,7 +354,11 @@ def _spawn(spec: dict, env: dict[str, str]) -> subprocess.Popen:
     child_env.update(env)
     return subprocess.Popen(
         [sys.executable, os.path.join(HELPERS, "envcheck_roundtrip.py"), "--spec", json.dumps(spec)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env, cwd=HELPERS,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env,
+        cwd=HELPERS,
     )
 
 

@@ -58,7 +58,9 @@ class TestLoadModeNames(unittest.TestCase):
         self.assertIs(LoadMode.parse("default"), LoadMode.DEFAULT)
         self.assertIs(LoadMode.parse("SAFE_GLOBALS"), LoadMode.SAFE_GLOBALS)
         self.assertIs(LoadMode.parse(LoadMode.WEIGHTS_ONLY_FALSE), LoadMode.WEIGHTS_ONLY_FALSE)
-        with self.assertRaisesRegex(RoundTripConfigError, "unknown load mode 'weights_only'.*weights_only_false, safe_globals, default"):
+        with self.assertRaisesRegex(
+            RoundTripConfigError, "unknown load mode 'weights_only'.*weights_only_false, safe_globals, default"
+        ):
             LoadMode.parse("weights_only")
 
 
@@ -67,8 +69,9 @@ class TestSwitches(unittest.TestCase):
         for value in ["1", "y", "yes", "true", "Y", "YES", "True", "TRUE", "yEs"]:
             with self.subTest(value=value):
                 # as torch.load itself reads it (2.13 lower-cases, 2.6-2.12 compare as written)
-                self.assertIs(load_call.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only,
-                              torch_sets(WO, value))
+                self.assertIs(
+                    load_call.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only, torch_sets(WO, value)
+                )
                 # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD counts only where torch reads it (torch >= 2.6).
                 self.assertIs(
                     load_call.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only,
@@ -88,7 +91,9 @@ class TestSwitches(unittest.TestCase):
         self.assertEqual(load_call.torch_default_weights_only(), (DEFAULT_WEIGHTS_ONLY, DEFAULT_WHY))
         exp = self._predict("default", {})
         missing = tuple(TINY_GLOBALS) if DEFAULT_WEIGHTS_ONLY else ()
-        self.assertEqual((exp.weights_only, exp.loads, exp.missing), (DEFAULT_WEIGHTS_ONLY, not DEFAULT_WEIGHTS_ONLY, missing))
+        self.assertEqual(
+            (exp.weights_only, exp.loads, exp.missing), (DEFAULT_WEIGHTS_ONLY, not DEFAULT_WEIGHTS_ONLY, missing)
+        )
         self.assertEqual(exp.summary(), default_outcome(TINY_GLOBALS))
         forced = self._predict("default", {WO: "1"})
         self.assertEqual(
@@ -138,8 +143,13 @@ class TestSwitches(unittest.TestCase):
     def test_the_default_is_asked_of_torch_never_of_its_version(self):
         # Formerly a torch without _default_to_weights_only made the version decide; now the
         # default is what a bare torch.load of the canary does, and the version only words why.
-        with load_standin(switch_reader(reads_no=False, default=False)), mock.patch.object(torch, "__version__", "2.5.1"):
-            self.assertEqual(load_call.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)"))
+        with (
+            load_standin(switch_reader(reads_no=False, default=False)),
+            mock.patch.object(torch, "__version__", "2.5.1"),
+        ):
+            self.assertEqual(
+                load_call.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)")
+            )
         with load_standin(switch_reader(default=True)), mock.patch.object(torch, "__version__", "2.5.1"):
             self.assertEqual(load_call.torch_default_weights_only(), (True, "since torch 2.6"))
         # a torch.load that cannot run without the function it calls: no default is guessed
@@ -214,16 +224,22 @@ class TestRealTorchAgrees(unittest.TestCase):
         # (the model believes torch's allowlist empty, and torch's refusal of each global is asked of
         # torch itself: both are replaced)
         refusal = "Unsupported global: GLOBAL {} was not an allowed global by default.".format
-        with clean_env(**WEIGHTS_ONLY_BARE_ENV), mock.patch.object(prediction, "torch_allowlist", lambda: frozenset()), \
-             mock.patch.object(prediction, "global_refusal", refusal), forgotten_predictions():
+        with (
+            clean_env(**WEIGHTS_ONLY_BARE_ENV),
+            mock.patch.object(prediction, "torch_allowlist", lambda: frozenset()),
+            mock.patch.object(prediction, "global_refusal", refusal),
+            forgotten_predictions(),
+        ):
             with self.assertRaisesRegex(UnexpectedLoadOutcome, "unexpected success"):
                 load_modes.load(ckpt, "default")
 
     def test_unexpected_rejection_fails(self):
         ckpt = Checkpoint.save(TinyNet())
-        with clean_env(**WEIGHTS_ONLY_BARE_ENV), \
-             mock.patch.object(prediction, "registered_globals", lambda: frozenset(TINY_GLOBALS)), \
-             forgotten_predictions():
+        with (
+            clean_env(**WEIGHTS_ONLY_BARE_ENV),
+            mock.patch.object(prediction, "registered_globals", lambda: frozenset(TINY_GLOBALS)),
+            forgotten_predictions(),
+        ):
             with self.assertRaisesRegex(UnexpectedLoadOutcome, r"expected to load .*torch rejected it"):
                 load_modes.load(ckpt, "default")
 

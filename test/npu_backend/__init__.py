@@ -66,7 +66,9 @@ def skip_reason() -> Optional[str]:
     from torch.utils.cpp_extension import is_ninja_available
 
     if not is_ninja_available():
-        return "ninja is not installed (pip install ninja; it is in the test extra): the npu test backend cannot be built"
+        return (
+            "ninja is not installed (pip install ninja; it is in the test extra): the npu test backend cannot be built"
+        )
     return None
 
 

@@ -28,15 +28,15 @@ from npu_backend import register
 register()
 
 from torch_serial_testing import (  # noqa: E402 - the backend must exist before instantiation
-    SerializationRoundTripTestCase, UnexpectedLoadOutcome, instantiate_round_trip_tests,
+    SerializationRoundTripTestCase,
+    UnexpectedLoadOutcome,
+    instantiate_round_trip_tests,
 )
 from test.helpers.device_filters import assert_filters_match_pytorch  # noqa: E402
 
 from test.helpers.roundtrip_fixtures import MODULE_SAFE_GLOBALS  # noqa: E402 - builtins.set where torch < 2.6 needs it
 
-DEVICE_INDEX_ERROR = (
-    "Attempting to deserialize object on NPU device 1 but torch.npu.device_count() is 1"
-)
+DEVICE_INDEX_ERROR = "Attempting to deserialize object on NPU device 1 but torch.npu.device_count() is 1"
 
 
 class Net(torch.nn.Module):
@@ -111,7 +111,14 @@ class TestNpuRoundTrip(DeviceTestCase):
         npu = torch.device("npu:0")
         cpu = torch.device("cpu")
         # a dict maps the saved location tag; a tag it does not name stays where it was saved
-        onto = [("npu", npu), ("npu:0", npu), (npu, npu), ("cpu", cpu), ({"npu:0": "cpu"}, cpu), ({"cpu": "npu:0"}, npu)]
+        onto = [
+            ("npu", npu),
+            ("npu:0", npu),
+            (npu, npu),
+            ("cpu", cpu),
+            ({"npu:0": "cpu"}, cpu),
+            ({"cpu": "npu:0"}, npu),
+        ]
         for location, expected in onto:
             with self.subTest(map_location=location):
                 loaded = self.load_checkpoint(checkpoint, safe_globals=(), map_location=location)
@@ -177,5 +184,12 @@ class TestDeviceFiltersMatchPytorch(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    print(json.dumps(sorted(n for n, v in list(globals().items())
-                            if isinstance(v, type) and n.startswith("Test") and n[-3:] in ("CPU", "NPU"))))
+    print(
+        json.dumps(
+            sorted(
+                n
+                for n, v in list(globals().items())
+                if isinstance(v, type) and n.startswith("Test") and n[-3:] in ("CPU", "NPU")
+            )
+        )
+    )

@@ -119,8 +119,15 @@ def _move(obj: Any, device: Any) -> Any:
     return obj
 
 
-def load(f: Any, map_location: Any = None, pickle_module: Any = None, *, weights_only: Optional[bool] = None,
-         mmap: Optional[bool] = None, **pickle_load_args: Any) -> Any:
+def load(
+    f: Any,
+    map_location: Any = None,
+    pickle_module: Any = None,
+    *,
+    weights_only: Optional[bool] = None,
+    mmap: Optional[bool] = None,
+    **pickle_load_args: Any,
+) -> Any:
     """torch_npu's ``torch.load``: torch's rules, its own reporting."""
     force_wo = os.getenv(FORCE_WO, "0").lower() in _TRUE
     # torch_npu follows its torch: the switch exists only where torch.load reads it (torch >= 2.6)
@@ -141,9 +148,7 @@ def load(f: Any, map_location: Any = None, pickle_module: Any = None, *, weights
     kwargs: dict[str, Any] = dict(pickle_load_args, weights_only=weights_only, mmap=mmap)
     if pickle_module is not None:
         kwargs["pickle_module"] = pickle_module
-    legacy_move = (
-        not weights_only and isinstance(map_location, (str, torch.device)) and not _is_zip(f)
-    )
+    legacy_move = not weights_only and isinstance(map_location, (str, torch.device)) and not _is_zip(f)
     try:
         if legacy_move:
             print(LEGACY_NOTICE)
@@ -157,8 +162,14 @@ def load(f: Any, map_location: Any = None, pickle_module: Any = None, *, weights
         raise pickle.UnpicklingError(_UNSAFE + core + _pta_error(10, "system call failed")) from None
 
 
-def save(obj: Any, f: Any, pickle_module: Any = pickle, pickle_protocol: int = 2,
-         _use_new_zipfile_serialization: bool = True, _disable_byteorder_record: bool = False) -> None:
+def save(
+    obj: Any,
+    f: Any,
+    pickle_module: Any = pickle,
+    pickle_protocol: int = 2,
+    _use_new_zipfile_serialization: bool = True,
+    _disable_byteorder_record: bool = False,
+) -> None:
     """torch_npu's ``torch.save``: always the zip format."""
     if not _use_new_zipfile_serialization:
         print('Warning: torch.save with "_use_new_zipfile_serialization = False" is not recommended for npu tensor')

@@ -20,7 +20,9 @@ def main(argv: list[str]) -> None:
         flags.add(argv.pop(0))
     unknown = flags - {"--backend", "--fake-torch-npu"}
     if unknown or len(argv) < 2 or argv[0] != "-m":
-        raise SystemExit(f"usage: python -m npu_backend.run [--backend] [--fake-torch-npu] -m MODULE [ARGS...] (got {sys.argv[1:]})")
+        raise SystemExit(
+            f"usage: python -m npu_backend.run [--backend] [--fake-torch-npu] -m MODULE [ARGS...] (got {sys.argv[1:]})"
+        )
     if "--backend" in flags:
         from npu_backend import register
 

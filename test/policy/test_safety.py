@@ -154,8 +154,13 @@ class TestHostileCheckpointsAreReal(SentinelMixin, unittest.TestCase):
                     continue
                 with zipfile.ZipFile(io.BytesIO(data)) as z:
                     names = z.namelist()
-                for record in ("archive/data.pkl", "archive/byteorder", "archive/version",
-                               "archive/.format_version", "archive/.data/serialization_id"):
+                for record in (
+                    "archive/data.pkl",
+                    "archive/byteorder",
+                    "archive/version",
+                    "archive/.format_version",
+                    "archive/.data/serialization_id",
+                ):
                     self.assertIn(record, names)
 
     def test_payloads_run_when_fully_unpickled(self) -> None:
@@ -189,7 +194,10 @@ class TestHostileCheckpointsAreReal(SentinelMixin, unittest.TestCase):
         )
         proc = subprocess.run(
             [sys.executable, "-c", script, ROOT, sentinel, work],
-            capture_output=True, text=True, timeout=120, env=child_env(drop=()),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=child_env(drop=()),
         )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         errors = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -325,8 +333,9 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
 
     def test_force_no_weights_only_refuses_default_on_foreign_bytes(self) -> None:
         # A torch that ignores the switch (< 2.6) still makes `default` a full load: its own default.
-        refusal = (re.escape(f"(weights_only=False forced by {FORCE_NO_WO}=1)") if TORCH_READS_FORCE_NO
-                   else DEFAULT_REFUSAL)
+        refusal = (
+            re.escape(f"(weights_only=False forced by {FORCE_NO_WO}=1)") if TORCH_READS_FORCE_NO else DEFAULT_REFUSAL
+        )
         with mock.patch.dict(os.environ, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
             os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
             for name, data in HOSTILE.items():
@@ -356,7 +365,9 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
 
         with mock.patch.object(torch, "load", backend_load):
             self.assertIsNotNone(torch_load_replacement())
-            self.assertDefaultModeNeverRuns("os_system", "posix_system", "state_dict_with_payload", "legacy_cve_2025_32434")
+            self.assertDefaultModeNeverRuns(
+                "os_system", "posix_system", "state_dict_with_payload", "legacy_cve_2025_32434"
+            )
 
     def assertDefaultModeNeverRuns(self, *names: str) -> None:  # noqa: N802
         """``default`` on each foreign payload: rejected weights-only, or refused where that is a full load."""
@@ -381,12 +392,16 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
             self.assertDefaultModeNeverRuns("os_system", "nested_container", "functools_partial")
 
     def test_dangerous_safe_globals_are_refused_however_named(self) -> None:
-        alias = H.torch_zip(
-            H.proto(2) + H.call1(H.glob("mymod", "Safe"), H.ustr(f"echo alias >> {SENTINEL}")) + H.STOP
-        )
+        alias = H.torch_zip(H.proto(2) + H.call1(H.glob("mymod", "Safe"), H.ustr(f"echo alias >> {SENTINEL}")) + H.STOP)
         declarations = [
-            ["os.system"], [os.system], ["builtins.eval"], [eval], ["functools.partial"],
-            [(os.system, "mymod.Safe")], [(eval, "mymod.Safe")], [(subprocess.Popen, "mymod.Safe")],
+            ["os.system"],
+            [os.system],
+            ["builtins.eval"],
+            [eval],
+            ["functools.partial"],
+            [(os.system, "mymod.Safe")],
+            [(eval, "mymod.Safe")],
+            [(subprocess.Popen, "mymod.Safe")],
         ]
         for declared in declarations:
             with self.subTest(declared=declared):
@@ -401,7 +416,9 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
                     with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist .*posix.system"):
                         tst.load(Checkpoint.from_bytes(alias), mode, [sg])
         # Undeclared, the alias is just a missing global.
-        if not assert_mode_skips_here(self, "safe_globals", lambda: tst.load(Checkpoint.from_bytes(alias), "safe_globals")):
+        if not assert_mode_skips_here(
+            self, "safe_globals", lambda: tst.load(Checkpoint.from_bytes(alias), "safe_globals")
+        ):
             self.assertFalse(tst.load(Checkpoint.from_bytes(alias), "safe_globals").loaded)
 
     def test_required_globals_of_a_hostile_object_does_not_run_it(self) -> None:
@@ -423,7 +440,9 @@ class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.Tes
                     with self.assertRaises(CheckpointFormatError):
                         self.load_checkpoint(checkpoint, mode="default")
                 elif name in OPCODE_REJECTED:
-                    with self.assertRaisesRegex(ExpectedRejection, "opcode .* not supported by the weights-only unpickler"):
+                    with self.assertRaisesRegex(
+                        ExpectedRejection, "opcode .* not supported by the weights-only unpickler"
+                    ):
                         self.load_checkpoint(checkpoint, mode="default")
                 else:
                     with self.assertRaisesRegex(ExpectedRejection, "^default: rejected as expected") as cm:
@@ -437,7 +456,9 @@ class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.Tes
                 if assert_mode_skips_here(self, "safe_globals", load):
                     continue  # no safe_globals context: the mode skips before the declaration is judged
                 # a global no allowlist can make torch accept, or the declaration lacks
-                with self.assertRaisesRegex(AllowlistError, "misses|cannot load weights-only, whatever is allowlisted") as cm:
+                with self.assertRaisesRegex(
+                    AllowlistError, "misses|cannot load weights-only, whatever is allowlisted"
+                ) as cm:
                     load()
                 self.assertIn(H.DANGEROUS_GLOBALS[name], str(cm.exception))
 
@@ -449,8 +470,12 @@ class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.Tes
 
     def test_load_checkpoint_refuses_dangerous_declarations(self) -> None:
         data = HOSTILE["os_system"]
-        for declared in ([os.system], ["os.system"], [(os.system, "os.system")],
-                         [SafeGlobal(os.system, "os.system", True)]):
+        for declared in (
+            [os.system],
+            ["os.system"],
+            [(os.system, "os.system")],
+            [SafeGlobal(os.system, "os.system", True)],
+        ):
             with self.subTest(declared=declared):
                 with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
                     self.load_checkpoint(Checkpoint.from_bytes(data), mode="safe_globals", safe_globals=declared)
@@ -562,7 +587,9 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
     def test_torchscript_archive(self) -> None:
         buf = io.BytesIO()
         with warnings.catch_warnings():  # torch >= 2.10 deprecates TorchScript; an archive is the point here
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")  # Deprecation- or FutureWarning
+            warnings.filterwarnings(
+                "ignore", message=r"`torch\.jit\.\w+` is deprecated"
+            )  # Deprecation- or FutureWarning
             torch.jit.save(torch.jit.script(torch.nn.ReLU()), buf)
         data = buf.getvalue()
         self.assertEqual(scan_checkpoint(data).format, "torchscript")
@@ -677,7 +704,10 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         self.assertTrue(tst.predict(mode, Checkpoint.from_bytes(self.good), environ=env).weights_only)
         proc = subprocess.run(
             [sys.executable, "-c", script, ROOT, mode],
-            capture_output=True, text=True, timeout=120, env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         *_, raises_line, outcomes_line = proc.stdout.strip().splitlines()

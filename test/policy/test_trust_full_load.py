@@ -42,7 +42,6 @@ COMPAT_GADGETS = {
 }
 
 
-
 class TestCompatSpellings(unittest.TestCase):
     def test_compat_pickle_spellings_are_judged_as_a_full_unpickle_resolves_them(self) -> None:
         for name, resolved in COMPAT_GADGETS.items():
@@ -77,8 +76,11 @@ class TestFullLoadNames(unittest.TestCase):
         self.assertIn("from torch.nn.modules.linear import Linear", r["snippet"])
 
     def test_a_dangerous_full_load_name_is_flagged(self) -> None:
-        for full in (("urllib.request.urlretrieve",), {"urllib.urlretrieve": "urllib.request.urlretrieve"},
-                     ("pickle.loads", "torch.nn.modules.linear.Linear")):
+        for full in (
+            ("urllib.request.urlretrieve",),
+            {"urllib.urlretrieve": "urllib.request.urlretrieve"},
+            ("pickle.loads", "torch.nn.modules.linear.Linear"),
+        ):
             with self.subTest(full=full):
                 r = self.report(self.info(full_load_globals=full))
                 self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))
@@ -142,8 +144,12 @@ class TestCannotTellIsDangerous(unittest.TestCase):
         self.assertIn("__getattr__", verdict.reason)
 
     def test_inspect_treats_cannot_tell_as_dangerous(self) -> None:
-        for module, name in (("tst_lazy_pkg.sub", "run"), ("tst_never_imported", "Safe"),
-                             ("numpy.distutils.cpuinfo", "getstatusoutput"), ("torch", "not_an_attribute")):
+        for module, name in (
+            ("tst_lazy_pkg.sub", "run"),
+            ("tst_never_imported", "Safe"),
+            ("numpy.distutils.cpuinfo", "getstatusoutput"),
+            ("torch", "not_an_attribute"),
+        ):
             with self.subTest(module=module):
                 r = inspect_report("f.pt", [], data=_call_checkpoint(module, name))
                 self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))

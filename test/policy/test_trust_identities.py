@@ -21,8 +21,8 @@ import torch  # noqa: E402
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 import torch_serial_testing as tst  # noqa: E402
 from torch_serial_testing import Checkpoint, RoundTripConfigError, SerializationRoundTripTestCase  # noqa: E402
-from torch_serial_testing.policy.declared import SafeGlobal, as_safe_globals, normalize_safe_globals# noqa: E402
-from torch_serial_testing.policy.trust import judge_global# noqa: E402
+from torch_serial_testing.policy.declared import SafeGlobal, as_safe_globals, normalize_safe_globals  # noqa: E402
+from torch_serial_testing.policy.trust import judge_global  # noqa: E402
 
 from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 
@@ -181,7 +181,9 @@ class TestSmuggledIdentities(unittest.TestCase):
 
         with tempfile.TemporaryDirectory() as tmp:
             sentinel = os.path.join(tmp, "ran")
-            data = H.torch_zip(H.proto(2) + H.call1(H.glob("harmless", "Name"), H.ustr(f"echo x >> {sentinel}")) + H.STOP)
+            data = H.torch_zip(
+                H.proto(2) + H.call1(H.glob("harmless", "Name"), H.ustr(f"echo x >> {sentinel}")) + H.STOP
+            )
             for obj in (functools.partial(os.system), os.system.__call__, operator.methodcaller("system")):
                 with self.subTest(obj=obj):
                     with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):

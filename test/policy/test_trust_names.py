@@ -167,8 +167,14 @@ class TestSnippetsHoldOnlyCode(unittest.TestCase):
 
     def test_colliding_names_get_aliases_not_shadowed(self) -> None:
         snippet = safe_globals_snippet(
-            ["torch.nn.modules.linear.Linear", "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
-             "torch.ao.nn.sparse.quantized.linear.LinearPackedParams", "torch.ScriptObject"], context=True)
+            [
+                "torch.nn.modules.linear.Linear",
+                "torch.ao.nn.sparse.quantized.dynamic.linear.Linear",
+                "torch.ao.nn.sparse.quantized.linear.LinearPackedParams",
+                "torch.ScriptObject",
+            ],
+            context=True,
+        )
         _code_lines_only(self, snippet)
         namespace: dict = {}
         exec("\n".join(l for l in snippet.splitlines() if l.startswith(("import", "from"))), namespace)
@@ -176,8 +182,10 @@ class TestSnippetsHoldOnlyCode(unittest.TestCase):
         resolved = {eval(r, namespace) for r in refs}  # noqa: S307 - the test's own snippet, names verified
         from torch.ao.nn.sparse.quantized.dynamic.linear import Linear as SparseLinear
 
-        self.assertEqual(resolved, {torch.nn.Linear, SparseLinear, torch.ScriptObject,
-                                    torch.ao.nn.sparse.quantized.linear.LinearPackedParams})
+        self.assertEqual(
+            resolved,
+            {torch.nn.Linear, SparseLinear, torch.ScriptObject, torch.ao.nn.sparse.quantized.linear.LinearPackedParams},
+        )
 
 
 class TestReportsEscapeEverything(unittest.TestCase):
@@ -191,12 +199,14 @@ class TestReportsEscapeEverything(unittest.TestCase):
                 r, text = self.report(_hostile_checkpoint(module, name))
                 self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))
                 self.assertIsNone(r["snippet"])
-                self.assertEqual([m["name"] for m in r["malformed"]] + [d["name"] for d in r["dangerous"]],
-                                 [f"{module}.{name}"])
+                self.assertEqual(
+                    [m["name"] for m in r["malformed"]] + [d["name"] for d in r["dangerous"]], [f"{module}.{name}"]
+                )
                 for line in text.splitlines():
                     self.assertTrue(line.isprintable(), repr(line))
-                self.assertEqual([l for l in text.splitlines() if l.startswith("status:")],
-                                 ["status: DANGEROUS (exit 2)"])
+                self.assertEqual(
+                    [l for l in text.splitlines() if l.startswith("status:")], ["status: DANGEROUS (exit 2)"]
+                )
                 self.assertFalse(any(l.lstrip().startswith("status: LOADS") for l in text.splitlines()))
                 json.loads(json.dumps(r))  # the JSON form is plain data too
 
@@ -234,8 +244,9 @@ class TestReportsEscapeEverything(unittest.TestCase):
             with redirect_stdout(out):
                 code = cli.main(["inspect", path])
         self.assertEqual(code, EXIT_DANGEROUS)
-        self.assertEqual([l for l in out.getvalue().splitlines() if l.startswith("status:")],
-                         ["status: DANGEROUS (exit 2)"])
+        self.assertEqual(
+            [l for l in out.getvalue().splitlines() if l.startswith("status:")], ["status: DANGEROUS (exit 2)"]
+        )
         self.assertIn("'torch.Size\\nstatus: LOADS (exit 0)'", out.getvalue())
 
     def test_doctor_escapes_registered_names(self) -> None:
@@ -246,8 +257,9 @@ class TestReportsEscapeEverything(unittest.TestCase):
         for line in text.splitlines():
             self.assertTrue(line.isprintable(), repr(line))
         self.assertIn("'evil\\x1b[2J.Name'", text)
-        self.assertTrue(any("refused by the trust policy" in p and "not a dotted Python name" in p
-                            for p in r["problems"]))
+        self.assertTrue(
+            any("refused by the trust policy" in p and "not a dotted Python name" in p for p in r["problems"])
+        )
 
 
 class TestMessagesEscapeNames(unittest.TestCase):

@@ -131,10 +131,17 @@ class TestDenylistFamilies(unittest.TestCase):
         import pdb
         import timeit
 
-        for declared in (torch.storage._load_from_bytes, torch._utils._import_dotted_name, timeit.Timer, pdb.run,
-                         UnsafeCallable(torch.storage._load_from_bytes, reason="it is a torch function"),
-                         UnsafeCallable("timeit.timeit", reason="benchmark"), types.FunctionType, types.CodeType,
-                         (types.FunctionType, "builtins.function")):
+        for declared in (
+            torch.storage._load_from_bytes,
+            torch._utils._import_dotted_name,
+            timeit.Timer,
+            pdb.run,
+            UnsafeCallable(torch.storage._load_from_bytes, reason="it is a torch function"),
+            UnsafeCallable("timeit.timeit", reason="benchmark"),
+            types.FunctionType,
+            types.CodeType,
+            (types.FunctionType, "builtins.function"),
+        ):
             with self.subTest(declared=declared):
                 with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
                     normalize_safe_globals([declared])
@@ -192,8 +199,12 @@ class TestClassesOnly(unittest.TestCase):
         self.assertIn("not a class", verdict.reason)
 
     def test_metaclasses_and_dangerous_subclasses_are_refused(self) -> None:
-        for cls, why in ((Meta, "metaclass"), (Spawner, "subclasses subprocess.Popen"),
-                         (Opener, "subclasses _io.FileIO"), (Pickler, "subclasses _pickle.Unpickler")):
+        for cls, why in (
+            (Meta, "metaclass"),
+            (Spawner, "subclasses subprocess.Popen"),
+            (Opener, "subclasses _io.FileIO"),
+            (Pickler, "subclasses _pickle.Unpickler"),
+        ):
             with self.subTest(cls=cls):
                 self.assertIn(why, judge_global(cls))
                 self.assertIn(why, judge_name(f"{__name__}.{cls.__qualname__}").reason)
@@ -211,8 +222,10 @@ class TestClassesOnly(unittest.TestCase):
         # since torch 2.5; where it is not (asked of torch), it needs the same explicit opt-in.
         codecs_needed = "_codecs.encode" not in torch_allowlist_objects()
         self.assertEqual("_codecs.encode" in needed, codecs_needed)
-        self.assertEqual([d["name"] for d in r["needs_opt_in"]],
-                         ["_codecs.encode", RECONSTRUCT_NAME] if codecs_needed else [RECONSTRUCT_NAME])
+        self.assertEqual(
+            [d["name"] for d in r["needs_opt_in"]],
+            ["_codecs.encode", RECONSTRUCT_NAME] if codecs_needed else [RECONSTRUCT_NAME],
+        )
         self.assertNotIn("_reconstruct", r["snippet"])
         self.assertIn("from numpy import ndarray", r["snippet"])
         self.assertIn(f"UnsafeCallable('{RECONSTRUCT_NAME}'", "\n".join(r["notes"]))
@@ -225,15 +238,21 @@ class TestClassesOnly(unittest.TestCase):
             self.skipTest(SAFE_GLOBALS_SKIP)
         state = {"stats": np.arange(3.0)}
         dtype_names = {f"{c.__module__}.{c.__qualname__}" for c in DTYPE_CLASSES}
-        extra = [g for g in required_globals(state) if g not in (RECONSTRUCT_NAME, "numpy.ndarray", "numpy.dtype")
-                 and g not in dtype_names]
+        extra = [
+            g
+            for g in required_globals(state)
+            if g not in (RECONSTRUCT_NAME, "numpy.ndarray", "numpy.dtype") and g not in dtype_names
+        ]
 
         class NumpyState(SerializationRoundTripTestCase, unittest.TestCase):
             # torch's BUILD check also wants the dtype's class, which the pickle does not name as a
             # global (required_globals lists it from the scan's BUILD types); a class: no opt-in.
             safe_globals = (
                 UnsafeCallable(RECONSTRUCT, reason="numpy arrays in the state"),
-                np.ndarray, np.dtype, *DTYPE_CLASSES, *extra,
+                np.ndarray,
+                np.dtype,
+                *DTYPE_CLASSES,
+                *extra,
             )
             allow_unneeded_safe_globals = True
 

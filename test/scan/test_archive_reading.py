@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 
 from torch_serial_testing import Checkpoint, CheckpointFormatError, predict, scan_checkpoint  # noqa: E402
-from torch_serial_testing.core.limits import scan_limits# noqa: E402
+from torch_serial_testing.core.limits import scan_limits  # noqa: E402
 
 GOOD = pickle.dumps({"a": 1}, protocol=2)
 EVIL = pickle.dumps(__import__("collections").deque([1]), protocol=2)  # names collections.deque
@@ -84,7 +84,6 @@ class AgreesWithTorch:
 
 
 class ArchiveDifferential(AgreesWithTorch, unittest.TestCase):
-
     def test_duplicate_records_differing_in_case(self) -> None:
         # torch's reader finds records case-insensitively; which one it returns depends on the order.
         for entries in (
@@ -120,7 +119,7 @@ class ArchiveDifferential(AgreesWithTorch, unittest.TestCase):
         # A zip64 end record describing the *first* archive's central directory, plus a locator,
         # inserted before the final end-of-central-directory record.
         eocd = data.rfind(b"PK\x05\x06")
-        cd_entries, cd_size, cd_offset = struct.unpack("<HII", evil[evil.rfind(b"PK\x05\x06") + 10:][:10])
+        cd_entries, cd_size, cd_offset = struct.unpack("<HII", evil[evil.rfind(b"PK\x05\x06") + 10 :][:10])
         z64 = struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, cd_entries, cd_entries, cd_size, cd_offset)
         locator = struct.pack("<IIQI", 0x07064B50, 0, eocd, 1)
         data[eocd:eocd] = z64 + locator
@@ -236,7 +235,9 @@ class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
             + storage_args
             + struct.pack("<q", 2)
             + b"\x00" * 8  # two float32 elements
-            + b"\x80\x02" + H.glob("collections", "deque") + b")R."  # the storage views pickle
+            + b"\x80\x02"
+            + H.glob("collections", "deque")
+            + b")R."  # the storage views pickle
         )
         tensors = pickle.dumps(0, protocol=2)
         data = self.tar_of({"storages": storages, "tensors": tensors, "pickle": pickle.dumps({}, protocol=2)})
@@ -247,8 +248,11 @@ class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
         self.assertIn("legacy .tar format", info.weights_only_blocker)
 
     def test_gnu_sparse_and_odd_tar_members_are_refused(self) -> None:
-        members = {"storages": pickle.dumps(0, protocol=2) + pickle.dumps([], protocol=2),
-                   "tensors": pickle.dumps(0, protocol=2), "pickle": pickle.dumps({}, protocol=2)}
+        members = {
+            "storages": pickle.dumps(0, protocol=2) + pickle.dumps([], protocol=2),
+            "tensors": pickle.dumps(0, protocol=2),
+            "pickle": pickle.dumps({}, protocol=2),
+        }
         with self.assertRaisesRegex(CheckpointFormatError, "GNU sparse"):
             scan_checkpoint(self.tar_of(members, sparse=frozenset({"storages"})))
         out = io.BytesIO()
@@ -263,7 +267,6 @@ class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
-
 
 
 class Alpha:

@@ -179,9 +179,11 @@ class TestModelAgreesWithTorch(unittest.TestCase):
         self.assertEqual(result.loaded, result.expectation.loads)
         if not result.loaded:
             self.assertIsInstance(result.error, AttributeError)
-            self.assertIn(f"this torch's BUILD cannot apply the pickled state of {Slotted.__module__}.Slotted "
-                          "(it raises AttributeError: 'Slotted' object has no attribute '__dict__')", result.summary)
-
+            self.assertIn(
+                f"this torch's BUILD cannot apply the pickled state of {Slotted.__module__}.Slotted "
+                "(it raises AttributeError: 'Slotted' object has no attribute '__dict__')",
+                result.summary,
+            )
 
     def test_the_default_mode_forced_weights_only(self) -> None:
         """Every torch (2.4 too, which has no safe_globals mode): the bare load made weights-only by
@@ -230,23 +232,30 @@ class TestLoadPathJudgesTheType(unittest.TestCase):
             tst.load(checkpoint, "default")
 
     def test_unpickling_error_where_attribute_error_is_predicted(self) -> None:
-        with self._with_rules(self.OLD), self._loader_raising(
-            pickle.UnpicklingError("'Slotted' object has no attribute '__dict__'")
+        with (
+            self._with_rules(self.OLD),
+            self._loader_raising(pickle.UnpicklingError("'Slotted' object has no attribute '__dict__'")),
         ):
-            with self.assertRaisesRegex(UnexpectedLoadOutcome, "rejected with UnpicklingError, but this torch is "
-                                        "predicted to raise AttributeError"):
+            with self.assertRaisesRegex(
+                UnexpectedLoadOutcome,
+                "rejected with UnpicklingError, but this torch is predicted to raise AttributeError",
+            ):
                 self._load(Slotted())
 
     def test_other_message_of_the_predicted_type(self) -> None:
         with self._with_rules(self.OLD), self._loader_raising(AttributeError("something else")):
-            with self.assertRaisesRegex(UnexpectedLoadOutcome, "rejected with AttributeError as predicted, but not "
-                                        "saying \"'Slotted' object has no attribute '__dict__'\""):
+            with self.assertRaisesRegex(
+                UnexpectedLoadOutcome,
+                "rejected with AttributeError as predicted, but not "
+                "saying \"'Slotted' object has no attribute '__dict__'\"",
+            ):
                 self._load(Slotted())
 
     def test_attribute_error_where_a_load_is_predicted(self) -> None:
         with self._loader_raising(AttributeError("'Plain' object has no attribute '__dict__'")):
-            with self.assertRaisesRegex(UnexpectedLoadOutcome, "expected to be loaded .*torch.load raised "
-                                        "AttributeError"):
+            with self.assertRaisesRegex(
+                UnexpectedLoadOutcome, "expected to be loaded .*torch.load raised AttributeError"
+            ):
                 self._load(Plain())
 
     def test_the_other_torchs_rules_fail_loudly(self) -> None:
@@ -257,8 +266,11 @@ class TestLoadPathJudgesTheType(unittest.TestCase):
                     self._load(Slotted())
         else:  # torch 2.4, 2.5: the new rules predict a load, torch raises
             with self._with_rules(BuildRules()):
-                with self.assertRaisesRegex(UnexpectedLoadOutcome, "expected to be loaded .*torch.load raised "
-                                            "AttributeError: 'Slotted' object has no attribute '__dict__'"):
+                with self.assertRaisesRegex(
+                    UnexpectedLoadOutcome,
+                    "expected to be loaded .*torch.load raised "
+                    "AttributeError: 'Slotted' object has no attribute '__dict__'",
+                ):
                     self._load(Slotted())
 
 
@@ -295,21 +307,32 @@ class TestRulesAndShapes(unittest.TestCase):
     def test_build_failure_per_rules(self) -> None:
         pair = ("tuple", (("none",), ("dict", 2)))
         self.assertIsNone(build_failure(Slotted, pair, self.NEW))
-        self.assertEqual(build_failure(Slotted, pair, self.OLD),
-                         ("AttributeError", "'Slotted' object has no attribute '__dict__'"))
-        self.assertEqual(build_failure(SlottedChild, pair, self.OLD),
-                         ("TypeError", "cannot convert dictionary update sequence element #0 to a sequence"))
-        self.assertEqual(build_failure(SlottedChild, ("tuple", (("dict", 3), ("dict", 2))), self.OLD),
-                         ("ValueError", "dictionary update sequence element #0 has length 3; 2 is required"))
+        self.assertEqual(
+            build_failure(Slotted, pair, self.OLD), ("AttributeError", "'Slotted' object has no attribute '__dict__'")
+        )
+        self.assertEqual(
+            build_failure(SlottedChild, pair, self.OLD),
+            ("TypeError", "cannot convert dictionary update sequence element #0 to a sequence"),
+        )
+        self.assertEqual(
+            build_failure(SlottedChild, ("tuple", (("dict", 3), ("dict", 2))), self.OLD),
+            ("ValueError", "dictionary update sequence element #0 has length 3; 2 is required"),
+        )
         self.assertIsNone(build_failure(SlottedWithSetstate, ("dict", 1), self.OLD))  # its own __setstate__
         self.assertIsNone(build_failure(Plain, ("dict", None), self.OLD))
         # Falsy states: skipped by the new BUILD, fed to dict.update by the old.
         self.assertIsNone(build_failure(CustomState, ("value", 0), self.NEW))
-        self.assertEqual(build_failure(CustomState, ("value", 0), self.OLD), ("TypeError", "'int' object is not iterable"))
-        self.assertEqual(build_failure(SlottedCustomState, ("dict", 0), self.OLD),
-                         ("AttributeError", "'SlottedCustomState' object has no attribute '__dict__'"))
-        self.assertEqual(build_failure(CustomState, ("tuple", (("none",), ("value", "xy"))), self.NEW),
-                         ("AttributeError", "'str' object has no attribute 'items'"))
+        self.assertEqual(
+            build_failure(CustomState, ("value", 0), self.OLD), ("TypeError", "'int' object is not iterable")
+        )
+        self.assertEqual(
+            build_failure(SlottedCustomState, ("dict", 0), self.OLD),
+            ("AttributeError", "'SlottedCustomState' object has no attribute '__dict__'"),
+        )
+        self.assertEqual(
+            build_failure(CustomState, ("tuple", (("none",), ("value", "xy"))), self.NEW),
+            ("AttributeError", "'str' object has no attribute 'items'"),
+        )
 
     def test_what_cannot_be_told_stays_a_load(self) -> None:
         """A state whose contents decide (a list, a dict of unknown size in a pair), a C type, a class
@@ -326,8 +349,10 @@ class TestRulesAndShapes(unittest.TestCase):
 
         self.assertIsNone(build_failure(Lookup, ("none",), self.OLD))
         # A dict of unknown size is fine as the whole state, whatever its size.
-        self.assertEqual(build_failure(SlottedCustomState, ("dict", None), self.OLD),
-                         ("AttributeError", "'SlottedCustomState' object has no attribute '__dict__'"))
+        self.assertEqual(
+            build_failure(SlottedCustomState, ("dict", None), self.OLD),
+            ("AttributeError", "'SlottedCustomState' object has no attribute '__dict__'"),
+        )
         self.assertIsNone(build_failure(CustomState, ("dict", None), self.OLD))
 
     def test_old_torch_builds_only_user_allowlisted_types(self) -> None:
@@ -347,8 +372,7 @@ class TestRulesAndShapes(unittest.TestCase):
 
         data = torch_zip_of(b"\x80\x02ctorch\nSize\n)R}b.")
         for standin, loads in ((None, build_rules().torch_types_buildable), (Torch24Build, False)):
-            with self.subTest(standin=standin), \
-                    (unpickler_standin(standin) if standin else contextlib.nullcontext()):
+            with self.subTest(standin=standin), unpickler_standin(standin) if standin else contextlib.nullcontext():
                 exp = predict("safe_globals", Checkpoint.from_bytes(data))
                 loaded, _etype, message = _torch_outcome(data, Plain)
                 self.assertEqual((exp.loads, loaded), (loads, loads), message)

@@ -129,8 +129,9 @@ class TestSwitchReadings(unittest.TestCase):
             self.assertIn("canary raised OSError: no torch.serialization.load here", exp.unknown)
         # Asked of torch again: the second switch exactly where this torch's load reads it (>= 2.6).
         self.assertEqual(load_call.torch_reads_force_no_weights_only(), _both_refused_by_torch())
-        self.assertEqual(load_call.WeightsOnlySwitches.from_environ({WO: "1", NO: "1"}).conflict,
-                         _both_refused_by_torch())
+        self.assertEqual(
+            load_call.WeightsOnlySwitches.from_environ({WO: "1", NO: "1"}).conflict, _both_refused_by_torch()
+        )
 
 
 class TestPredictArguments(unittest.TestCase):
@@ -141,7 +142,9 @@ class TestPredictArguments(unittest.TestCase):
         self.needed = required_globals(self.checkpoint)
 
     def test_objects_strings_and_tuples(self) -> None:
-        objects = [getattr(sys.modules["test.helpers.roundtrip_fixtures"], "TinyNet")] + ([set] if "builtins.set" in self.needed else [])
+        objects = [getattr(sys.modules["test.helpers.roundtrip_fixtures"], "TinyNet")] + (
+            [set] if "builtins.set" in self.needed else []
+        )
         for declared in (objects, self.needed, [(o, n) for o, n in zip(objects, sorted(self.needed))]):
             with self.subTest(declared=declared):
                 self.assertTrue(predict("safe_globals", self.checkpoint, declared).loads)
@@ -159,8 +162,11 @@ class TestPredictArguments(unittest.TestCase):
         # the real torch agrees: a subclass declared as an object loads
         result = load(Checkpoint.save(torch.ones(2).as_subclass(corpus.MyTensor)), "safe_globals", [corpus.MyTensor])
         self.assertTrue(result.loaded)
-        self.assertTrue(predict("safe_globals", Checkpoint.save(torch.ones(2).as_subclass(corpus.MyTensor)),
-                                [corpus.MyTensor]).loads)
+        self.assertTrue(
+            predict(
+                "safe_globals", Checkpoint.save(torch.ones(2).as_subclass(corpus.MyTensor)), [corpus.MyTensor]
+            ).loads
+        )
 
     def test_predict_refuses_nothing(self) -> None:
         exp = predict("safe_globals", self.checkpoint, [os.system, "os.system", (print, "builtins.eval")])
@@ -229,8 +235,12 @@ class TestOracleComparison(unittest.TestCase):
         self.assertIsNone(worker.compare(self._pred(outcome="loads"), ok_act, "k", "zip-p2", None))
         self.assertIn("torch loaded", worker.compare(self._pred(), ok_act, "k", "zip-p2", None))
         self.assertIn("warning", worker.compare(self._pred(outcome="loads", warns=True), ok_act, "k", "zip-p2", None))
-        refused = {"outcome": "rejects", "warned": False, "type": "UnpicklingError",
-                   "message": "GLOBAL foo.Bar was not an allowed global by default."}
+        refused = {
+            "outcome": "rejects",
+            "warned": False,
+            "type": "UnpicklingError",
+            "message": "GLOBAL foo.Bar was not an allowed global by default.",
+        }
         self.assertIn("names a global", worker.compare(self._pred(), refused, "k", "zip-p2", None))
         refused["message"] = f"GLOBAL {self._pred()['missing'][0]} was not an allowed global by default."
         self.assertIsNone(worker.compare(self._pred(), refused, "k", "zip-p2", None))
@@ -279,11 +289,11 @@ class TestDifferentialCorpusCI(unittest.TestCase):
         self.assertEqual(self.report.envs, len(CI_ENVS))
         self.assertGreater(self.report.checkpoints, len(corpus.kinds()))
         self.assertEqual(self.report.cases, self.report.agreements + self.report.disagreement_total)
-        excluded_everywhere = {
-            e.kind for e in self.report.excluded if e.format == "*"
-        } | {k for k in corpus.kinds() if all(
-            any(e.kind == k and e.format == f for e in self.report.excluded)
-            for f in CI_FORMATS if f != "jit")}
+        excluded_everywhere = {e.kind for e in self.report.excluded if e.format == "*"} | {
+            k
+            for k in corpus.kinds()
+            if all(any(e.kind == k and e.format == f for e in self.report.excluded) for f in CI_FORMATS if f != "jit")
+        }
         compared = self.report.cases // max(1, self.report.envs)
         self.assertGreater(compared, 0)
         for e in self.report.excluded:

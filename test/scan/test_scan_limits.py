@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 
 from torch_serial_testing import CheckpointFormatError, scan_checkpoint  # noqa: E402
-from torch_serial_testing.core.limits import ScanLimits, default_scan_limits, scan_limits# noqa: E402
+from torch_serial_testing.core.limits import ScanLimits, default_scan_limits, scan_limits  # noqa: E402
 
 MB = 1 << 20
 

@@ -259,8 +259,30 @@ class TestModelAgreesWithTorch(unittest.TestCase):
 
     @unittest.skipIf(np is None or not hasattr(np, "dtypes"), "numpy >= 1.25 is not installed")
     def test_static_numpy_dtype_table_matches_numpy(self) -> None:
-        specs = ["b1", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16",
-                 "O8", "U5", "S3", "V4", "M8", "m8", "f16", "c32"]
+        specs = [
+            "b1",
+            "i1",
+            "i2",
+            "i4",
+            "i8",
+            "u1",
+            "u2",
+            "u4",
+            "u8",
+            "f2",
+            "f4",
+            "f8",
+            "c8",
+            "c16",
+            "O8",
+            "U5",
+            "S3",
+            "V4",
+            "M8",
+            "m8",
+            "f16",
+            "c32",
+        ]
         with mock.patch.dict(sys.modules, {"numpy": None}):  # the static path, without numpy
             static = {s: numpy_dtype_class(s) for s in specs}
         for spec in specs:
@@ -368,7 +390,9 @@ class TestDerivedFromTorch(unittest.TestCase):
         opcodes = unpickler_rules().opcodes
         self.assertTrue({"GLOBAL", "REDUCE", "BUILD", "BINPERSID", "STOP"} <= opcodes)
         # an opcode torch refuses is one the model refuses, with torch's message
-        loaded, message = torch_weights_only(torch_zip_of(b"\x80\x02X\x02\x00\x00\x00osX\x06\x00\x00\x00getcwd\x93."), [])
+        loaded, message = torch_weights_only(
+            torch_zip_of(b"\x80\x02X\x02\x00\x00\x00osX\x06\x00\x00\x00getcwd\x93."), []
+        )
         self.assertEqual("STACK_GLOBAL" in opcodes, loaded)
         info = scan_checkpoint(torch_zip_of(b"\x80\x02X\x02\x00\x00\x00osX\x06\x00\x00\x00getcwd\x93."))
         if not loaded:
@@ -415,7 +439,9 @@ class TestDerivedFromTorch(unittest.TestCase):
         torch.save(njt, buf)
         proc = subprocess.run(
             [sys.executable, "-c", code.replace("DATA", repr(buf.getvalue().hex()))],
-            capture_output=True, text=True, timeout=300,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         import json
@@ -424,7 +450,6 @@ class TestDerivedFromTorch(unittest.TestCase):
         self.assertEqual(predicted, loaded, msg)
         if not loaded:
             self.assertTrue(named, msg)
-
 
 
 class Torch28(Torch28Persid, Torch28Setitem):
@@ -496,8 +521,10 @@ class TestContainerRulesFollowTorch(unittest.TestCase):
             info = Checkpoint.save({"d": DictSub(a=1), "x": 1}).info
             self.assertIsNone(info.weights_only_blocker)
             self.assertIn(f"{__name__}.DictSub", info.globals)
-            self.assertEqual(scan_checkpoint(torch_zip_of(b"\x80\x02X\x06\x00\x00\x00module\x85Q."))
-                             .weights_only_blocker, "Only persistent_load of storage is allowed, but got module")
+            self.assertEqual(
+                scan_checkpoint(torch_zip_of(b"\x80\x02X\x06\x00\x00\x00module\x85Q.")).weights_only_blocker,
+                "Only persistent_load of storage is allowed, but got module",
+            )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ from test.helpers.source_lines import def_lines_of
 FILTER_ENV = ("PYTORCH_TESTING_DEVICE_ONLY_FOR", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR")
 
 
-FAILING_LINE = next(i for i, ln in enumerate(Path(__file__).read_text().splitlines(), 1) if ln.endswith("# FAILING LINE"))
+FAILING_LINE = next(
+    i for i, ln in enumerate(Path(__file__).read_text().splitlines(), 1) if ln.endswith("# FAILING LINE")
+)
 
 
 class TestAttributionInProcess(unittest.TestCase):
@@ -72,14 +74,15 @@ class TestAttributionInProcess(unittest.TestCase):
                 cls = self.generate(base)
                 stream = io.StringIO()
                 result = unittest.TextTestRunner(stream=stream, verbosity=2).run(
-                    unittest.defaultTestLoader.loadTestsFromTestCase(cls))
+                    unittest.defaultTestLoader.loadTestsFromTestCase(cls)
+                )
                 self.assertEqual(len(result.failures), 1, stream.getvalue())
                 tb = result.failures[0][1]
                 frames = [(f, int(n)) for f, n in re.findall(r'File "([^"]+)", line (\d+)', tb)]
                 author = (str(Path(__file__).resolve()), FAILING_LINE)
                 self.assertIn(author, frames, tb)
                 library = str(Path(torch_serial_testing.__file__).parent)
-                after = [f for f, _ in frames[frames.index(author) + 1:]]
+                after = [f for f, _ in frames[frames.index(author) + 1 :]]
                 self.assertFalse([f for f in after if f.startswith(library) or "parameterized" in f], tb)
 
 
@@ -97,7 +100,7 @@ class TestImportRoundTripTests(unittest.TestCase):
         """A module defining a generic round-trip class (instantiated under *env*) and a plain test class."""
         mod = types.ModuleType(name)
         mod.__file__ = __file__
-        source = textwrap.dedent('''
+        source = textwrap.dedent("""
             import unittest
             from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
 
@@ -113,7 +116,7 @@ class TestImportRoundTripTests(unittest.TestCase):
             class TestPlain(unittest.TestCase):
                 def test_y(self):
                     pass
-        ''')
+        """)
         base = {k: v for k, v in os.environ.items() if k not in FILTER_ENV}
         with mock.patch.dict(os.environ, {**base, **env}, clear=True):
             exec(compile(source, f"<{name}>", "exec"), mod.__dict__)

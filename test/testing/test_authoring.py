@@ -107,8 +107,9 @@ class TestDeclarationErrors(unittest.TestCase):
         message = only_problem(self, *run_inner(Inner))
         name = f"{__name__}.ExtraConfig"
         # ... but the state_dict round trip is judged against state_dict_safe_globals, and says so.
-        self.assertIn(f"AllowlistError: Inner.state_dict_safe_globals misses 1 global(s) the checkpoint "
-                      f"needs: {name}\n", message)
+        self.assertIn(
+            f"AllowlistError: Inner.state_dict_safe_globals misses 1 global(s) the checkpoint needs: {name}\n", message
+        )
         self.assertNotIn("Inner.safe_globals", message)
         self.assertIn("class Inner(...):\n    state_dict_safe_globals = (ExtraConfig,)\n", message)
         self.assertIn(f"from {__name__} import ExtraConfig", message)
@@ -134,7 +135,9 @@ class TestDeclarationErrors(unittest.TestCase):
                 self.round_trip(TinyNet(), mode="safe_globals")
 
         message = only_problem(self, *run_inner(TestFoo))
-        refs = ", ".join(g.rsplit(".", 1)[1] for g in sorted(["test.helpers.roundtrip_fixtures.TinyNet", *MODULE_GLOBALS]))
+        refs = ", ".join(
+            g.rsplit(".", 1)[1] for g in sorted(["test.helpers.roundtrip_fixtures.TinyNet", *MODULE_GLOBALS])
+        )
         self.assertIn("TestFoo.safe_globals misses", message)
         self.assertIn(f"class TestFoo(...):\n    safe_globals = ({refs}{',' if ', ' not in refs else ''})\n", message)
 
@@ -151,8 +154,10 @@ class TestDeclarationErrors(unittest.TestCase):
 
         result, out = run_inner(Inner)
         message = only_problem(self, result, out)
-        self.assertIn("Inner.safe_globals over-trusts: the checkpoint does not need test.helpers.roundtrip_fixtures.TinyNet",
-                      message)
+        self.assertIn(
+            "Inner.safe_globals over-trusts: the checkpoint does not need test.helpers.roundtrip_fixtures.TinyNet",
+            message,
+        )
         self.assertIn("saves a dict, not a module: pass safe_globals=()", message)
         # What is left of the declaration: () -- or (set,) before torch 2.6, where builtins.set is not
         # on torch's allowlist yet (declaring it is never over-trust: torch allowlists it later).
@@ -165,8 +170,11 @@ class TestDeclarationErrors(unittest.TestCase):
                 self.round_trip(TinyNet(), mode="safe_globals", safe_globals=MODULE_SAFE_GLOBALS)
 
         message = only_problem(self, *run_inner(Inner))
-        self.assertIn("the safe_globals= argument of round_trip() misses 1 global(s) the checkpoint needs: "
-                      "test.helpers.roundtrip_fixtures.TinyNet", message)
+        self.assertIn(
+            "the safe_globals= argument of round_trip() misses 1 global(s) the checkpoint needs: "
+            "test.helpers.roundtrip_fixtures.TinyNet",
+            message,
+        )
         self.assertIn("self.round_trip(..., safe_globals=(", message)
 
 
@@ -175,12 +183,17 @@ class TestLocalClasses(unittest.TestCase):
         class Local(torch.nn.Module):
             pass
 
-        with self.assertRaisesRegex(RoundTripConfigError, r"safe_globals lists .*<locals>\.Local, which is not "
-                                    r"importable.*Move the class to module level"):
+        with self.assertRaisesRegex(
+            RoundTripConfigError,
+            r"safe_globals lists .*<locals>\.Local, which is not "
+            r"importable.*Move the class to module level",
+        ):
+
             class Inner(SerializationRoundTripTestCase, unittest.TestCase):
                 safe_globals = (Local,)
 
         with self.assertRaisesRegex(RoundTripConfigError, "state_dict_safe_globals lists .*<locals>"):
+
             class Inner2(SerializationRoundTripTestCase, unittest.TestCase):
                 state_dict_safe_globals = (Local,)
 
@@ -216,8 +229,7 @@ class TestLocalClasses(unittest.TestCase):
         pickle_error = pickle_refusal(Local())
         self.assertIn("local object", pickle_error)
         self.assertIn(f"RoundTripConfigError: torch.save failed: {pickle_error}", message)
-        self.assertIn("Move the class to module level -- checkpointed classes belong in an importable module",
-                      message)
+        self.assertIn("Move the class to module level -- checkpointed classes belong in an importable module", message)
 
 
 def pickle_refusal(obj):
@@ -258,8 +270,11 @@ class TestSetForEveryModule(unittest.TestCase):
 
     def test_other_unneeded_globals_are_still_over_trust(self):
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
-            safe_globals = (*TINY_SAFE_GLOBALS, set, ExtraConfig) if set not in TINY_SAFE_GLOBALS else (
-                *TINY_SAFE_GLOBALS, ExtraConfig)
+            safe_globals = (
+                (*TINY_SAFE_GLOBALS, set, ExtraConfig)
+                if set not in TINY_SAFE_GLOBALS
+                else (*TINY_SAFE_GLOBALS, ExtraConfig)
+            )
 
             def test_rt(self):
                 self.round_trip(TinyNet(), mode="safe_globals")
@@ -284,8 +299,11 @@ class TestConflictWins(unittest.TestCase):
         problems = [text for _, text in result.failures + result.errors]
         self.assertEqual(len(problems), len(LoadMode) - (1 if SAFE_GLOBALS_SKIP else 0), out)
         for text in problems:
-            self.assertIn("ConflictingEnvironmentError: TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 and "
-                          "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 are both set", text)
+            self.assertIn(
+                "ConflictingEnvironmentError: TORCH_FORCE_WEIGHTS_ONLY_LOAD=1 and "
+                "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 are both set",
+                text,
+            )
             self.assertNotIn("AllowlistError", text)
 
 
@@ -297,8 +315,7 @@ class TestNotInstantiated(unittest.TestCase):
 
         message = only_problem(self, *run_inner(TestFoo))
         self.assertNotIn("missing 1 required positional argument", message)
-        self.assertIn("RoundTripConfigError: TestFoo.test_rt is a generic round-trip test (it takes 'device')",
-                      message)
+        self.assertIn("RoundTripConfigError: TestFoo.test_rt is a generic round-trip test (it takes 'device')", message)
         self.assertIn("instantiate_round_trip_tests(TestFoo, globals())", message)
 
     def test_in_a_real_file(self):
@@ -421,8 +438,9 @@ class TestStateDictBack(unittest.TestCase):
                 for mode in LoadMode:
                     with self.subTest(mode=mode.value):
                         original = TinyNet()
-                        fresh, state = self.round_trip_state_dict(original, factory=TinyNet, mode=mode,
-                                                                  return_state=True)
+                        fresh, state = self.round_trip_state_dict(
+                            original, factory=TinyNet, mode=mode, return_state=True
+                        )
                         self.assertIsInstance(fresh, TinyNet)
                         self.assertEqual(sorted(state), sorted(original.state_dict()))
                         self.assertRoundTripEqual(original.state_dict(), state)
@@ -518,16 +536,23 @@ class TestIgnoreWarnings(unittest.TestCase):
             say("ignored by ignoring, outside any test")
             entries = [f for f in warnings.filters if "torch_serial_testing" in repr(f[1])]
         self.assertTrue(result.wasSuccessful(), out)
-        self.assertEqual([str(w.message) for w in caught], [
-            "shown by ignoring, in its test",
-            "ignored by ignoring, in another class's test",
-            "ignored by ignoring, outside any test",
-        ])
+        self.assertEqual(
+            [str(w.message) for w in caught],
+            [
+                "shown by ignoring, in its test",
+                "ignored by ignoring, in another class's test",
+                "ignored by ignoring, outside any test",
+            ],
+        )
         self.assertLessEqual(len(entries), 1)  # one filter entry, however many tests ignored
 
     def test_a_string_is_refused_at_class_creation(self):
-        with self.assertRaisesRegex(RoundTripConfigError, r"^Inner\.ignore_warnings must be a tuple of message "
-                                                          r"regexes, e\.g\. \(r'TypedStorage',\)$"):
+        with self.assertRaisesRegex(
+            RoundTripConfigError,
+            r"^Inner\.ignore_warnings must be a tuple of message "
+            r"regexes, e\.g\. \(r'TypedStorage',\)$",
+        ):
+
             class Inner(SerializationRoundTripTestCase, unittest.TestCase):
                 ignore_warnings = r"TypedStorage"
 
@@ -679,7 +704,7 @@ class TestUnittestVerboseOutput(unittest.TestCase):
     ''')
 
     # The same tests without the library: same classes and test names, the same saves and loads.
-    TWIN = textwrap.dedent('''
+    TWIN = textwrap.dedent("""
         import io, unittest, warnings
         import torch
         from torch.ao.nn.sparse.quantized.dynamic.linear import Linear
@@ -769,9 +794,9 @@ class TestUnittestVerboseOutput(unittest.TestCase):
 
         if not hasattr(torch.serialization, "safe_globals"):
             skip_safe_globals_mode(TestQuietCPU, TestRepeatedCPU)
-    ''')
+    """)
 
-    UNDER_ERROR = textwrap.dedent('''
+    UNDER_ERROR = textwrap.dedent("""
         import unittest
         import torch
         from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
@@ -803,7 +828,7 @@ class TestUnittestVerboseOutput(unittest.TestCase):
 
         instantiate_round_trip_tests(TestIgnoredUnderError, globals())
         instantiate_round_trip_tests(TestPlainUnderError, globals())
-    ''')
+    """)
 
     @staticmethod
     def _env(*path):
@@ -811,18 +836,28 @@ class TestUnittestVerboseOutput(unittest.TestCase):
 
     @classmethod
     def _unittest(cls, folder, module, shared, *options):
-        proc = subprocess.run([sys.executable, *options, "-m", "unittest", module, "-v"], cwd=folder,
-                              env=cls._env(shared, TEST_DIR), capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, *options, "-m", "unittest", module, "-v"],
+            cwd=folder,
+            env=cls._env(shared, TEST_DIR),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         changes = [line for line in proc.stdout.splitlines() if line.startswith("FILTER CHANGES ")]
-        return proc, (json.loads(changes[-1][len("FILTER CHANGES "):]) if changes else None)
+        return proc, (json.loads(changes[-1][len("FILTER CHANGES ") :]) if changes else None)
 
     @classmethod
     def setUpClass(cls):
         root = tempfile.mkdtemp(prefix="tst-warnings-")
         cls.addClassCleanup(shutil.rmtree, root, True)
         shared, library, twin = (os.path.join(root, d) for d in ("shared", "library", "twin"))
-        for folder, name, source in ((shared, "user_code", cls.USER_CODE), (library, "test_quiet", cls.SOURCE),
-                                     (twin, "test_quiet", cls.TWIN), (library, "test_werror", cls.UNDER_ERROR)):
+        for folder, name, source in (
+            (shared, "user_code", cls.USER_CODE),
+            (library, "test_quiet", cls.SOURCE),
+            (twin, "test_quiet", cls.TWIN),
+            (library, "test_werror", cls.UNDER_ERROR),
+        ):
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, f"{name}.py"), "w") as fh:
                 fh.write(source)
@@ -847,10 +882,18 @@ class TestUnittestVerboseOutput(unittest.TestCase):
         shown = warnings_by_test(self.library.stderr)
         own = [w for w in self._all(self.library) if w.endswith("UserWarning: a warning from the user's own code")]
         self.assertEqual(len(own), 1, self.library.stderr)  # shown once: in TestOwnWarnings, not in TestIgnored
-        self.assertEqual([w for w in shown["TestOwnWarningsCPU.test_user_warning_weights_only_false_cpu"]
-                          if "the user's own code" in w], own)
-        self.assertEqual([w.split(": ", 1)[1] for w in shown["TestIgnoredCPU.test_user_warning_weights_only_false_cpu"]],
-                         ["UserWarning: another warning from the user's own code"])  # only its pattern is ignored
+        self.assertEqual(
+            [
+                w
+                for w in shown["TestOwnWarningsCPU.test_user_warning_weights_only_false_cpu"]
+                if "the user's own code" in w
+            ],
+            own,
+        )
+        self.assertEqual(
+            [w.split(": ", 1)[1] for w in shown["TestIgnoredCPU.test_user_warning_weights_only_false_cpu"]],
+            ["UserWarning: another warning from the user's own code"],
+        )  # only its pattern is ignored
 
     def test_a_warning_shown_once_is_not_shown_again_after_every_round_trip(self):
         # The issue's complaint: the library wrapped each save/load (and each test) in
@@ -861,19 +904,26 @@ class TestUnittestVerboseOutput(unittest.TestCase):
                 self.assertEqual(sum(w.endswith(text) for w in self._all(self.twin)), 1, self.twin.stderr)
                 self.assertEqual(sum(w.endswith(text) for w in self._all(self.library)), 1, self.library.stderr)
         # ... in the first test that provokes them (sorted: test_a_safe_globals_cpu, which torch < 2.5 skips)
-        first_test = "test_a_safe_globals_cpu" if hasattr(torch.serialization, "safe_globals") else \
-            "test_a_weights_only_false_cpu"
+        first_test = (
+            "test_a_safe_globals_cpu"
+            if hasattr(torch.serialization, "safe_globals")
+            else "test_a_weights_only_false_cpu"
+        )
         first = warnings_by_test(self.library.stderr)[f"TestRepeatedCPU.{first_test}"]
-        self.assertEqual(sorted(w.split(": ", 1)[1] for w in first),
-                         ["DeprecationWarning: Legacy checkpoints are deprecated", "UserWarning: old_helper is deprecated"])
+        self.assertEqual(
+            sorted(w.split(": ", 1)[1] for w in first),
+            ["DeprecationWarning: Legacy checkpoints are deprecated", "UserWarning: old_helper is deprecated"],
+        )
 
     def test_the_library_never_changes_the_filters_during_a_test(self):
         if not (self.library_changes and self.library_changes["spied"]):
             self.skipTest("this Python's warnings module has no _filters_mutated to watch")
         self.assertEqual(self.library_changes["during_tests"], [])
         # the watch works: the twin's catch_warnings (its way to ignore a warning in one test) is seen
-        self.assertEqual(set(self.twin_changes["during_tests"]),
-                         {"test_quiet.TestIgnoredCPU.test_user_warning_weights_only_false_cpu"})
+        self.assertEqual(
+            set(self.twin_changes["during_tests"]),
+            {"test_quiet.TestIgnoredCPU.test_user_warning_weights_only_false_cpu"},
+        )
 
     def test_under_W_error_other_warnings_still_raise(self):
         out = self.under_error.stderr
@@ -883,26 +933,45 @@ class TestUnittestVerboseOutput(unittest.TestCase):
         # each block: its traceback, up to the next separator; its last line is what was raised
         tracebacks = [re.split(r"^(?:=+|-+\nRan \d+ tests? in .*)$", b.strip("-\n"), flags=re.M)[0] for b in blocks]
         raised = {k.split(".", 1)[1]: tb.strip().splitlines()[-1] for k, tb in zip(failure_ids(out), tracebacks)}
-        self.assertEqual(raised, {
-            "TestIgnoredUnderErrorCPU.test_other_warning_weights_only_false_cpu": "UserWarning: raised under -W error",
-            "TestPlainUnderErrorCPU.test_same_text_weights_only_false_cpu": "UserWarning: ignored under -W error",
-            "TestPlainUnderErrorCPU.test_warning_inside_a_load_weights_only_false_cpu":
-                "DeprecationWarning: Legacy checkpoints are deprecated",
-        }, out)
+        self.assertEqual(
+            raised,
+            {
+                "TestIgnoredUnderErrorCPU.test_other_warning_weights_only_false_cpu": "UserWarning: raised under -W error",
+                "TestPlainUnderErrorCPU.test_same_text_weights_only_false_cpu": "UserWarning: ignored under -W error",
+                "TestPlainUnderErrorCPU.test_warning_inside_a_load_weights_only_false_cpu": "DeprecationWarning: Legacy checkpoints are deprecated",
+            },
+            out,
+        )
         # the ignored one was ignored: its test passed, round trip included
-        self.assertRegex(out, r"test_ignored_weights_only_false_cpu \(.*\) \.\.\. weights_only_false: loaded as "
-                              r"expected \(weights_only=False explicit\) \.\.\. ok")
+        self.assertRegex(
+            out,
+            r"test_ignored_weights_only_false_cpu \(.*\) \.\.\. weights_only_false: loaded as "
+            r"expected \(weights_only=False explicit\) \.\.\. ok",
+        )
 
-    @unittest.skipUnless(hasattr(torch.serialization, "safe_globals"),
-                         "torch < 2.5 has no safe_globals context: the flagship skips that mode, the twin would not")
+    @unittest.skipUnless(
+        hasattr(torch.serialization, "safe_globals"),
+        "torch < 2.5 has no safe_globals context: the flagship skips that mode, the twin would not",
+    )
     def test_flagship_verbose_output_shows_warnings_as_its_plain_twin(self):
         # bench/flagship_plain.py: the flagship's 20 tests, same names, the same saves and loads in
         # plain torch.  The flagship shows exactly the warnings the twin shows, in the same tests.
-        flagship = subprocess.run([sys.executable, "-m", "unittest", "test_qlinear_packed_params", "-v"],
-                                  cwd=os.path.join(TEST_DIR, "ao", "sparsity"), env=self._env(TEST_DIR), capture_output=True,
-                                  text=True, timeout=600)
-        twin = subprocess.run([sys.executable, "-m", "unittest", "flagship_plain", "-v"], cwd=os.path.join(ROOT, "bench"),
-                              env=self._env(ROOT), capture_output=True, text=True, timeout=600)
+        flagship = subprocess.run(
+            [sys.executable, "-m", "unittest", "test_qlinear_packed_params", "-v"],
+            cwd=os.path.join(TEST_DIR, "ao", "sparsity"),
+            env=self._env(TEST_DIR),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        twin = subprocess.run(
+            [sys.executable, "-m", "unittest", "flagship_plain", "-v"],
+            cwd=os.path.join(ROOT, "bench"),
+            env=self._env(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         self.assertEqual(flagship.returncode, 0, flagship.stderr)
         self.assertEqual(twin.returncode, 0, twin.stderr)
         shown = warnings_by_test(flagship.stderr, key="name")

@@ -39,7 +39,9 @@ class TestComparison(unittest.TestCase):
     def test_tensor_metadata(self):
         self.assertMismatch(torch.ones(2), torch.ones(2, dtype=torch.float64), "", "dtype torch.float64")
         self.assertMismatch(torch.ones(2), torch.ones(1, 2), "", "shape")
-        self.assertMismatch(torch.nn.Parameter(torch.ones(2)), torch.ones(2), "", "tensor class Tensor != expected Parameter")
+        self.assertMismatch(
+            torch.nn.Parameter(torch.ones(2)), torch.ones(2), "", "tensor class Tensor != expected Parameter"
+        )
         assert_round_trip_equal(torch.tensor([float("nan")]), torch.tensor([float("nan")]))
 
     def test_tolerance_is_opt_in(self):
@@ -57,8 +59,12 @@ class TestComparison(unittest.TestCase):
         self.assertMismatch(q1, q2, "", "q_scale 1.0 != expected 2.0")
         q3 = torch.quantize_per_tensor(x, 2.0, 1, torch.qint8)
         self.assertMismatch(q1, q3, "", "q_zero_point")
-        pc = torch.quantize_per_channel(torch.ones(2, 2), torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), 0, torch.qint8)
-        pc2 = torch.quantize_per_channel(torch.ones(2, 2), torch.tensor([1.0, 0.5]), torch.tensor([0, 0]), 0, torch.qint8)
+        pc = torch.quantize_per_channel(
+            torch.ones(2, 2), torch.tensor([1.0, 2.0]), torch.tensor([0, 0]), 0, torch.qint8
+        )
+        pc2 = torch.quantize_per_channel(
+            torch.ones(2, 2), torch.tensor([1.0, 0.5]), torch.tensor([0, 0]), 0, torch.qint8
+        )
         self.assertMismatch(pc, pc2, ".q_per_channel_scales()", "tensor values differ")
         self.assertMismatch(q1, pc, "", "shape")
         assert_round_trip_equal(pc, pc.clone())
@@ -131,17 +137,24 @@ class TestComparisonKnobs(unittest.TestCase):
         self.mismatch(dense, (dense + 1).to_sparse(), "tensor values differ", check_layout=False)
 
     def test_device(self):
-        others = [d for d in ("cuda", "xpu", "mps") if getattr(getattr(torch, d, None), "is_available", lambda: False)()]
+        others = [
+            d for d in ("cuda", "xpu", "mps") if getattr(getattr(torch, d, None), "is_available", lambda: False)()
+        ]
         if not others:
             self.skipTest("no second device type here to compare a cpu tensor with")
         a = torch.ones(2)
         b = a.to(others[0])
-        self.mismatch(a, b, "device", )
+        self.mismatch(
+            a,
+            b,
+            "device",
+        )
         assert_round_trip_equal(a, b, check_device=False)
 
     def test_shape_and_quantization_always_compared(self):
-        everything_off = dict(allow_subclasses=True, check_requires_grad=False, check_dtype=False,
-                              check_device=False, check_layout=False)
+        everything_off = dict(
+            allow_subclasses=True, check_requires_grad=False, check_dtype=False, check_device=False, check_layout=False
+        )
         self.mismatch(torch.ones(2), torch.ones(1, 2), "shape", **everything_off)
         x = torch.tensor([0.0, 2.0])
         q1 = torch.quantize_per_tensor(x, 2.0, 0, torch.qint8)
@@ -154,13 +167,15 @@ class TestComparisonKnobs(unittest.TestCase):
 
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
             def test_knobs(self):
-                self.assertRoundTripEqual(torch.nn.Parameter(torch.ones(2)), torch.ones(2),
-                                          allow_subclasses=True, check_requires_grad=False)
+                self.assertRoundTripEqual(
+                    torch.nn.Parameter(torch.ones(2)), torch.ones(2), allow_subclasses=True, check_requires_grad=False
+                )
                 with self.assertRaises(RoundTripMismatch):
                     self.assertRoundTripEqual(torch.nn.Parameter(torch.ones(2)), torch.ones(2))
 
         result = unittest.TextTestRunner(stream=io.StringIO()).run(
-            unittest.defaultTestLoader.loadTestsFromTestCase(Inner))
+            unittest.defaultTestLoader.loadTestsFromTestCase(Inner)
+        )
         self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
 
 

@@ -82,29 +82,50 @@ class TestEngineRule(unittest.TestCase):
     def test_switch_without_engine_dimension_is_a_leak(self) -> None:
         got = self.failures(_classes()["plain"], "test_switch", "test_switch_and_restore")
         self.assertEqual(list(got), ["test_switch"])
-        self.assertRegex(got["test_switch"], r"LeakedGlobalStateError: .*test_switch leaked global state \(now restored\): "
-                                             r"quantized engine 'qnnpack' \(was '\w+'\)$")
+        self.assertRegex(
+            got["test_switch"],
+            r"LeakedGlobalStateError: .*test_switch leaked global state \(now restored\): "
+            r"quantized engine 'qnnpack' \(was '\w+'\)$",
+        )
 
     def test_switch_inside_an_engine_test_is_the_same_leak(self) -> None:
         cls = _classes()["generated"]
-        got = self.failures(cls, "test_switch_fbgemm_default_cpu", "test_switch_qnnpack_default_cpu",
-                            "test_switch_and_restore_fbgemm_default_cpu", "test_switch_and_restore_qnnpack_default_cpu")
+        got = self.failures(
+            cls,
+            "test_switch_fbgemm_default_cpu",
+            "test_switch_qnnpack_default_cpu",
+            "test_switch_and_restore_fbgemm_default_cpu",
+            "test_switch_and_restore_qnnpack_default_cpu",
+        )
         self.assertEqual(sorted(got), ["test_switch_fbgemm_default_cpu", "test_switch_qnnpack_default_cpu"])
-        self.assertRegex(got["test_switch_fbgemm_default_cpu"],
-                         r"leaked global state \(now restored\): quantized engine 'qnnpack' \(was 'fbgemm'\), set for this fbgemm test$")
-        self.assertRegex(got["test_switch_qnnpack_default_cpu"],
-                         r"leaked global state \(now restored\): quantized engine 'fbgemm' \(was 'qnnpack'\), set for this qnnpack test$")
+        self.assertRegex(
+            got["test_switch_fbgemm_default_cpu"],
+            r"leaked global state \(now restored\): quantized engine 'qnnpack' \(was 'fbgemm'\), set for this fbgemm test$",
+        )
+        self.assertRegex(
+            got["test_switch_qnnpack_default_cpu"],
+            r"leaked global state \(now restored\): quantized engine 'fbgemm' \(was 'qnnpack'\), set for this qnnpack test$",
+        )
 
     def test_allocator_change_inside_an_engine_test_is_a_leak(self) -> None:
-        got = self.failures(_classes()["generated"], "test_allocator_qnnpack_default_cpu", "test_allocator_fbgemm_default_cpu")
-        self.assertRegex(got["test_allocator_qnnpack_default_cpu"],
-                         r"the qnnpack mobile CPU allocator was removed, set for this qnnpack test$")
-        self.assertRegex(got["test_allocator_fbgemm_default_cpu"],
-                         r"the qnnpack mobile CPU allocator is still installed, set for this fbgemm test$")
+        got = self.failures(
+            _classes()["generated"], "test_allocator_qnnpack_default_cpu", "test_allocator_fbgemm_default_cpu"
+        )
+        self.assertRegex(
+            got["test_allocator_qnnpack_default_cpu"],
+            r"the qnnpack mobile CPU allocator was removed, set for this qnnpack test$",
+        )
+        self.assertRegex(
+            got["test_allocator_fbgemm_default_cpu"],
+            r"the qnnpack mobile CPU allocator is still installed, set for this fbgemm test$",
+        )
 
     def test_cross_engine_loading_engine_is_not_a_leak(self) -> None:
-        got = self.failures(_classes()["generated"], "test_cross_fbgemm_to_qnnpack_default_cpu",
-                            "test_cross_qnnpack_to_fbgemm_default_cpu")
+        got = self.failures(
+            _classes()["generated"],
+            "test_cross_fbgemm_to_qnnpack_default_cpu",
+            "test_cross_qnnpack_to_fbgemm_default_cpu",
+        )
         self.assertEqual(got, {})
 
     def test_warn_instead_of_fail_applies_to_both(self) -> None:

@@ -80,7 +80,11 @@ class TestForeignSwitchesInShuffledOrders(unittest.TestCase):
         seeds = [0, 1, 2, 3]
         proc = subprocess.run(
             [sys.executable, "-c", DRIVER.format(root=ROOT, seeds=seeds)],
-            cwd=HELPERS, env=self.env, capture_output=True, text=True, timeout=300,
+            cwd=HELPERS,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -91,17 +95,36 @@ class TestForeignSwitchesInShuffledOrders(unittest.TestCase):
                 self.assertEqual(len(outcomes), 20)
                 self.assertEqual(outcomes, {i: cases.expected_outcome(i) for i in outcomes})
                 for test_id, message in run["messages"].items():
-                    self.assertRegex(message, r"LeakedGlobalStateError: .*qnnpack.* leaked global state \(now restored\): "
-                                              r"the qnnpack mobile CPU allocator was removed")
+                    self.assertRegex(
+                        message,
+                        r"LeakedGlobalStateError: .*qnnpack.* leaked global state \(now restored\): "
+                        r"the qnnpack mobile CPU allocator was removed",
+                    )
                 self.assertIs(run["allocator_after"], False)
 
     def test_pytest_shuffled_orders(self) -> None:
         from test.helpers import foreign_switch_cases as cases
 
         collect = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "-o", "addopts=",
-             "--rootdir", HELPERS, os.path.join(HELPERS, "foreign_switch_cases.py")],
-            cwd=HELPERS, env=self.env, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "--collect-only",
+                "-p",
+                "no:cacheprovider",
+                "-o",
+                "addopts=",
+                "--rootdir",
+                HELPERS,
+                os.path.join(HELPERS, "foreign_switch_cases.py"),
+            ],
+            cwd=HELPERS,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         node_ids = [line for line in collect.stdout.splitlines() if "::" in line]
         self.assertEqual(len(node_ids), 20, collect.stdout[-3000:])
@@ -112,9 +135,29 @@ class TestForeignSwitchesInShuffledOrders(unittest.TestCase):
             random.Random(seed).shuffle(order)
             xml = os.path.join(tmp, f"{seed}.xml")
             proc = subprocess.run(
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-p", "no:randomly",
-                 "--rootdir", HELPERS, "-n", workers, f"--junitxml={xml}", *order],
-                cwd=HELPERS, env=self.env, capture_output=True, text=True, timeout=300,
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-o",
+                    "addopts=",
+                    "-p",
+                    "no:randomly",
+                    "--rootdir",
+                    HELPERS,
+                    "-n",
+                    workers,
+                    f"--junitxml={xml}",
+                    *order,
+                ],
+                cwd=HELPERS,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                timeout=300,
             )
             with self.subTest(seed=seed, workers=workers):
                 self.assertEqual(proc.returncode, 1, proc.stdout[-3000:])  # exactly the culprits fail

@@ -68,10 +68,21 @@ class TestNames(unittest.TestCase):
         self.assertEqual([c.__name__ for c in classes], ["TestThingCPU", "TestThingCUDA"])
         cpu = sorted(n for n in dir(scope["TestThingCPU"]) if n.startswith("test"))
         expected_cpu = sorted(
-            [f"test_rt_{e}_{m}_cpu" for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "safe_globals", "default")]
-            + [f"test_nodevice_{e}_{m}_cpu" for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "safe_globals", "default")]
-            + [f"test_cross_{a}_to_{b}_{m}_cpu" for a, b in (("fbgemm", "qnnpack"), ("qnnpack", "fbgemm"))
-               for m in ("weights_only_false", "safe_globals", "default")]
+            [
+                f"test_rt_{e}_{m}_cpu"
+                for e in ("fbgemm", "qnnpack")
+                for m in ("weights_only_false", "safe_globals", "default")
+            ]
+            + [
+                f"test_nodevice_{e}_{m}_cpu"
+                for e in ("fbgemm", "qnnpack")
+                for m in ("weights_only_false", "safe_globals", "default")
+            ]
+            + [
+                f"test_cross_{a}_to_{b}_{m}_cpu"
+                for a, b in (("fbgemm", "qnnpack"), ("qnnpack", "fbgemm"))
+                for m in ("weights_only_false", "safe_globals", "default")
+            ]
         )
         self.assertEqual(cpu, expected_cpu)
         cuda = sorted(n for n in dir(scope["TestThingCUDA"]) if n.startswith("test"))
@@ -84,15 +95,26 @@ class TestNames(unittest.TestCase):
         generic = make_generic(load_modes=("default",), devices=("cpu",))
         scope = {}
         (cls,) = instantiate_round_trip_tests(generic, scope)
-        self.assertEqual(sorted(n for n in dir(cls) if n.startswith("test")),
-                         ["test_nodevice_default_cpu", "test_rt_default_cpu"])
+        self.assertEqual(
+            sorted(n for n in dir(cls) if n.startswith("test")), ["test_nodevice_default_cpu", "test_rt_default_cpu"]
+        )
 
     def test_names_identical_across_processes(self):
-        code = ("import sys; sys.path.insert(0, %r); import unittest, test.testing.test_example_roundtrip as m; "
-                "print(sorted(c + '.' + n for c, v in vars(m).items() if isinstance(v, type) and issubclass(v, unittest.TestCase) "
-                "for n in unittest.defaultTestLoader.getTestCaseNames(v)))") % ROOT
-        outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                               env=child_env({"PYTHONHASHSEED": str(seed)}, drop=())).stdout for seed in (1, 2)}
+        code = (
+            "import sys; sys.path.insert(0, %r); import unittest, test.testing.test_example_roundtrip as m; "
+            "print(sorted(c + '.' + n for c, v in vars(m).items() if isinstance(v, type) and issubclass(v, unittest.TestCase) "
+            "for n in unittest.defaultTestLoader.getTestCaseNames(v)))"
+        ) % ROOT
+        outs = {
+            subprocess.run(
+                [sys.executable, "-c", code],
+                capture_output=True,
+                text=True,
+                check=True,
+                env=child_env({"PYTHONHASHSEED": str(seed)}, drop=()),
+            ).stdout
+            for seed in (1, 2)
+        }
         self.assertEqual(len(outs), 1)
 
 
@@ -107,7 +129,9 @@ class TestDimensions(unittest.TestCase):
         reasons = {reason for _, reason in result.skipped}
         if not torch.cuda.is_available():
             self.assertIn("CUDA is not available", reasons)
-        self.assertTrue(any(r.startswith("quantized engine 'qnnpack' is not supported by this torch build") for r in reasons))
+        self.assertTrue(
+            any(r.startswith("quantized engine 'qnnpack' is not supported by this torch build") for r in reasons)
+        )
         skipped_ids = {t.id().rsplit(".", 1)[1] for t, _ in result.skipped}
         self.assertIn("test_rt_qnnpack_default_cpu", skipped_ids)
         self.assertNotIn("test_rt_fbgemm_default_cpu", skipped_ids)
@@ -118,8 +142,9 @@ class TestDimensions(unittest.TestCase):
         def test_engine(self, device):
             seen[self.id().rsplit(".", 1)[1]] = (torch.backends.quantized.engine, engines.allocator_installed())
 
-        generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("default",),
-                               body={"test_engine": test_engine})
+        generic = make_generic(
+            qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("default",), body={"test_engine": test_engine}
+        )
         before = torch.backends.quantized.engine
         (cls,) = instantiate_round_trip_tests(generic, {})
         result, out = run([cls])
@@ -133,7 +158,9 @@ class TestDimensions(unittest.TestCase):
         def test_boom(self):
             raise ValueError("boom")
 
-        generic = make_generic(qengines=("qnnpack",), devices=("cpu",), load_modes=("default",), body={"test_boom": test_boom})
+        generic = make_generic(
+            qengines=("qnnpack",), devices=("cpu",), load_modes=("default",), body={"test_boom": test_boom}
+        )
         before = torch.backends.quantized.engine
         (cls,) = instantiate_round_trip_tests(generic, {})
         result, _ = run([cls])
@@ -150,7 +177,9 @@ class TestDimensions(unittest.TestCase):
             with self.loading_engine():
                 seen.append((built, torch.backends.quantized.engine, self.qengine, self.load_qengine))
 
-        generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("default",), body={"test_x": test_x})
+        generic = make_generic(
+            qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("default",), body={"test_x": test_x}
+        )
         (cls,) = instantiate_round_trip_tests(generic, {})
         result, out = run([cls])
         self.assertTrue(result.wasSuccessful(), out)
@@ -162,9 +191,16 @@ class TestDimensions(unittest.TestCase):
         self.assertEqual(resolve_devices(("cpu", "cuda"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda, xpu"}), ("cpu",))
         self.assertEqual(resolve_devices(None, {}), ("cpu",) + (("cuda",) if torch.cuda.is_available() else ()))
         # Both filters together, as pytorch allows (#13.4); only a device named in both is refused.
-        self.assertEqual(resolve_devices(("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda"}), ("cpu",))
+        self.assertEqual(
+            resolve_devices(
+                ("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cuda"}
+            ),
+            ("cpu",),
+        )
         with self.assertRaisesRegex(RoundTripConfigError, r"\['cpu'\] appear in both PYTORCH_TESTING_DEVICE_ONLY_FOR"):
-            resolve_devices(("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cpu"})
+            resolve_devices(
+                ("cpu",), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "cpu", "PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "cpu"}
+            )
 
     def test_privateuse1_backend_naming_and_aliases(self):
         # Renaming privateuse1 is irreversible, so it runs in a subprocess.  Whether the env filters
@@ -191,9 +227,14 @@ class TestDimensions(unittest.TestCase):
             devices._aliasing.clear()  # ask again, now in this process
             out(devices.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
         """)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             env=child_env(drop=("PYTORCH_TESTING_DEVICE_",))).stdout.split("\n")
-        out = [line[len("OUT "):] for line in out if line.startswith("OUT ")]
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=child_env(drop=("PYTORCH_TESTING_DEVICE_",)),
+        ).stdout.split("\n")
+        out = [line[len("OUT ") :] for line in out if line.startswith("OUT ")]
         self.assertEqual(out[0], "PRIVATEUSE1")
         self.assertEqual(out[1], "NPU ('cpu', 'npu')")
         self.assertEqual(out[2], "('npu',)")
@@ -217,8 +258,11 @@ class TestDimensions(unittest.TestCase):
 
         def plain(bases, except_for=None, only_for=None):
             calls.append((list(bases), except_for, only_for))
-            return [b for b in bases if b.device_type not in (except_for or []) and
-                    (not only_for or b.device_type in only_for)]
+            return [
+                b
+                for b in bases
+                if b.device_type not in (except_for or []) and (not only_for or b.device_type in only_for)
+            ]
 
         def inline(bases, except_for=None, only_for=None):
             calls.append((list(bases), except_for, only_for))
@@ -234,36 +278,47 @@ class TestDimensions(unittest.TestCase):
             rename = normalizer()
             excl = [rename(x) for x in (except_for or [])]
             only = [rename(x) for x in (only_for or [])]
-            return [b for b in bases if rename(b.device_type) not in excl and (not only or rename(b.device_type) in only)]
+            return [
+                b for b in bases if rename(b.device_type) not in excl and (not only or rename(b.device_type) in only)
+            ]
 
         for fn, aliases in ((plain, False), (inline, True), (helper, True)):
-            with self.subTest(filter=fn.__name__), mock.patch.dict(devices._aliasing, clear=True), \
-                    mock.patch.object(cdt, "filter_desired_device_types", fn):
+            with (
+                self.subTest(filter=fn.__name__),
+                mock.patch.dict(devices._aliasing, clear=True),
+                mock.patch.object(cdt, "filter_desired_device_types", fn),
+            ):
                 calls.clear()
                 self.assertIs(devices._filters_alias_backend_name(backend), aliases)
                 # asked once, of the filter that is there: a privateuse1 test base, the backend's name
                 self.assertEqual(len(calls), 1)
-                (bases, except_for, only_for), = calls
+                ((bases, except_for, only_for),) = calls
                 self.assertEqual([b.device_type for b in bases], ["privateuse1"])
                 self.assertIn(backend, list(except_for or []) + list(only_for or []))
                 # remembered: a second question does not call the filter again
                 self.assertIs(devices._filters_alias_backend_name(backend), aliases)
                 self.assertEqual(len(calls), 1)
+
         # and pytorch's real filter here, asked the same way by the test itself
         class Base:
             device_type = "privateuse1"
 
         with mock.patch.dict(devices._aliasing, clear=True):
-            self.assertIs(devices._filters_alias_backend_name(backend),
-                          Base in list(cdt.filter_desired_device_types([Base], None, [backend])))
+            self.assertIs(
+                devices._filters_alias_backend_name(backend),
+                Base in list(cdt.filter_desired_device_types([Base], None, [backend])),
+            )
 
     def test_filter_aliasing_that_cannot_be_asked_says_so(self):
         # Without pytorch's test module imported, the library asks a fresh interpreter; when that
         # fails, instantiation stops saying why and what to do -- never a guessed rule.
         failed = subprocess.CompletedProcess([], 1, "", "Traceback ...\nImportError: no common_device_type here\n")
         modules = {k: v for k, v in sys.modules.items() if k != "torch.testing._internal.common_device_type"}
-        with mock.patch.dict(devices._aliasing, clear=True), mock.patch.dict(sys.modules, modules, clear=True), \
-                mock.patch.object(subprocess, "run", return_value=failed) as ran:
+        with (
+            mock.patch.dict(devices._aliasing, clear=True),
+            mock.patch.dict(sys.modules, modules, clear=True),
+            mock.patch.object(subprocess, "run", return_value=failed) as ran,
+        ):
             with self.assertRaisesRegex(
                 RoundTripConfigError,
                 r"cannot tell how pytorch's filter_desired_device_types reads PYTORCH_TESTING_DEVICE_ONLY_FOR/"
@@ -387,9 +442,14 @@ class TestInheritedTests(unittest.TestCase):
 
     def expected_ids(self):
         modes = ("weights_only_false", "default")
-        tiny = [f"TestTinyCPU.test_{n}_{m}_cpu" for n in ("from_mixin", "from_base", "overridden", "own") for m in modes]
-        wrapper = [f"TestWrapperCPU.test_{n}_{m}_cpu" for n in ("from_mixin", "from_base", "overridden", "hidden")
-                   for m in modes]
+        tiny = [
+            f"TestTinyCPU.test_{n}_{m}_cpu" for n in ("from_mixin", "from_base", "overridden", "own") for m in modes
+        ]
+        wrapper = [
+            f"TestWrapperCPU.test_{n}_{m}_cpu"
+            for n in ("from_mixin", "from_base", "overridden", "hidden")
+            for m in modes
+        ]
         return sorted(tiny + wrapper)
 
     def test_generated_and_collected_by_every_runner(self):
@@ -398,15 +458,17 @@ class TestInheritedTests(unittest.TestCase):
                 fh.write(self.SOURCE)
             env = {"PYTHONPATH": ROOT}
             proc = _python(["-m", "unittest", "test_inherited", "-v"], cwd=d, env=env)
-            collected = _python(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test_inherited.py"],
-                                cwd=d, env=env)
+            collected = _python(
+                ["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test_inherited.py"], cwd=d, env=env
+            )
         self.assertEqual(proc.returncode, 0, proc.stderr)
         ran = sorted(i.split(".", 1)[1] for i in verbose_ids(proc.stderr) if i.startswith("test_inherited."))
         self.assertEqual(ran, self.expected_ids(), proc.stderr)
         self.assertIn("Ran 16 tests", proc.stderr)
         self.assertNotIn("SharedBase", proc.stderr)  # the generic base is not collected
-        pytest_ids = sorted(line.split("::", 1)[1].replace("::", ".") for line in collected.stdout.splitlines()
-                            if "::" in line)
+        pytest_ids = sorted(
+            line.split("::", 1)[1].replace("::", ".") for line in collected.stdout.splitlines() if "::" in line
+        )
         self.assertEqual(pytest_ids, self.expected_ids(), collected.stdout)
 
     def test_scope_keeps_only_generated_classes(self):
@@ -465,9 +527,10 @@ class TestRoundTripDims(unittest.TestCase):
 
         _, names = self.generated({"test_narrow": test_narrow, "test_no_engine": test_no_engine})
         self.assertEqual([n for n in names if n.startswith("test_narrow")], ["test_narrow_qnnpack_default_cpu"])
-        self.assertEqual([n for n in names if n.startswith("test_no_engine")],
-                         ["test_no_engine_default_cpu", "test_no_engine_safe_globals_cpu",
-                          "test_no_engine_weights_only_false_cpu"])
+        self.assertEqual(
+            [n for n in names if n.startswith("test_no_engine")],
+            ["test_no_engine_default_cpu", "test_no_engine_safe_globals_cpu", "test_no_engine_weights_only_false_cpu"],
+        )
 
     def test_round_trip_without_a_mode_says_why(self):
         @no_round_trip_dims
@@ -532,12 +595,26 @@ class TestExtraGridDimensions(unittest.TestCase):
 
         (cls,) = instantiate_round_trip_tests(TestGrid, {})
         names = sorted(n for n in dir(cls) if n.startswith("test") and callable(getattr(cls, n)))
-        self.assertEqual(names, sorted(f"test_grid_{i}_{name}_{e}_{m}_cpu" for i, name in enumerate(("small", "large"))
-                                       for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "default")))
+        self.assertEqual(
+            names,
+            sorted(
+                f"test_grid_{i}_{name}_{e}_{m}_cpu"
+                for i, name in enumerate(("small", "large"))
+                for e in ("fbgemm", "qnnpack")
+                for m in ("weights_only_false", "default")
+            ),
+        )
         result, out = run([cls])
         self.assertTrue(result.wasSuccessful(), out)
-        self.assertEqual(sorted(seen), sorted((name, e, m, "cpu") for name in ("small", "large")
-                                              for e in ("fbgemm", "qnnpack") for m in ("weights_only_false", "default")))
+        self.assertEqual(
+            sorted(seen),
+            sorted(
+                (name, e, m, "cpu")
+                for name in ("small", "large")
+                for e in ("fbgemm", "qnnpack")
+                for m in ("weights_only_false", "default")
+            ),
+        )
         self.assertEqual(out.count(DEFAULT_TINYNET), 4, out)
 
 
@@ -551,18 +628,42 @@ class TestRunners(unittest.TestCase):
         self.assertEqual(len(ids), 12)
         self.assertNotIn("TestTinyNetSerialization ", discover.stderr)  # generic class never collected
 
-        one = _python(["-m", "unittest", "test_example_roundtrip.TestTinyNetSerializationCPU.test_round_trip_qnnpack_default_cpu", "-v"])
+        one = _python(
+            [
+                "-m",
+                "unittest",
+                "test_example_roundtrip.TestTinyNetSerializationCPU.test_round_trip_qnnpack_default_cpu",
+                "-v",
+            ]
+        )
         self.assertEqual(one.returncode, 0, one.stderr)
         self.assertIn(DEFAULT_TINYNET, one.stderr)
         self.assertIn("Ran 1 test", one.stderr)
 
-        collected = _python(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test_example_roundtrip.py"])
+        collected = _python(
+            ["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test_example_roundtrip.py"]
+        )
         self.assertEqual(_ids_from_pytest(collected.stdout), ids, collected.stdout)
 
-        selected = _python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "-k", "qnnpack and default", "test_example_roundtrip.py"])
+        selected = _python(
+            [
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-rA",
+                "-k",
+                "qnnpack and default",
+                "test_example_roundtrip.py",
+            ]
+        )
         self.assertEqual(selected.returncode, 0, selected.stdout)
-        self.assertEqual(_passed_from_pytest(selected.stdout),
-                         ["test_round_trip_qnnpack_default_cpu", "test_state_dict_qnnpack_default_cpu"], selected.stdout)
+        self.assertEqual(
+            _passed_from_pytest(selected.stdout),
+            ["test_round_trip_qnnpack_default_cpu", "test_state_dict_qnnpack_default_cpu"],
+            selected.stdout,
+        )
 
         xdist = _python(["-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-rA", "-q", "test_example_roundtrip.py"])
         self.assertEqual(xdist.returncode, 0, xdist.stdout)
@@ -578,8 +679,10 @@ class TestRunners(unittest.TestCase):
             lines = re.findall(rf"(?m)^SKIPPED \[(\d+)\] \S+: {re.escape(reason)}$", xdist.stdout)
             self.assertEqual(sum(map(int, lines)), count, xdist.stdout)
         for test_id, reason in skips.items():
-            self.assertIn(f"{test_id} (test_example_roundtrip.TestTinyNetSerializationCPU.{test_id}) ... "
-                          f"skipped {reason!r}\n", discover.stderr)
+            self.assertIn(
+                f"{test_id} (test_example_roundtrip.TestTinyNetSerializationCPU.{test_id}) ... skipped {reason!r}\n",
+                discover.stderr,
+            )
         self.assertIn(f"OK (skipped={len(skips)})" if skips else "\nOK\n", discover.stderr)
 
 
@@ -617,8 +720,11 @@ class TestComposition(unittest.TestCase):
 
     def test_pytorch_common_utils_testcase(self):
         # The library never imports torch.testing._internal; composing with it must still work.
-        self._run("from torch.testing._internal.common_utils import TestCase", "TestCase",
-                  "self.assertEqual(loaded.weight, TinyNet().weight)")
+        self._run(
+            "from torch.testing._internal.common_utils import TestCase",
+            "TestCase",
+            "self.assertEqual(loaded.weight, TinyNet().weight)",
+        )
 
     def test_library_does_not_import_internal_or_numpy(self):
         code = "import torch_serial_testing, sys; print(sorted(m for m in sys.modules if m.startswith(('numpy', 'torch.testing._internal', 'parameterized'))))"
@@ -629,17 +735,23 @@ class TestComposition(unittest.TestCase):
 class TestVendoring(unittest.TestCase):
     def test_copied_folder_works_without_pip(self):
         with tempfile.TemporaryDirectory() as d:
-            shutil.copytree(os.path.join(ROOT, "torch_serial_testing"), os.path.join(d, "vendored_tst"),
-                            ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                os.path.join(ROOT, "torch_serial_testing"),
+                os.path.join(d, "vendored_tst"),
+                ignore=shutil.ignore_patterns("__pycache__"),
+            )
             shutil.copy(os.path.join(TEST_DIR, "helpers", "roundtrip_fixtures.py"), d)
             with open(os.path.join(HERE, "test_example_roundtrip.py")) as fh:
                 source = fh.read().replace("from torch_serial_testing import", "from vendored_tst import")
             source = source.replace("from test.helpers.roundtrip_fixtures import", "from roundtrip_fixtures import")
             with open(os.path.join(d, "test_vendored.py"), "w") as fh:
-                fh.write(source + textwrap.dedent("""
+                fh.write(
+                    source
+                    + textwrap.dedent("""
                     import sys as _sys
                     assert "torch_serial_testing" not in _sys.modules, "vendored copy imported the installed package"
-                """))
+                """)
+                )
             proc = _python(["-m", "unittest", "test_vendored", "-v"], cwd=d, env={"PYTHONPATH": ""})
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("Ran 12 tests", proc.stderr)

@@ -113,7 +113,7 @@ class TestInterruptInsideALoad(StateCase):
             if name == "test_default" and not READS_FORCE_NO:
                 continue  # torch < 2.6: a bare load is a full load without any switch; covered above
             with self.subTest(name), clean_env():
-                skip = MODE_SKIPS.get(name[len("test_"):])
+                skip = MODE_SKIPS.get(name[len("test_") :])
                 if skip is not None:  # a mode this torch lacks (safe_globals before 2.5): skipped before any load
                     result = run_tests(cls(name))
                     self.assertEqual([(t.id(), r) for t, r in result.skipped], [(cls(name).id(), skip)])
@@ -155,7 +155,8 @@ class TestInterruptInsideALoad(StateCase):
         self.addCleanup(__import__("shutil").rmtree, tmp, True)
         out = os.path.join(tmp, "state.json")
         with open(os.path.join(tmp, "conftest.py"), "w") as fh:
-            fh.write(textwrap.dedent(f"""
+            fh.write(
+                textwrap.dedent(f"""
                 import json, sys
                 sys.path.insert(0, {ROOT!r})
 
@@ -173,21 +174,41 @@ class TestInterruptInsideALoad(StateCase):
                     with open({out!r}, "w") as fh:
                         json.dump({{"exitstatus": int(exitstatus), "start": session.config._tst_start,
                                    "state": _state()}}, fh, default=str)
-            """))
+            """)
+            )
         with open(os.path.join(tmp, "test_interrupted_under_pytest.py"), "w") as fh:
-            fh.write(textwrap.dedent("""
+            fh.write(
+                textwrap.dedent("""
                 import unittest
                 from test.testing.test_interrupts import _interrupted_class
                 from torch_serial_testing import instantiate_round_trip_tests
 
                 Interrupted = _interrupted_class()
-            """))
+            """)
+            )
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
         env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-p", "no:randomly",
-             "--rootdir", tmp, os.path.join(tmp, "test_interrupted_under_pytest.py") + "::Interrupted::test_weights_only_false"],
-            cwd=tmp, env=env, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-o",
+                "addopts=",
+                "-p",
+                "no:randomly",
+                "--rootdir",
+                tmp,
+                os.path.join(tmp, "test_interrupted_under_pytest.py") + "::Interrupted::test_weights_only_false",
+            ],
+            cwd=tmp,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         self.assertIn("KeyboardInterrupt", proc.stdout + proc.stderr)
         with open(out) as fh:
@@ -220,8 +241,14 @@ def _once(original: Callable[..., Any], when: str) -> Callable[..., Any]:
     return wrapper
 
 
-RESTORE_STEPS = ["_restore_recording", "_restore_engine", "_restore_allocator", "_restore_registry",
-                 "_restore_env", "_restore_config"]
+RESTORE_STEPS = [
+    "_restore_recording",
+    "_restore_engine",
+    "_restore_allocator",
+    "_restore_registry",
+    "_restore_env",
+    "_restore_config",
+]
 
 
 class TestInterruptInEachRestoreStep(StateCase):
@@ -310,7 +337,11 @@ class TestSignalCampaign(unittest.TestCase):
         )
         proc = subprocess.run(
             [sys.executable, "-c", launcher, os.path.join(TEST_DIR, "helpers", "interrupt_campaign.py")],
-            cwd=os.path.join(TEST_DIR, "helpers"), env=env, capture_output=True, text=True, timeout=600,
+            cwd=os.path.join(TEST_DIR, "helpers"),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
         report = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -129,8 +129,9 @@ def _leaky_classes(seen: list[dict[str, Any]], fail: bool = True) -> type:
 LEAK_MESSAGES = {
     "engine": r"quantized engine '\w+' \(was '\w+'\)",
     "allocator": r"the qnnpack mobile CPU allocator is still installed",
-    "registry": r"safe-globals registry changed \(added \['test_isolation\.LeakedGlobal'\], removed \[\]\)"
-    .replace("test_isolation", r"[\w.]*"),
+    "registry": r"safe-globals registry changed \(added \['test_isolation\.LeakedGlobal'\], removed \[\]\)".replace(
+        "test_isolation", r"[\w.]*"
+    ),
     "env": rf"environment {WO}='1' \(was None\)",
 }
 if HAS_SERIALIZATION_CONFIG:  # a torch without the config (< 2.6) has nothing there to leak
@@ -182,7 +183,9 @@ class TestLeakDetection(unittest.TestCase):
             warnings.simplefilter("always")
             result = _run(Leaky("test_leak_everything"), Leaky("test_probe"))
         self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
-        leak_warnings = [w for w in caught if issubclass(w.category, RuntimeWarning) and "leaked global state" in str(w.message)]
+        leak_warnings = [
+            w for w in caught if issubclass(w.category, RuntimeWarning) and "leaked global state" in str(w.message)
+        ]
         self.assertEqual(len(leak_warnings), 1, [str(w.message) for w in caught])
         for pattern in LEAK_MESSAGES.values():
             self.assertRegex(str(leak_warnings[0].message), pattern)
@@ -253,7 +256,13 @@ class TestPreRegisteredGlobalsSurvive(unittest.TestCase):
                 with torch.serialization.safe_globals([PreRegistered]):
                     pass
 
-        names = ["test_safe_globals", "test_direct_context", "test_default", "test_weights_only_false", "test_safe_globals"]
+        names = [
+            "test_safe_globals",
+            "test_direct_context",
+            "test_default",
+            "test_weights_only_false",
+            "test_safe_globals",
+        ]
         result = _run(*(Uses(n) for n in names))
         self.assertEqual(result.errors, [])
         if SAFE_GLOBALS_SKIP:
@@ -277,7 +286,8 @@ class TestPreRegisteredGlobalsSurvive(unittest.TestCase):
             "safe_globals: loaded as expected",
             # Net is not allowlisted: a bare load rejects it where that is weights-only (>= 2.6).
             f"default: {'rejected' if TORCH_DEFAULT_WO else 'loaded'} as expected",
-            "weights_only_false: loaded as expected", "safe_globals: loaded as expected",
+            "weights_only_false: loaded as expected",
+            "safe_globals: loaded as expected",
         ]
         self.assertEqual(
             [o.split(" (")[0] for o in outcomes],
@@ -289,14 +299,16 @@ class TestPreRegisteredGlobalsSurvive(unittest.TestCase):
         self.addCleanup(__import__("shutil").rmtree, tmp, True)
         name = "tst_fake_backend_%d" % os.getpid()
         with open(os.path.join(tmp, name + ".py"), "w") as fh:
-            fh.write(textwrap.dedent(
-                """
+            fh.write(
+                textwrap.dedent(
+                    """
                 import torch
                 class BackendTensorMeta:
                     pass
                 torch.serialization.add_safe_globals([BackendTensorMeta])
                 """
-            ))
+                )
+            )
         sys.path.insert(0, tmp)
         self.addCleanup(sys.path.remove, tmp)
         self.addCleanup(sys.modules.pop, name, None)
@@ -388,7 +400,9 @@ def _gather_ids() -> list[str]:
         walk(suite)
     if loader.errors:  # a module that does not import: say so, not a KeyError on 'unittest'
         raise AssertionError("could not collect the order-independence tests:\n" + "\n".join(loader.errors))
-    wanted = [i for i in ids if ORDER_MODULES[i.split(".")[0]] is None or i.split(".")[1] in ORDER_MODULES[i.split(".")[0]]]
+    wanted = [
+        i for i in ids if ORDER_MODULES[i.split(".")[0]] is None or i.split(".")[1] in ORDER_MODULES[i.split(".")[0]]
+    ]
     return wanted
 
 
@@ -422,18 +436,47 @@ class TestOrderIndependence(unittest.TestCase):
             orders.append(order)
         spec = json.dumps({"ids": ids, "states": [{"env": None, "ids": o} for o in orders]})
         driver = subprocess.Popen(
-            [sys.executable, os.path.join(TEST_DIR, ORDER_FOLDERS["envcheck_roundtrip"], "envcheck_roundtrip.py"), "--spec", spec],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TEST_DIR, env=env,
+            [
+                sys.executable,
+                os.path.join(TEST_DIR, ORDER_FOLDERS["envcheck_roundtrip"], "envcheck_roundtrip.py"),
+                "--spec",
+                spec,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=TEST_DIR,
+            env=env,
         )
         tmp = tempfile.mkdtemp(prefix="tst-order-")
         self.addCleanup(__import__("shutil").rmtree, tmp, True)
-        node_ids = [f"{ORDER_FOLDERS[i.split('.')[0]]}/{i.split('.')[0]}.py::{i.split('.')[1]}::{i.split('.')[2]}" for i in ids]
+        node_ids = [
+            f"{ORDER_FOLDERS[i.split('.')[0]]}/{i.split('.')[0]}.py::{i.split('.')[1]}::{i.split('.')[2]}" for i in ids
+        ]
         random.Random(3).shuffle(node_ids)
         xml = os.path.join(tmp, "parallel.xml")
         parallel = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--rootdir", TEST_DIR,
-             "-n", "2", f"--junitxml={xml}", *node_ids],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=TEST_DIR, env=env,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-o",
+                "addopts=",
+                "--rootdir",
+                TEST_DIR,
+                "-n",
+                "2",
+                f"--junitxml={xml}",
+                *node_ids,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=TEST_DIR,
+            env=env,
         )
         outcomes: dict[str, dict[str, str]] = {}
         out, err = driver.communicate(timeout=300)
@@ -462,7 +505,9 @@ def _junit_outcomes(path: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         tags = {child.tag for child in case}
-        outcome = "fail" if "failure" in tags else "error" if "error" in tags else "skip" if "skipped" in tags else "pass"
+        outcome = (
+            "fail" if "failure" in tags else "error" if "error" in tags else "skip" if "skipped" in tags else "pass"
+        )
         out[_key(case.get("classname", ""), case.get("name", ""))] = outcome
     return out
 

@@ -122,12 +122,19 @@ class TestRoundTrip(unittest.TestCase):
             return
         self.assertEqual(len(result.failures), 1, out)
         message = result.failures[0][1]
-        missing = [g for g in WRAPPER_GLOBALS if g != "test.helpers.roundtrip_fixtures.TinyNet"]  # + builtins.set before 2.6
+        missing = [
+            g for g in WRAPPER_GLOBALS if g != "test.helpers.roundtrip_fixtures.TinyNet"
+        ]  # + builtins.set before 2.6
         # The message names the class attribute to fix (issue 13 point 2), not just "safe_globals".
-        self.assertIn(f"AllowlistError: Inner.safe_globals misses {len(missing)} global(s) the checkpoint "
-                      f"needs: {', '.join(missing)}\n", message)
-        self.assertIn(f"class Inner(...):\n    safe_globals = ({', '.join(g.rsplit('.', 1)[1] for g in WRAPPER_GLOBALS)})",
-                      message)
+        self.assertIn(
+            f"AllowlistError: Inner.safe_globals misses {len(missing)} global(s) the checkpoint "
+            f"needs: {', '.join(missing)}\n",
+            message,
+        )
+        self.assertIn(
+            f"class Inner(...):\n    safe_globals = ({', '.join(g.rsplit('.', 1)[1] for g in WRAPPER_GLOBALS)})",
+            message,
+        )
         self.assertIn("from test.helpers.roundtrip_fixtures import TinyNet", message)
         self.assertIn("from torch.nn.modules.linear import Linear", message)
         self.assertNotIn("from builtins", message)  # builtins (set, before torch 2.6) need no import
@@ -157,8 +164,9 @@ class TestRoundTrip(unittest.TestCase):
             self.assertEqual([r for _, r in result.skipped], [SAFE_GLOBALS_SKIP] * 3, out)
             return
         self.assertEqual(len(result.failures), 1, out)
-        self.assertIn("over-trusts: the checkpoint does not need test.helpers.roundtrip_fixtures.Wrapper",
-                      result.failures[0][1])
+        self.assertIn(
+            "over-trusts: the checkpoint does not need test.helpers.roundtrip_fixtures.Wrapper", result.failures[0][1]
+        )
         self.assertEqual(result.testsRun, 3)
 
     def test_state_dict_form(self):
@@ -216,8 +224,10 @@ class TestRoundTrip(unittest.TestCase):
                 records = [json.loads(line) for line in fh]
         # One record per round trip that ran: none for a mode that skips here (safe_globals before torch 2.5).
         expected = [("weights_only_false", True), ("safe_globals", True), ("default", not DEFAULT_WEIGHTS_ONLY)]
-        self.assertEqual([(r["mode"], r["loaded"]) for r in records],
-                         [(mode, loaded) for mode, loaded in expected if mode not in MODE_SKIPS])
+        self.assertEqual(
+            [(r["mode"], r["loaded"]) for r in records],
+            [(mode, loaded) for mode, loaded in expected if mode not in MODE_SKIPS],
+        )
         self.assertTrue(all(r["test"].endswith("Inner.test_all") for r in records))
 
     def test_seed_module_expected_inline(self):
@@ -225,16 +235,23 @@ class TestRoundTrip(unittest.TestCase):
             def test_pinned(self):
                 # Before torch 2.6 the record starts with builtins.set (not on torch's allowlist there).
                 module_lines = "".join(f"{g}\n" for g in MODULE_GLOBALS)
-                self.assertRequiredGlobalsExpectedInline(tiny_qlinear(), module_lines + """\
+                self.assertRequiredGlobalsExpectedInline(
+                    tiny_qlinear(),
+                    module_lines
+                    + """\
 torch.ScriptObject
 torch.ao.nn.sparse.quantized.dynamic.linear.Linear
 torch.ao.nn.sparse.quantized.linear.LinearPackedParams
-""")
+""",
+                )
 
             def test_wrong_pin_fails(self):
-                self.assertRequiredGlobalsExpectedInline(TinyNet(), """\
+                self.assertRequiredGlobalsExpectedInline(
+                    TinyNet(),
+                    """\
 something.Else
-""")
+""",
+                )
 
         with mock.patch.dict(os.environ, {"EXPECTTEST_ACCEPT": ""}):
             result, out = run_inner(Inner)
@@ -265,8 +282,9 @@ class TestExpectAccept(unittest.TestCase):
             with open(path, "w") as fh:
                 fh.write(source)
             env = child_env({"EXPECTTEST_ACCEPT": "1"}, path_first=(ROOT,), drop=())
-            proc = subprocess.run([sys.executable, "-m", "unittest", "test_pin"], cwd=d, env=env,
-                                  capture_output=True, text=True)
+            proc = subprocess.run(
+                [sys.executable, "-m", "unittest", "test_pin"], cwd=d, env=env, capture_output=True, text=True
+            )
             self.assertEqual(proc.returncode, 0, proc.stderr)
             with open(path) as fh:
                 self.assertIn("".join(f"{g}\n" for g in TINY_GLOBALS), fh.read())  # the record for this torch
@@ -276,15 +294,26 @@ class TestSnippet(unittest.TestCase):
     def test_context_or_process_wide_form(self):
         from torch_serial_testing import safe_globals_snippet
 
-        with_context = safe_globals_snippet(["test.helpers.roundtrip_fixtures.TinyNet", "torch.ScriptObject"], context=True)
-        self.assertIn("with torch.serialization.safe_globals([TinyNet, torch.ScriptObject]):\n"
-                      "    obj = torch.load(f, weights_only=True)", with_context)
+        with_context = safe_globals_snippet(
+            ["test.helpers.roundtrip_fixtures.TinyNet", "torch.ScriptObject"], context=True
+        )
+        self.assertIn(
+            "with torch.serialization.safe_globals([TinyNet, torch.ScriptObject]):\n"
+            "    obj = torch.load(f, weights_only=True)",
+            with_context,
+        )
         without = safe_globals_snippet(["test.helpers.roundtrip_fixtures.TinyNet"], context=False)
-        self.assertIn("torch.serialization.add_safe_globals([TinyNet])\nobj = torch.load(f, weights_only=True)", without)
+        self.assertIn(
+            "torch.serialization.add_safe_globals([TinyNet])\nobj = torch.load(f, weights_only=True)", without
+        )
         self.assertNotIn("with torch.serialization.safe_globals", without)
         detected = safe_globals_snippet(["test.helpers.roundtrip_fixtures.TinyNet"])
-        self.assertEqual(detected, with_context.replace(", torch.ScriptObject", "") if hasattr(
-            torch.serialization, "safe_globals") else without)
+        self.assertEqual(
+            detected,
+            with_context.replace(", torch.ScriptObject", "")
+            if hasattr(torch.serialization, "safe_globals")
+            else without,
+        )
 
 
 class TestClassCreationErrors(unittest.TestCase):
@@ -293,8 +322,11 @@ class TestClassCreationErrors(unittest.TestCase):
             type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": ("nowhere.Missing",)})
 
     def test_string_global_resolves(self):
-        cls = type("Ok", (SerializationRoundTripTestCase, unittest.TestCase),
-                   {"safe_globals": ("test.helpers.roundtrip_fixtures.TinyNet",)})
+        cls = type(
+            "Ok",
+            (SerializationRoundTripTestCase, unittest.TestCase),
+            {"safe_globals": ("test.helpers.roundtrip_fixtures.TinyNet",)},
+        )
         self.assertIs(cls._tst_safe_globals[0].obj, TinyNet)
 
     def test_dangerous_global_refused(self):
@@ -304,7 +336,11 @@ class TestClassCreationErrors(unittest.TestCase):
 
     def test_safe_globals_must_be_a_sequence(self):
         with self.assertRaisesRegex(RoundTripConfigError, "must be a tuple or list"):
-            type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": "test.helpers.roundtrip_fixtures.TinyNet"})
+            type(
+                "Bad",
+                (SerializationRoundTripTestCase, unittest.TestCase),
+                {"safe_globals": "test.helpers.roundtrip_fixtures.TinyNet"},
+            )
 
     def test_unknown_mode(self):
         with self.assertRaisesRegex(RoundTripConfigError, "unknown load mode 'pickle'"):
@@ -313,7 +349,6 @@ class TestClassCreationErrors(unittest.TestCase):
     def test_make_module_not_callable(self):
         with self.assertRaisesRegex(RoundTripConfigError, "make_module must be a method"):
             type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"make_module": 3})
-
 
 
 def torch_refusal(obj, allow):
@@ -342,27 +377,37 @@ class TestWeightsOnlyBlocker(unittest.TestCase):
 
         cases = {
             # torch 2.8 makes no SETITEM target check: there it loads once allowlisted
-            "defaultdict": (lambda: {"d": collections.defaultdict(list, x=[1])}, (collections.defaultdict, list),
-                            "Can only SETITEM for dict", lambda loaded: loaded["d"]["x"] == [1]),
+            "defaultdict": (
+                lambda: {"d": collections.defaultdict(list, x=[1])},
+                (collections.defaultdict, list),
+                "Can only SETITEM for dict",
+                lambda loaded: loaded["d"]["x"] == [1],
+            ),
             # the APPEND(S) target check is in every torch with a weights-only unpickler; APPENDS
             # says "Can only extend lists" except on torch 2.14.1 ("Can only append to lists")
-            "deque": (lambda: {"d": collections.deque([1, 2])}, (collections.deque,),
-                      "lists, but got <class 'collections.deque'>", lambda loaded: list(loaded["d"]) == [1, 2]),
+            "deque": (
+                lambda: {"d": collections.deque([1, 2])},
+                (collections.deque,),
+                "lists, but got <class 'collections.deque'>",
+                lambda loaded: list(loaded["d"]) == [1, 2],
+            ),
         }
         for kind, (make, needs, reason, check) in cases.items():
             with self.subTest(kind):
                 if SAFE_GLOBALS_SKIP is None:
                     refusal = torch_refusal(make(), needs)
                     if refusal is None:
-                        self.skipTest(f"torch {torch.__version__} loads a {kind} weights-only once its globals "
-                                      "are allowlisted (its unpickler makes no such check)")
+                        self.skipTest(
+                            f"torch {torch.__version__} loads a {kind} weights-only once its globals "
+                            "are allowlisted (its unpickler makes no such check)"
+                        )
                     self.assertIn(reason, refusal)
                     # the library must name torch's whole reason, in this torch's words
                     at = refusal.index(reason)
                     start = refusal.rfind("Can only", 0, at + len("Can only"))
                     end = refusal.find("\n", at)
                     self.assertGreaterEqual(start, 0, refusal)
-                    reason = refusal[start:end if end >= 0 else len(refusal)].strip()
+                    reason = refusal[start : end if end >= 0 else len(refusal)].strip()
                 self._run_blocked(make, reason, check)
 
     def _run_blocked(self, make, reason, check):

@@ -171,8 +171,10 @@ class TestModelAgreesWithTorchOnAppendTargets(unittest.TestCase):
 
 EVERY_OTHER = frozenset(APPEND_TARGETS[1:])
 #: torch 2.4 to 2.13 and 2.15: exactly a list, APPENDS worded "extend".
-RULES_213 = {"APPEND": ContainerRule(EVERY_OTHER, "Can only append to lists, but got "),
-             "APPENDS": ContainerRule(EVERY_OTHER, "Can only extend lists, but got ")}
+RULES_213 = {
+    "APPEND": ContainerRule(EVERY_OTHER, "Can only append to lists, but got "),
+    "APPENDS": ContainerRule(EVERY_OTHER, "Can only extend lists, but got "),
+}
 #: torch 2.14.1: an allowlisted list subclass too, both worded "append to".
 RULE_2141 = ContainerRule(EVERY_OTHER - {"allowlisted_list_subclass"}, "Can only append to lists, but got ")
 RULES_2141 = {"APPEND": RULE_2141, "APPENDS": RULE_2141}
@@ -213,8 +215,10 @@ class _WordsEachKindItsOwnWay(Torch2141Append):
             return super().load()
         except pickle.UnpicklingError as e:
             target = self.stack[-1] if self.stack else None
-            if str(e).startswith("Can only append") and type(target) in \
-                    torch._weights_only_unpickler._get_user_allowed_globals().values():
+            if (
+                str(e).startswith("Can only append")
+                and type(target) in torch._weights_only_unpickler._get_user_allowed_globals().values()
+            ):
                 raise pickle.UnpicklingError(str(e).replace("Can only", "Only")) from None
             raise
 
@@ -240,7 +244,9 @@ class TestAppendRulesProbed(unittest.TestCase):
         rules = append_rules()
         self.assertIn(rules, (RULES_213, RULES_2141))
         # which of the two this torch is, a real load of an allowlisted list subclass says
-        loaded, message = torch_answer(saved(Items([1, 2]), 0), [Items], not hasattr(torch.serialization, "safe_globals"))
+        loaded, message = torch_answer(
+            saved(Items([1, 2]), 0), [Items], not hasattr(torch.serialization, "safe_globals")
+        )
         self.assertEqual(rules == RULES_2141, loaded, message)
 
     def test_torch_2141(self) -> None:
@@ -255,9 +261,11 @@ class TestAppendRulesProbed(unittest.TestCase):
             self.assertEqual(append_rules(), expected)
 
     def test_what_cannot_be_read_is_not_guessed(self) -> None:
-        for standin, reason in ((_RefusesAList, "refused APPEND onto a plain list"),
-                                (_Untyped, "does not end with the type it refused"),
-                                (_WordsEachKindItsOwnWay, "refuses APPEND targets with different messages")):
+        for standin, reason in (
+            (_RefusesAList, "refused APPEND onto a plain list"),
+            (_Untyped, "does not end with the type it refused"),
+            (_WordsEachKindItsOwnWay, "refuses APPEND targets with different messages"),
+        ):
             with self.subTest(standin.__name__), unpickler_standin(standin):
                 with self.assertRaisesRegex(ProbeFailed, reason):
                     unpickler_rules()
@@ -273,9 +281,12 @@ class TestAppendRulesProbed(unittest.TestCase):
             self.assertIsNone(checkpoint.info.weights_only_blocker)
             self.assertEqual([c.kind for c in checkpoint.info.checks], ["unknown"])
             if hasattr(torch.serialization, "safe_globals"):
-                with self.assertRaisesRegex(UnexpectedLoadOutcome, r"^safe_globals: cannot predict this load here "
-                                            r"\(torch's message 'Can only append to lists' does not end with the type "
-                                            r"it refused .*\); torch loaded it$"):
+                with self.assertRaisesRegex(
+                    UnexpectedLoadOutcome,
+                    r"^safe_globals: cannot predict this load here "
+                    r"\(torch's message 'Can only append to lists' does not end with the type "
+                    r"it refused .*\); torch loaded it$",
+                ):
                     tst.load(checkpoint, "safe_globals", [Items])
 
 
@@ -316,7 +327,9 @@ class TestOtherTorchsRulesReplayedHere(unittest.TestCase):
 
     def test_a_torch_without_append_checks(self) -> None:
         # a rules object with no APPEND(S) check: nothing blocks a deque, its global decides
-        info, exp = self.predict_under({"APPEND": None, "APPENDS": None}, collections.deque([1, 2]), [collections.deque])
+        info, exp = self.predict_under(
+            {"APPEND": None, "APPENDS": None}, collections.deque([1, 2]), [collections.deque]
+        )
         self.assertIsNone(info.weights_only_blocker)
         self.assertTrue(exp.loads, exp.summary())
 

@@ -85,7 +85,8 @@ class TestImportTimeRegistrations(ImportCase):
             import torch
             torch.serialization.add_safe_globals([exec])
             """,
-            "builtins.exec", r"runs code",
+            "builtins.exec",
+            r"runs code",
         )
 
     def test_smuggled_under_a_harmless_name_is_refused(self) -> None:
@@ -94,7 +95,8 @@ class TestImportTimeRegistrations(ImportCase):
             import os, torch
             torch.serialization.add_safe_globals([(os.system, "helpers.Safe")])
             """,
-            "helpers.Safe", r"it is (posix|nt)\.system",
+            "helpers.Safe",
+            r"it is (posix|nt)\.system",
         )
 
     def test_mixed_list_keeps_the_harmless_entry(self) -> None:
@@ -142,8 +144,11 @@ class TestImportTimeRegistrations(ImportCase):
 
         result = run_tests(Registers("test_register"))
         self.assertEqual(len(result.failures), 1)
-        self.assertRegex(result.failures[0][1], r"leaked global state \(now restored\): safe-globals registry changed "
-                                                r"\(added \['builtins\.exec'\], removed \[\]\)")
+        self.assertRegex(
+            result.failures[0][1],
+            r"leaked global state \(now restored\): safe-globals registry changed "
+            r"\(added \['builtins\.exec'\], removed \[\]\)",
+        )
         self.assertNotIn("builtins.exec", _names())
 
 

@@ -39,13 +39,17 @@ NOT_REGISTERED = "no privateuse1 backend is registered (import its extension, e.
 
 
 def child(args, cwd=TEST_DIR, backend=True, **env_extra):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TORCH_FORCE_", "PYTORCH_TESTING_DEVICE_")) and k not in (REPORT_ENV, "EXPECTTEST_ACCEPT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TORCH_FORCE_", "PYTORCH_TESTING_DEVICE_")) and k not in (REPORT_ENV, "EXPECTTEST_ACCEPT")
+    }
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(TEST_DIR), os.environ.get("PYTHONPATH")) if p)
     env.update(env_extra)
     prefix = [sys.executable, "-m", "npu_backend.run", "--backend"] if backend else [sys.executable]
-    return subprocess.run(prefix + list(args), cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=900)  # a hang guard only
+    return subprocess.run(
+        prefix + list(args), cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=900
+    )  # a hang guard only
 
 
 def outcomes(out):
@@ -58,7 +62,7 @@ def outcomes(out):
     found = {}
     for i, (test_id, m) in enumerate(headers):
         end = headers[i + 1][1].start() if i + 1 < len(headers) else len(out)
-        words = re.findall(r"(?:\.\.\. |^)(ok|skipped '.*'|FAIL|ERROR)$", out[m.end():end], re.M)
+        words = re.findall(r"(?:\.\.\. |^)(ok|skipped '.*'|FAIL|ERROR)$", out[m.end() : end], re.M)
         found[test_id] = words[-1] if words else "?"
     return found
 
@@ -77,8 +81,11 @@ def mode_outcome(test_id):
 
 def expected_device_case_ids():
     rt = ("module", "state_dict", "shared_storage_stays_shared", "map_location", "device_index_error_is_torchs_own")
-    eng = [f"{name}_{e}" for name in ("engine_is_set_on_every_device", "quantized_tensors_cannot_live_on_the_device")
-           for e in ENGINES]
+    eng = [
+        f"{name}_{e}"
+        for name in ("engine_is_set_on_every_device", "quantized_tensors_cannot_live_on_the_device")
+        for e in ENGINES
+    ]
     modes = list(MODES)  # a mode this torch lacks is generated too, and skips visibly
     return (
         ids("TestNpuRoundTripCPU", rt, modes, ["cpu"])
@@ -104,7 +111,9 @@ class TestOnTheNpuBackend(unittest.TestCase):
         expected = {i: mode_outcome(i) for i in expected_device_case_ids()}
         self.assertEqual(outcomes(out), expected, out[-3000:])  # nothing skipped but a mode this torch lacks
         skipped = sum(v != "ok" for v in expected.values())
-        self.assertRegex(out, rf"\nRan {len(expected)} tests in .*\n\nOK" + (f" \\(skipped={skipped}\\)" if skipped else "") + "\n")
+        self.assertRegex(
+            out, rf"\nRan {len(expected)} tests in .*\n\nOK" + (f" \\(skipped={skipped}\\)" if skipped else "") + "\n"
+        )
         # the full-module default round trip on npu: rejected as expected, naming the module's globals
         npu_default = [r for r in records if r["test"].endswith("TestNpuRoundTripNPU.test_module_default_npu")]
         self.assertEqual(len(npu_default), 1)
@@ -116,8 +125,13 @@ class TestOnTheNpuBackend(unittest.TestCase):
         self.assertEqual(loaded_modes, {m for m in MODES if m not in MODE_SKIPS})
 
     def test_device_filters_select_like_pytorch(self):
-        all_classes = ["TestNpuEnginesCPU", "TestNpuEnginesNPU", "TestNpuRoundTripCPU", "TestNpuRoundTripNPU",
-                       "TestPrivateuse1DeclarationNPU"]
+        all_classes = [
+            "TestNpuEnginesCPU",
+            "TestNpuEnginesNPU",
+            "TestNpuRoundTripCPU",
+            "TestNpuRoundTripNPU",
+            "TestPrivateuse1DeclarationNPU",
+        ]
         npu_only = [c for c in all_classes if c.endswith("NPU")]
         cpu_only = [c for c in all_classes if c.endswith("CPU")]
         # The backend's name selects it where pytorch's filter reads it as privateuse1; torch 2.4's
@@ -154,14 +168,19 @@ class TestOnTheNpuBackend(unittest.TestCase):
         self.assertEqual(set(found), cpu_ids | npu_ids | set(NO_LOAD_TESTS))
         # every npu test skips, visibly and for the one reason the flagship gives (a load mode this
         # torch lacks skips first, with the library's reason, as in the CPU class)
-        self.assertEqual({found[i] for i in npu_ids if mode_outcome(i) != "ok"},
-                         {mode_outcome(i) for i in npu_ids if mode_outcome(i) != "ok"})
+        self.assertEqual(
+            {found[i] for i in npu_ids if mode_outcome(i) != "ok"},
+            {mode_outcome(i) for i in npu_ids if mode_outcome(i) != "ok"},
+        )
         reasons = {found[i] for i in npu_ids if mode_outcome(i) == "ok"}
         self.assertEqual(len(reasons), 1, reasons)
         self.assertRegex(reasons.pop(), r"^skipped '.*CPU-only module.*'$")
         # and the CPU tests are untouched: they run (a mode this torch lacks aside) and pass
         self.assertEqual({found[i] for i in cpu_ids if not any(f"_{m}_" in i for m in MODE_SKIPS)}, {"ok"})
-        self.assertRegex(out, rf"\nOK \(skipped={len(npu_ids) + sum(1 for i in cpu_ids if any(f'_{m}_' in i for m in MODE_SKIPS))}\)\n")
+        self.assertRegex(
+            out,
+            rf"\nOK \(skipped={len(npu_ids) + sum(1 for i in cpu_ids if any(f'_{m}_' in i for m in MODE_SKIPS))}\)\n",
+        )
 
     def test_readme_device_example(self):
         example = readme_device_example()
@@ -174,7 +193,9 @@ class TestOnTheNpuBackend(unittest.TestCase):
         found = outcomes(out)
         modes = list(MODES)  # a mode this torch lacks skips visibly
         expected = {f"test_linear_devices.TestLinearDevicesCPU.test_linear_{m}_cpu" for m in modes} | {
-            f"test_linear_devices.TestLinearDevicesNPU.test_linear_{m}_{p}" for m in modes for p in ("npu", "npu_to_cpu")
+            f"test_linear_devices.TestLinearDevicesNPU.test_linear_{m}_{p}"
+            for m in modes
+            for p in ("npu", "npu_to_cpu")
         }
         self.assertEqual(found, {i: mode_outcome(i) for i in expected})
         out = without.stdout + without.stderr
@@ -296,11 +317,18 @@ class TestTheLibraryAsksPytorchsFilter(unittest.TestCase):
     def test_both_paths_and_a_filter_like_torch_2_4(self):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE_", "PYTORCH_TESTING_DEVICE_"))}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(TEST_DIR), os.environ.get("PYTHONPATH")) if p)
-        proc = subprocess.run([sys.executable, "-c", ALIASING_CHILD], cwd=TEST_DIR, env=env, capture_output=True,
-                              text=True, timeout=600, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-c", ALIASING_CHILD],
+            cwd=TEST_DIR,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        r = json.loads(line[len("RESULT "):])
+        r = json.loads(line[len("RESULT ") :])
         # 1. not imported: one fresh interpreter answers, as pytorch's filter reads the name here
         self.assertFalse(r["cdt_before"])
         self.assertEqual(r["fresh"], FILTERS_ALIAS_BACKEND)
@@ -308,14 +336,19 @@ class TestTheLibraryAsksPytorchsFilter(unittest.TestCase):
         self.assertFalse(r["cdt_after"], "the library imported torch.testing._internal.common_device_type")
         sel = r["fresh_selections"]
         self.assertEqual(sel["privateuse1|"], ["privateuse1"])
-        self.assertEqual((sel["npu|"], sel["|npu"]), (["privateuse1"], ["cpu"]) if FILTERS_ALIAS_BACKEND
-                         else ([], ["cpu", "privateuse1"]))
+        self.assertEqual(
+            (sel["npu|"], sel["|npu"]),
+            (["privateuse1"], ["cpu"]) if FILTERS_ALIAS_BACKEND else ([], ["cpu", "privateuse1"]),
+        )
         # 2. it cannot run: refused with the reason and the way out
         self.assertEqual(r["failed"][0], "raised", r["failed"])
-        self.assertRegex(r["failed"][1], r"cannot tell how pytorch's filter_desired_device_types reads "
-                         r"PYTORCH_TESTING_DEVICE_ONLY_FOR/PYTORCH_TESTING_DEVICE_EXCEPT_FOR for the npu backend: "
-                         r"asking it in a fresh interpreter failed \(.*\); import "
-                         r"torch\.testing\._internal\.common_device_type before instantiating, or unset the filters")
+        self.assertRegex(
+            r["failed"][1],
+            r"cannot tell how pytorch's filter_desired_device_types reads "
+            r"PYTORCH_TESTING_DEVICE_ONLY_FOR/PYTORCH_TESTING_DEVICE_EXCEPT_FOR for the npu backend: "
+            r"asking it in a fresh interpreter failed \(.*\); import "
+            r"torch\.testing\._internal\.common_device_type before instantiating, or unset the filters",
+        )
         # 3. imported: asked here, no child; and the answer follows the filter's behaviour
         self.assertEqual(r["in_process"], FILTERS_ALIAS_BACKEND)
         self.assertEqual(r["in_process_runs"], [])
@@ -332,8 +365,12 @@ class TestPrivateuse1IsJudgedByTheRegisteredBackend(unittest.TestCase):
     def test_reason_follows_the_backend(self):
         from torch_serial_testing.torch_facts import devices
 
-        self.assertEqual(devices.device_skip_reason("privateuse1"), NOT_REGISTERED if
-                         devices.privateuse1_backend() is None else devices.device_skip_reason(devices.privateuse1_backend()))
+        self.assertEqual(
+            devices.device_skip_reason("privateuse1"),
+            NOT_REGISTERED
+            if devices.privateuse1_backend() is None
+            else devices.device_skip_reason(devices.privateuse1_backend()),
+        )
         available = mock.Mock(is_available=lambda: True)
         absent = mock.Mock(is_available=lambda: False)
         with mock.patch.object(devices, "privateuse1_backend", return_value="npu"):
@@ -357,7 +394,9 @@ class TestBackendFixture(unittest.TestCase):
     def test_no_compiler_is_a_clear_skip_reason(self):
         with mock.patch("shutil.which", return_value=None):
             reason = npu_backend.skip_reason()
-        self.assertRegex(reason, r"^no C\+\+ compiler \('\S+' not found on PATH\): the npu test backend cannot be built$")
+        self.assertRegex(
+            reason, r"^no C\+\+ compiler \('\S+' not found on PATH\): the npu test backend cannot be built$"
+        )
 
     def test_build_dir_is_git_ignored_and_versioned(self):
         build = npu_backend.build_dir()

@@ -34,11 +34,23 @@ from npu_backend import fake_torch_npu
 from test.helpers.python_compat import failure_ids, verbose_ids
 from test.helpers.roundtrip_fixtures import (
     clean_env,
-    DEFAULT_REASON, DEFAULT_WEIGHTS_ONLY, READS_FORCE_NO_WEIGHTS_ONLY, TINY_GLOBALS, TINY_SAFE_GLOBALS, TinyNet,
+    DEFAULT_REASON,
+    DEFAULT_WEIGHTS_ONLY,
+    READS_FORCE_NO_WEIGHTS_ONLY,
+    TINY_GLOBALS,
+    TINY_SAFE_GLOBALS,
+    TinyNet,
 )
 from test.test_flagship_environments import (
-    FLAGSHIP_DIR, FLAGSHIP_MODULE, MODULE_GLOBALS, NO_LOAD_TESTS, both_forced_is_an_error, expected_load,
-    round_trip_tests, running_tests, skipped_tests,
+    FLAGSHIP_DIR,
+    FLAGSHIP_MODULE,
+    MODULE_GLOBALS,
+    NO_LOAD_TESTS,
+    both_forced_is_an_error,
+    expected_load,
+    round_trip_tests,
+    running_tests,
+    skipped_tests,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,8 +91,11 @@ class TestTheFakeIsFaithful(FakeInstalled):
         torch.save(TinyNet(), buf)
         buf.seek(0)
         out = io.StringIO()
-        with clean_env(**{FORCE_NO_WO: "1"}), warnings.catch_warnings(record=True) as caught, \
-                contextlib.redirect_stdout(out):
+        with (
+            clean_env(**{FORCE_NO_WO: "1"}),
+            warnings.catch_warnings(record=True) as caught,
+            contextlib.redirect_stdout(out),
+        ):
             warnings.simplefilter("always")
             self.assertIsInstance(torch.load(buf), TinyNet)
         self.assertIn(fake_torch_npu.FORCE_NO_NOTICE, out.getvalue())
@@ -123,9 +138,12 @@ class TestLibraryUnderTheFake(FakeInstalled):
         with clean_env():
             result = tst.round_trip(TinyNet(), "default")
         self.assertFalse(result.loaded)
-        self.assertTrue(result.summary.startswith(
-            f"default: rejected as expected ({DEFAULT_REASON}; {', '.join(TINY_GLOBALS)} not allowlisted; {REPLACED}"
-        ), result.summary)
+        self.assertTrue(
+            result.summary.startswith(
+                f"default: rejected as expected ({DEFAULT_REASON}; {', '.join(TINY_GLOBALS)} not allowlisted; {REPLACED}"
+            ),
+            result.summary,
+        )
         self.assertRegex(result.summary, REWORDED_NOTE)
         self.assertRegex(result.summary, REGISTERED_ONLY)
 
@@ -169,18 +187,26 @@ class TestLibraryUnderTheFake(FakeInstalled):
         from torch_serial_testing.cli.doctor import doctor_report
         from torch_serial_testing.torch_facts import registry
 
-        with clean_env(), mock.patch.dict(registry._own, clear=True), \
-                mock.patch.object(sys, "executable", "/bin/false"):
+        with (
+            clean_env(),
+            mock.patch.dict(registry._own, clear=True),
+            mock.patch.object(sys, "executable", "/bin/false"),
+        ):
             result = tst.round_trip(TinyNet(), "weights_only_false")
             report = doctor_report({})
         registered = ", ".join(sorted(registered_globals()))
         self.assertTrue(result.loaded, result.summary)
-        note = (f"runs with process-wide safe globals {registered} (which of them are torch's own is unknown: "
-                "a fresh interpreter could not report torch's own registrations (")
+        note = (
+            f"runs with process-wide safe globals {registered} (which of them are torch's own is unknown: "
+            "a fresh interpreter could not report torch's own registrations ("
+        )
         self.assertIn(note, result.summary)
         (explained,) = [p for p in report["problems"] if p.startswith(f"torch.load is replaced by {FAKE_LOAD}")]
-        self.assertIn(f"registers its own safe globals (here, with torch's own: {registered}; which are torch's "
-                      "own is unknown: a fresh interpreter could not report torch's own registrations (", explained)
+        self.assertIn(
+            f"registers its own safe globals (here, with torch's own: {registered}; which are torch's "
+            "own is unknown: a fresh interpreter could not report torch's own registrations (",
+            explained,
+        )
 
     def test_both_switches_are_one_clear_error(self):
         if not READS_FORCE_NO_WEIGHTS_ONLY:
@@ -194,6 +220,7 @@ class TestLibraryUnderTheFake(FakeInstalled):
 
         (Loading what should be rejected, or the reverse, is covered in test_load_modes.)
         """
+
         def mute_load(f, *args, **kwargs):
             try:
                 return fake_torch_npu.load(f, *args, **kwargs)
@@ -230,7 +257,11 @@ def run_flagship_under_fake(extra_env):
         env[REPORT_ENV] = str(report)
         proc = subprocess.run(
             [sys.executable, "-m", "npu_backend.run", "--fake-torch-npu", "-m", "unittest", "-v", FLAGSHIP_MODULE],
-            cwd=FLAGSHIP_DIR, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+            cwd=FLAGSHIP_DIR,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
             timeout=900,  # a hang guard only
         )
         records = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
@@ -278,7 +309,9 @@ class TestFlagshipUnderFakeTorchNpu(unittest.TestCase):
                     summary = record["summary"]
                     self.assertIs(record["loaded"], loads, summary)
                     self.assertIs(record["weights_only"], weights_only, summary)
-                    self.assertTrue(summary.startswith(f"{mode}: {'loaded' if loads else 'rejected'} as expected ("), summary)
+                    self.assertTrue(
+                        summary.startswith(f"{mode}: {'loaded' if loads else 'rejected'} as expected ("), summary
+                    )
                     self.assertIn(REPLACED, summary)
                     self.assertRegex(summary, REGISTERED_ONLY)
                     if not loads:
@@ -306,19 +339,27 @@ class TestFlagshipUnderFakeTorchNpu(unittest.TestCase):
 class TestDoctorExplainsAReplacedLoader(unittest.TestCase):
     def test_doctor_under_the_fake(self):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(ROOT / "test"), os.environ.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(ROOT), str(ROOT / "test"), os.environ.get("PYTHONPATH")) if p
+        )
         base = [sys.executable, "-m", "npu_backend.run", "--fake-torch-npu", "-m", "torch_serial_testing", "doctor"]
         text = subprocess.run(base, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-        report = json.loads(subprocess.run(base + ["--json"], env=env, capture_output=True, text=True,
-                                           timeout=300, cwd=ROOT).stdout)
+        report = json.loads(
+            subprocess.run(base + ["--json"], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT).stdout
+        )
         self.assertEqual(report["torch_load_replaced_by"], FAKE_LOAD)
         self.assertIn(fake_torch_npu.registered_name(), report["safe_globals"])
         explained = [p for p in report["problems"] if p.startswith(f"torch.load is replaced by {FAKE_LOAD}")]
         self.assertEqual(len(explained), 1, report["problems"])
-        for phrase in ("judged by their outcome", "prints the TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD notice",
-                       "error-code suffix", "never skipped", "torch.serialization.load is still torch's own",
-                       # torch_npu's own, not those torch registers itself (2.14: every builtin exception)
-                       f"registers its own safe globals (here: {fake_torch_npu.registered_name()})"):
+        for phrase in (
+            "judged by their outcome",
+            "prints the TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD notice",
+            "error-code suffix",
+            "never skipped",
+            "torch.serialization.load is still torch's own",
+            # torch_npu's own, not those torch registers itself (2.14: every builtin exception)
+            f"registers its own safe globals (here: {fake_torch_npu.registered_name()})",
+        ):
             self.assertIn(phrase, explained[0])
         self.assertEqual(text.returncode, 1, text.stdout + text.stderr)
         self.assertIn(f"torch.load: REPLACED by {FAKE_LOAD}", text.stdout)

@@ -169,7 +169,8 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
         where: list[tuple[bool, int]] = []
 
         def in_load() -> None:
-            where.append((loader.proxy_installed(), sys._getframe().f_lineno)); ser.warnings.warn("through the proxy", UserWarning)  # noqa: E702,E501
+            where.append((loader.proxy_installed(), sys._getframe().f_lineno + 1))  # the next line warns
+            ser.warnings.warn("through the proxy", UserWarning)
 
         with clean_env(**{NO_WO: "1"}), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -177,8 +178,10 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
                 result = loading.round_trip(Gate(), "default")
         self.assertTrue(result.loaded)
         self.assertTrue(result.expectation.warns)  # torch's own warning: observed and consumed
-        self.assertEqual([(w.category, str(w.message), w.filename, w.lineno) for w in caught],
-                         [(UserWarning, "through the proxy", __file__, where[0][1])])
+        self.assertEqual(
+            [(w.category, str(w.message), w.filename, w.lineno) for w in caught],
+            [(UserWarning, "through the proxy", __file__, where[0][1])],
+        )
         self.assertEqual(where[0][0], True)  # it did pass through the proxy
         self.assertFalse(loader.proxy_installed())
 
@@ -236,7 +239,9 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
                     errors.append(f"{mode}: {type(e).__name__}: {e}")
 
         with clean_env(**{NO_WO: "1"}):
-            threads = [threading.Thread(target=worker, args=(m,)) for m in ("weights_only_false", "safe_globals", "default")]
+            threads = [
+                threading.Thread(target=worker, args=(m,)) for m in ("weights_only_false", "safe_globals", "default")
+            ]
             for t in threads:
                 t.start()
             for t in threads:

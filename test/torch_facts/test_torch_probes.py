@@ -131,8 +131,13 @@ class Pickled:
 
     def __reduce__(self) -> Any:
         items = [(str(i), i) for i in range(self.n)] if self.dict_items else list(range(self.n))
-        return (self.factory, (), None, None if self.dict_items else iter(items),
-                iter(items) if self.dict_items else None)
+        return (
+            self.factory,
+            (),
+            None,
+            None if self.dict_items else iter(items),
+            iter(items) if self.dict_items else None,
+        )
 
 
 #: kind -> (factory, its type, opcode family).  "list"/"dict" are built by torch.save itself.
@@ -236,7 +241,10 @@ class TestAnswersAreWhatTorchLoadDoes(unittest.TestCase):
     def test_unsupported_opcodes(self) -> None:
         rules = unpickler_rules()
         self.assertTrue({"GLOBAL", "REDUCE", "BUILD", "BINPERSID", "STOP"} <= rules.opcodes)
-        for name, body in (("STACK_GLOBAL", b"X\x02\x00\x00\x00osX\x06\x00\x00\x00getcwd\x93."), ("SHORT_BINBYTES", b"C\x01a.")):
+        for name, body in (
+            ("STACK_GLOBAL", b"X\x02\x00\x00\x00osX\x06\x00\x00\x00getcwd\x93."),
+            ("SHORT_BINBYTES", b"C\x01a."),
+        ):
             with self.subTest(name):
                 loaded, _etype, message = torch_load(torch_zip_of(b"\x80\x02" + body), [])
                 code = pickle.__dict__[name][0]
@@ -263,7 +271,9 @@ class TestAnswersAreWhatTorchLoadDoes(unittest.TestCase):
         for name in names:
             with self.subTest(name):
                 module, _, attr = name.partition(".")
-                loaded, _etype, message = torch_load(torch_zip_of(b"\x80\x02c" + f"{module}\n{attr}\n".encode() + b"."), [])
+                loaded, _etype, message = torch_load(
+                    torch_zip_of(b"\x80\x02c" + f"{module}\n{attr}\n".encode() + b"."), []
+                )
                 refusal = global_refusal(name)
                 self.assertEqual(refusal is None, loaded, message)
                 if refusal is not None:
@@ -360,7 +370,15 @@ class TestSwitchSpellingsAreTorchs(unittest.TestCase):
         self.assertFalse(load_call.is_truthy(None, FORCE_NO_WO))
 
     def test_both_set(self) -> None:
-        for wo, no in (("1", "1"), ("TRUE", "y"), ("0", "Yes"), ("yes ", "1"), ("true", "false"), ("on", "on"), ("", "")):
+        for wo, no in (
+            ("1", "1"),
+            ("TRUE", "y"),
+            ("0", "Yes"),
+            ("yes ", "1"),
+            ("true", "false"),
+            ("on", "on"),
+            ("", ""),
+        ):
             with self.subTest(wo=wo, no=no):
                 outcome, _ = real_load({FORCE_WO: wo, FORCE_NO_WO: no}, None)
                 switches = load_call.WeightsOnlySwitches.from_environ({FORCE_WO: wo, FORCE_NO_WO: no})
@@ -377,15 +395,19 @@ class TestSwitchSpellingsAreTorchs(unittest.TestCase):
         for name in (FORCE_WO, FORCE_NO_WO):
             with self.subTest(name):
                 explicit = False if name == FORCE_WO else None
-                sets = [s for s in load_call.CANDIDATE_SPELLINGS
-                        if real_load({name: s}, explicit) == (("refused", False) if name == FORCE_WO else ("loaded", True))]
+                sets = [
+                    s
+                    for s in load_call.CANDIDATE_SPELLINGS
+                    if real_load({name: s}, explicit) == (("refused", False) if name == FORCE_WO else ("loaded", True))
+                ]
                 found, any_case, strips = load_call.truthy_spellings(name)
                 self.assertEqual(list(found), sets)
                 if found:
                     upper = [real_load({name: s.upper()}, explicit)[0] for s in found]
                     self.assertEqual(any_case, upper == [real_load({name: s}, explicit)[0] for s in found])
-                    self.assertEqual(strips, real_load({name: f" {found[0]} "}, explicit)
-                                     == real_load({name: found[0]}, explicit))
+                    self.assertEqual(
+                        strips, real_load({name: f" {found[0]} "}, explicit) == real_load({name: found[0]}, explicit)
+                    )
                     self.assertTrue(load_call.describe_spellings(name).startswith(", ".join(found) + " ("))
         self.assertEqual(load_call.torch_reads_force_no_weights_only(), real_load({FORCE_NO_WO: "1"}, None)[1])
         self.assertEqual(load_call.torch_default_weights_only()[0], real_load({}, None)[0] == "refused")
@@ -430,8 +452,11 @@ class TestOtherReleasesReadRight(unittest.TestCase):
         with unpickler_standin(Torch28Setitem):
             rules = unpickler_rules()
             self.assertEqual((rules.containers["SETITEM"], rules.containers["SETITEMS"]), (None, None))
-            for obj, allow in ((Table(a=1), [Table]), (Table(a=1, b=2), [Table]),
-                               (collections.defaultdict(int, a=1), [collections.defaultdict, int])):
+            for obj, allow in (
+                (Table(a=1), [Table]),
+                (Table(a=1, b=2), [Table]),
+                (collections.defaultdict(int, a=1), [collections.defaultdict, int]),
+            ):
                 with self.subTest(type(obj).__name__, n=len(obj)):
                     data = saved({"x": obj})
                     self.assertIsNone(Checkpoint.from_bytes(data).info.weights_only_blocker)
@@ -442,10 +467,18 @@ class TestOtherReleasesReadRight(unittest.TestCase):
     def test_torch_28_inverted_persistent_id_check(self) -> None:
         with unpickler_standin(Torch28Persid):
             persid = unpickler_rules().persid
-            self.assertEqual(persid, PersidRules(frozenset(["int"]), PersidRules.type_message,
-                                                 PersidRules.storage_message, names_type=False))
-            for name, pid in (("int", b"K\x05"), ("str", b"X\x03\x00\x00\x00abc"), ("none", b"N"),
-                              ("module_tuple", b"X\x06\x00\x00\x00module\x85")):
+            self.assertEqual(
+                persid,
+                PersidRules(
+                    frozenset(["int"]), PersidRules.type_message, PersidRules.storage_message, names_type=False
+                ),
+            )
+            for name, pid in (
+                ("int", b"K\x05"),
+                ("str", b"X\x03\x00\x00\x00abc"),
+                ("none", b"N"),
+                ("module_tuple", b"X\x06\x00\x00\x00module\x85"),
+            ):
                 with self.subTest(name):
                     data = torch_zip_of(b"\x80\x02" + pid + b"Q.")
                     blocker = tst.scan_checkpoint(data).weights_only_blocker
@@ -457,8 +490,10 @@ class TestOtherReleasesReadRight(unittest.TestCase):
                     else:  # let through to torch.load's own persistent_load, which fails on a bare id
                         self.assertIsNone(blocker, message)
                     self.assertEqual(blocker is not None, name in ("int", "module_tuple"), blocker)
-            self.assertEqual(tst.scan_checkpoint(torch_zip_of(b"\x80\x02X\x06\x00\x00\x00module\x85Q."))
-                             .weights_only_blocker, "Only persistent_load of storage is allowed, but got module")
+            self.assertEqual(
+                tst.scan_checkpoint(torch_zip_of(b"\x80\x02X\x06\x00\x00\x00module\x85Q.")).weights_only_blocker,
+                "Only persistent_load of storage is allowed, but got module",
+            )
 
     def test_torch_26_spells_builtins_in_full(self) -> None:
         obj = {"frozen": frozenset([1]), "tag": 26}
@@ -489,8 +524,9 @@ class TestOtherReleasesReadRight(unittest.TestCase):
             exp = predict("safe_globals", checkpoint)
             self.assertEqual((exp.weights_only, exp.loads, exp.unknown), (False, True, None))
             self.assertIn("hands TorchScript archives to torch.jit.load", exp.reason)
-            self.assertIsInstance(torch.serialization.load(io.BytesIO(buf.getvalue()), weights_only=True),
-                                  torch.jit.ScriptModule)
+            self.assertIsInstance(
+                torch.serialization.load(io.BytesIO(buf.getvalue()), weights_only=True), torch.jit.ScriptModule
+            )
         exp = predict("safe_globals", checkpoint)  # this torch again
         if records.torchscript_refusal() is not None:
             self.assertEqual((exp.weights_only, exp.loads, exp.rejection), (True, False, records.torchscript_refusal()))
@@ -499,12 +535,14 @@ class TestOtherReleasesReadRight(unittest.TestCase):
         from torch_serial_testing.cli import doctor
 
         with load_standin(switch_reader(lower=False)):
-            self.assertEqual([load_call.is_truthy(v, FORCE_WO) for v in ("true", "TRUE", "Y", "y")],
-                             [True, False, False, True])
+            self.assertEqual(
+                [load_call.is_truthy(v, FORCE_WO) for v in ("true", "TRUE", "Y", "y")], [True, False, False, True]
+            )
             self.assertIn("case-sensitive", load_call.describe_spellings(FORCE_WO))
             switches = load_call.WeightsOnlySwitches.from_environ({FORCE_WO: "TRUE", FORCE_NO_WO: "yes"})
-            self.assertEqual((switches.force_weights_only, switches.force_no_weights_only, switches.conflict),
-                             (False, True, False))
+            self.assertEqual(
+                (switches.force_weights_only, switches.force_no_weights_only, switches.conflict), (False, True, False)
+            )
             net = Checkpoint.save(SwitchCanary())
             exp = predict("weights_only_false", net, environ={FORCE_WO: "TRUE"})
             self.assertEqual((exp.weights_only, exp.loads), (False, True))
@@ -515,18 +553,26 @@ class TestOtherReleasesReadRight(unittest.TestCase):
             self.assertFalse(active)
             self.assertIn("case-sensitive", text)
             self.assertIn("case-sensitive", problems[0])
-        self.assertEqual("case-sensitive" in load_call.describe_spellings(FORCE_WO),
-                         real_load({FORCE_WO: "TRUE"}, False)[0] != "refused")  # this torch again
+        self.assertEqual(
+            "case-sensitive" in load_call.describe_spellings(FORCE_WO),
+            real_load({FORCE_WO: "TRUE"}, False)[0] != "refused",
+        )  # this torch again
 
     def test_torch_25_reads_one_switch_and_defaults_to_a_full_load(self) -> None:
-        with load_standin(switch_reader(reads_no=False, default=False)), mock.patch.object(torch, "__version__", "2.5.1"):
+        with (
+            load_standin(switch_reader(reads_no=False, default=False)),
+            mock.patch.object(torch, "__version__", "2.5.1"),
+        ):
             self.assertFalse(load_call.is_truthy("1", FORCE_NO_WO))
             self.assertTrue(load_call.is_truthy("Yes", FORCE_WO))
             self.assertFalse(load_call.torch_reads_force_no_weights_only())
-            self.assertEqual(load_call.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)"))
+            self.assertEqual(
+                load_call.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)")
+            )
             switches = load_call.WeightsOnlySwitches.from_environ({FORCE_WO: "1", FORCE_NO_WO: "1"})
-            self.assertEqual((switches.force_weights_only, switches.force_no_weights_only, switches.conflict),
-                             (True, False, False))
+            self.assertEqual(
+                (switches.force_weights_only, switches.force_no_weights_only, switches.conflict), (True, False, False)
+            )
             exp = predict("default", Checkpoint.save(SwitchCanary()), environ={FORCE_WO: "1", FORCE_NO_WO: "y"})
             self.assertEqual((exp.weights_only, exp.warns, exp.loads), (True, False, False))
             self.assertIn(f"weights_only=True forced by {FORCE_WO}=1", exp.reason)
@@ -534,8 +580,9 @@ class TestOtherReleasesReadRight(unittest.TestCase):
             self.assertEqual((exp.weights_only, exp.warns, exp.loads), (False, False, True))
         with load_standin(switch_reader(default=False)), mock.patch.object(torch, "__version__", "2.6.0"):
             # a torch >= 2.6 whose bare load is a full one: an fbcode build, said so
-            self.assertEqual(load_call.torch_default_weights_only(),
-                             (False, "this torch build (fbcode) keeps the old default"))
+            self.assertEqual(
+                load_call.torch_default_weights_only(), (False, "this torch build (fbcode) keeps the old default")
+            )
 
 
 # -- a probe that cannot run: unknown, never a guess -------------------------------------------------------
@@ -551,7 +598,9 @@ class TestProbesThatCannotRun(unittest.TestCase):
         with unpickler_standin(RaisingUnpickler):
             with self.assertRaises(ProbeFailed) as first:
                 unpickler_rules()
-            self.assertIn("cannot run torch's weights-only unpickler (RuntimeError: this stand-in", str(first.exception))
+            self.assertIn(
+                "cannot run torch's weights-only unpickler (RuntimeError: this stand-in", str(first.exception)
+            )
             with self.assertRaises(ProbeFailed) as second:
                 unpickler_rules()
             self.assertIs(second.exception, first.exception)  # asked once, the same failure every time
@@ -568,9 +617,11 @@ class TestProbesThatCannotRun(unittest.TestCase):
                         continue
                     self.assertEqual((exp.loads, exp.unknown), (False, str(first.exception)))
                     self.assertIn("not predicted", exp.summary())
-                    with self.assertRaisesRegex(UnexpectedLoadOutcome,
-                                                rf"^{mode}: cannot predict this load here \(cannot run torch's "
-                                                r"weights-only unpickler .*\); torch rejected it:\n"):
+                    with self.assertRaisesRegex(
+                        UnexpectedLoadOutcome,
+                        rf"^{mode}: cannot predict this load here \(cannot run torch's "
+                        r"weights-only unpickler .*\); torch rejected it:\n",
+                    ):
                         tst.load(fresh, mode)
             with clean_env():
                 result = tst.load(fresh, "weights_only_false")  # a full load needs no unpickler rules
@@ -612,9 +663,12 @@ class TestProbesThatCannotRun(unittest.TestCase):
                     if mode is tst.LoadMode.SAFE_GLOBALS and not hasattr(torch.serialization, "safe_globals"):
                         continue  # the mode skips on torch < 2.5, before anything is asked
                     # torch.load itself (not the broken torch.serialization.load) loads: said so
-                    with self.assertRaisesRegex(UnexpectedLoadOutcome, rf"^{mode.value}: cannot predict this load "
-                                                r"here \(torch.load of the library's canary raised OSError.*\); "
-                                                r"torch loaded it$"):
+                    with self.assertRaisesRegex(
+                        UnexpectedLoadOutcome,
+                        rf"^{mode.value}: cannot predict this load "
+                        r"here \(torch.load of the library's canary raised OSError.*\); "
+                        r"torch loaded it$",
+                    ):
                         tst.load(checkpoint, mode)
         self.assertIsNone(predict("default", checkpoint).unknown)
 

@@ -61,7 +61,7 @@ class TestTorchsOwnRegistrations(unittest.TestCase):
     def test_a_fresh_torchs_registry_is_all_its_own(self) -> None:
         # In a fresh process only torch has registered anything (with the modules that register
         # something imported, where this torch has them): all of it is recognized as torch's.
-        script = textwrap.dedent('''
+        script = textwrap.dedent("""
             import importlib, json
             import torch
             for name in ("torch._dynamo", "torch.distributed.tensor", "torch.nested"):
@@ -71,14 +71,20 @@ class TestTorchsOwnRegistrations(unittest.TestCase):
                     pass
             from torch_serial_testing.torch_facts.registry import registered_globals, torch_own_registrations
             print(json.dumps([sorted(registered_globals()), sorted(torch_own_registrations())]))
-        ''')
+        """)
         proc = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), timeout=600,
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=600,
         )
         self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
         registered, own = json.loads(proc.stdout.strip().splitlines()[-1])
         if not registered:  # torch 2.4/2.5 register nothing themselves: nothing to recognize (2.6 on: NJT)
-            self.skipTest(f"torch {torch.__version__} registers no safe globals itself: nothing to recognize as its own")
+            self.skipTest(
+                f"torch {torch.__version__} registers no safe globals itself: nothing to recognize as its own"
+            )
         self.assertEqual(sorted(set(registered) - set(own)), [])
 
     def test_this_process(self) -> None:
@@ -116,11 +122,16 @@ class TestTorchsOwnRegistrations(unittest.TestCase):
             self.assertEqual(len(calls), 1)
             modules = json.loads(calls[0][0][-1])
             self.assertIn("torch", modules)
-            self.assertEqual(set(modules), {n for n, m in sys.modules.items()
-                                            if m is not None and (n == "torch" or n.startswith("torch."))})
+            self.assertEqual(
+                set(modules),
+                {n for n, m in sys.modules.items() if m is not None and (n == "torch" or n.startswith("torch."))},
+            )
             # a torch module imported since: asked again, of a fresh interpreter importing it too
-            name = next(n for n in ("torch.utils.file_baton", "torch.utils.show_pickle", "torch.utils.bundled_inputs")
-                        if n not in sys.modules)
+            name = next(
+                n
+                for n in ("torch.utils.file_baton", "torch.utils.show_pickle", "torch.utils.bundled_inputs")
+                if n not in sys.modules
+            )
             __import__(name)
             torch_own_registrations()
             self.assertEqual(len(calls), 2)
@@ -181,8 +192,13 @@ class TestTheNote(unittest.TestCase):
             with self.assertRaisesRegex(ProbeFailed, "a fresh interpreter could not report torch's own registrations"):
                 torch_own_registrations()
             note = note_of(names)
-        self.assertTrue(note.startswith(f"{NOTE}torch.nn.modules.linear.Linear, {__name__}.Mine (which of them are "
-                                        "torch's own is unknown: a fresh interpreter could not report"), note)
+        self.assertTrue(
+            note.startswith(
+                f"{NOTE}torch.nn.modules.linear.Linear, {__name__}.Mine (which of them are "
+                "torch's own is unknown: a fresh interpreter could not report"
+            ),
+            note,
+        )
         # a torch module it cannot import (here: one that exists only in this process)
         forget_own()
         fake = types.ModuleType("torch._tst_only_here")
@@ -190,8 +206,9 @@ class TestTheNote(unittest.TestCase):
             with self.assertRaisesRegex(ProbeFailed, "could not import torch._tst_only_here"):
                 torch_own_registrations()
             note = note_of(names)
-        self.assertIn("which of them are torch's own is unknown: a fresh interpreter could not import "
-                      "torch._tst_only_here", note)
+        self.assertIn(
+            "which of them are torch's own is unknown: a fresh interpreter could not import torch._tst_only_here", note
+        )
         self.assertTrue(note.startswith(f"{NOTE}torch.nn.modules.linear.Linear, {__name__}.Mine"), note)
         # and once it can run again, torch's own names are known and kept out
         forget_own()

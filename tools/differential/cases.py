@@ -69,7 +69,9 @@ class Excluded:
 
     kind: str
     format: str
-    stage: str  # "build" (corpus cannot build it here), "save" (torch cannot save it), "load" (torch cannot read it back)
+    stage: (
+        str  # "build" (corpus cannot build it here), "save" (torch cannot save it), "load" (torch cannot read it back)
+    )
     error: str
 
 

@@ -166,7 +166,9 @@ def plain_function(x: int) -> int:
 def _dtype_tensor(dtype: torch.dtype) -> Callable[[], Any]:
     def make() -> Any:
         if dtype in (torch.qint8, torch.quint8, torch.qint32):
-            return torch.quantize_per_tensor(torch.tensor([0.0, 1.0, 2.0]), 0.5, 1 if dtype is torch.quint8 else 0, dtype)
+            return torch.quantize_per_tensor(
+                torch.tensor([0.0, 1.0, 2.0]), 0.5, 1 if dtype is torch.quint8 else 0, dtype
+            )
         if dtype in (torch.quint4x2, torch.quint2x4):
             return torch.quantize_per_tensor(torch.tensor([0.0, 1.0, 2.0, 3.0]), 1.0, 0, dtype)
         if dtype.is_floating_point or dtype.is_complex:
@@ -264,9 +266,11 @@ def _sparse_quantized_linear(engine: str = "qnnpack") -> Any:
 def _optimizer(name: str) -> Callable[[], Any]:
     def make() -> Any:
         model = torch.nn.Linear(2, 1)
-        opt = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
-               "adam": lambda p: torch.optim.Adam(p, lr=0.01),
-               "adamw": lambda p: torch.optim.AdamW(p, lr=0.01)}[name](model.parameters())
+        opt = {
+            "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+            "adam": lambda p: torch.optim.Adam(p, lr=0.01),
+            "adamw": lambda p: torch.optim.AdamW(p, lr=0.01),
+        }[name](model.parameters())
         model(torch.ones(1, 2)).sum().backward()
         opt.step()
         return opt.state_dict()
@@ -277,9 +281,11 @@ def _optimizer(name: str) -> Callable[[], Any]:
 def _scheduler(name: str) -> Callable[[], Any]:
     def make() -> Any:
         opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
-        sched = {"steplr": lambda o: torch.optim.lr_scheduler.StepLR(o, 2),
-                 "onecycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 1.0, total_steps=10),
-                 "cosine": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 5)}[name](opt)
+        sched = {
+            "steplr": lambda o: torch.optim.lr_scheduler.StepLR(o, 2),
+            "onecycle": lambda o: torch.optim.lr_scheduler.OneCycleLR(o, 1.0, total_steps=10),
+            "cosine": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 5),
+        }[name](opt)
         opt.step()
         sched.step()
         return sched.state_dict()

@@ -104,7 +104,12 @@ def _subprocess_env(state: dict[str, str]) -> dict[str, str]:
 
 
 def run_worker(
-    tmpdir: str, tag: str, role: str, state: dict[str, str], ids: Any, timeout: float,
+    tmpdir: str,
+    tag: str,
+    role: str,
+    state: dict[str, str],
+    ids: Any,
+    timeout: float,
     n_items: Optional[int] = None,
 ) -> list[dict[str, Any]]:
     """Run one worker process (restarting after a crash); return its records, crashes included."""
@@ -117,7 +122,11 @@ def run_worker(
     while start < len(items):
         proc = subprocess.run(
             [sys.executable, WORKER, os.path.join(tmpdir, "manifest.json"), out, str(start), role],
-            env=_subprocess_env(state), cwd=tmpdir, capture_output=True, text=True, timeout=timeout,
+            env=_subprocess_env(state),
+            cwd=tmpdir,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         done, begun = _progress(out)
         if proc.returncode == 0:
@@ -125,7 +134,9 @@ def run_worker(
         if begun is None or begun in done:
             raise RuntimeError(f"worker {tag} failed before any case ({proc.returncode}):\n{proc.stderr[-2000:]}")
         tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-1:] or [""]
-        crashes.append({"i": begun, "id": items[begun][1], "crash": f"process died ({proc.returncode}) {tail[0][:120]}"})
+        crashes.append(
+            {"i": begun, "id": items[begun][1], "crash": f"process died ({proc.returncode}) {tail[0][:120]}"}
+        )
         start = begun + 1
     records = [r for r in _read(out) if "begin" not in r]
     return records + crashes
@@ -150,8 +161,12 @@ def _progress(path: str) -> tuple[set[int], Optional[int]]:
 
 
 def run(
-    full: bool, jobs: int = 2, kinds: Optional[list[str]] = None, timeout: float = 3600.0,
-    envs: Optional[list[dict[str, str]]] = None, formats: Optional[tuple[str, ...]] = None,
+    full: bool,
+    jobs: int = 2,
+    kinds: Optional[list[str]] = None,
+    timeout: float = 3600.0,
+    envs: Optional[list[dict[str, str]]] = None,
+    formats: Optional[tuple[str, ...]] = None,
 ) -> Report:
     """Generate, probe, compare; return the report."""
     import torch
@@ -190,7 +205,11 @@ def run(
             for r in records:
                 for v in r.get("r", ()):
                     act, pred = v.get("act", {}), v.get("pred", {})
-                    if v["v"] == "weights_only_false" and act.get("outcome") == "error" and pred.get("weights_only") is False:
+                    if (
+                        v["v"] == "weights_only_false"
+                        and act.get("outcome") == "error"
+                        and pred.get("weights_only") is False
+                    ):
                         torch_side.setdefault(r["id"], f"{act.get('type')}: {_first_line(act.get('message', ''))}")
         for cid, error in sorted(torch_side.items()):
             s = by_id[cid]
@@ -240,12 +259,17 @@ def _generate(
 
 
 def _short(d: dict[str, Any]) -> str:
-    keep = {k: d[k] for k in ("outcome", "type", "missing", "opcodes", "warns", "warned", "reason") if d.get(k) not in (None, [], "")}
+    keep = {
+        k: d[k]
+        for k in ("outcome", "type", "missing", "opcodes", "warns", "warned", "reason")
+        if d.get(k) not in (None, [], "")
+    }
     text = json.dumps(keep)
     message = d.get("message")
     if message:
         lines = [
-            line for line in message.strip().splitlines()
+            line
+            for line in message.strip().splitlines()
             if line.strip() and not line.startswith(("Check the documentation", "Please file an issue"))
         ]
         text += f" {lines[-1][:160]!r}" if lines else ""
@@ -260,7 +284,14 @@ def _first_line(text: str) -> str:
 def _library_location() -> str:
     env = _subprocess_env({})
     proc = subprocess.run(
-        [sys.executable, "-c", "import os, torch_serial_testing as t; print(os.path.dirname(os.path.dirname(t.__file__)))"],
-        env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import os, torch_serial_testing as t; print(os.path.dirname(os.path.dirname(t.__file__)))",
+        ],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
     )
     return proc.stdout.strip() or f"? ({proc.stderr.strip()[-200:]})"

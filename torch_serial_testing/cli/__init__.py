@@ -57,43 +57,75 @@ def _prog() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(prog=_prog(), description="Triage torch.load: why does it accept or reject a checkpoint here?",
-                     epilog=exit_codes_help(["doctor", "inspect", "vendor"]), formatter_class=fmt)
+    parser = _Parser(
+        prog=_prog(),
+        description="Triage torch.load: why does it accept or reject a checkpoint here?",
+        epilog=exit_codes_help(["doctor", "inspect", "vendor"]),
+        formatter_class=fmt,
+    )
     from .. import __version__
 
-    parser.add_argument("--version", action="version", version=f"torch_serial_testing {__version__}",
-                        help="print the library's version and exit (see `doctor` for torch's)")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"torch_serial_testing {__version__}",
+        help="print the library's version and exit (see `doctor` for torch's)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect,vendor}", required=True)
+
     def command(name: str, summary: str, description: str, json_help: str = "") -> argparse.ArgumentParser:
-        return sub.add_parser(name, help=summary, description=textwrap.fill(description, 88),
-                              epilog=exit_codes_help([name]) + (f"\n{json_help}" if json_help else ""),
-                              formatter_class=fmt)
+        return sub.add_parser(
+            name,
+            help=summary,
+            description=textwrap.fill(description, 88),
+            epilog=exit_codes_help([name]) + (f"\n{json_help}" if json_help else ""),
+            formatter_class=fmt,
+        )
 
     doc = command(
-        "doctor", "this interpreter's torch, torch.load default, environment switches, engines, devices",
+        "doctor",
+        "this interpreter's torch, torch.load default, environment switches, engines, devices",
         "Report this interpreter's torch build, whether torch.load is torch's own, the weights_only default "
         "of a bare torch.load and why, the TORCH_FORCE_WEIGHTS_ONLY_LOAD / TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD / "
         "TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT / TORCH_DEVICE_BACKEND_AUTOLOAD switches, registered safe globals, "
-        "quantized engines and devices. Nothing is loaded beyond torch itself.", _DOCTOR_JSON_HELP)
+        "quantized engines and devices. Nothing is loaded beyond torch itself.",
+        _DOCTOR_JSON_HELP,
+    )
     doc.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
     ins = command(
-        "inspect", "what torch.load would do with a checkpoint here, without unpickling it",
+        "inspect",
+        "what torch.load would do with a checkpoint here, without unpickling it",
         "Scan CHECKPOINT's pickle opcodes (never unpickling it, never calling torch.load on it) and report its "
         "format, the globals it needs beyond torch's allowlist, what each load mode would do here, and a "
-        "ready-to-paste safe_globals snippet.", _INSPECT_JSON_HELP)
+        "ready-to-paste safe_globals snippet.",
+        _INSPECT_JSON_HELP,
+    )
     ins.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file, or - to read stdin")
-    ins.add_argument("--safe-global", dest="safe_globals", metavar="NAME", action="append", default=[],
-                     help="a 'module.Name' you would allowlist (repeatable); matched as a string, never imported")
+    ins.add_argument(
+        "--safe-global",
+        dest="safe_globals",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="a 'module.Name' you would allowlist (repeatable); matched as a string, never imported",
+    )
     ins.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
     from .vendor import AGGREGATOR, FLAGSHIP
 
-    ven = command("vendor", "copy this package into a pytorch checkout's test/ (optionally with the flagship test)",
-                  "Copy torch_serial_testing into PYTORCH_CHECKOUT/test/torch_serial_testing/ (not installed: every "
-                  "pytorch test runner imports it from test/). Idempotent. Does not import torch.")
-    ven.add_argument("checkout", metavar="PYTORCH_CHECKOUT",
-                     help="root of a pytorch checkout (the folder holding test/)")
-    ven.add_argument("--with-flagship", action="store_true",
-                     help=f"also copy test/{FLAGSHIP} and add the import lines to test/{AGGREGATOR}")
+    ven = command(
+        "vendor",
+        "copy this package into a pytorch checkout's test/ (optionally with the flagship test)",
+        "Copy torch_serial_testing into PYTORCH_CHECKOUT/test/torch_serial_testing/ (not installed: every "
+        "pytorch test runner imports it from test/). Idempotent. Does not import torch.",
+    )
+    ven.add_argument(
+        "checkout", metavar="PYTORCH_CHECKOUT", help="root of a pytorch checkout (the folder holding test/)"
+    )
+    ven.add_argument(
+        "--with-flagship",
+        action="store_true",
+        help=f"also copy test/{FLAGSHIP} and add the import lines to test/{AGGREGATOR}",
+    )
     ven.add_argument("--check", action="store_true", help="write nothing; exit 1 if the checkout's copy is not current")
     return parser
 

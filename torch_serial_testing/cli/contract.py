@@ -31,8 +31,16 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Sequence
 
-__all__ = ["SCHEMA_VERSION", "EXIT_OK", "EXIT_ATTENTION", "EXIT_DANGEROUS", "EXIT_USAGE", "EXIT_CODES",
-           "exit_codes_help", "torch_info"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "EXIT_OK",
+    "EXIT_ATTENTION",
+    "EXIT_DANGEROUS",
+    "EXIT_USAGE",
+    "EXIT_CODES",
+    "exit_codes_help",
+    "torch_info",
+]
 
 SCHEMA_VERSION = 1
 EXIT_OK = 0
@@ -49,20 +57,20 @@ EXIT_CODES: dict[int, dict[str, str]] = {
     },
     EXIT_ATTENTION: {
         "inspect": "needs action first: allowlisting the listed classes, an explicit UnsafeCallable opt-in "
-                   "for a needed global that is not a class, or (TorchScript, legacy .tar) a loader only "
-                   "for trusted files",
+        "for a needed global that is not a class, or (TorchScript, legacy .tar) a loader only "
+        "for trusted files",
         "doctor": "attention: a TORCH_FORCE_* switch is active or set to a spelling torch ignores, a "
-                  "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
-                  "not weights-only, or backend autoload is off for installed backends or set to "
-                  "something other than 0 or 1",
+        "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
+        "not weights-only, or backend autoload is off for installed backends or set to "
+        "something other than 0 or 1",
         "vendor": "--check: the copy is not current (listed)",
     },
     EXIT_DANGEROUS: {
         "inspect": "dangerous or unloadable input: a DANGEROUS or malformed global, a global this torch "
-                   "lacks, unreadable / truncated / not a checkpoint, both TORCH_FORCE_* switches set "
-                   "(every torch.load fails), or this torch cannot be asked what torch.load does",
+        "lacks, unreadable / truncated / not a checkpoint, both TORCH_FORCE_* switches set "
+        "(every torch.load fails), or this torch cannot be asked what torch.load does",
         "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError), or this "
-                  "torch cannot be asked what torch.load does",
+        "torch cannot be asked what torch.load does",
         "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
     },
     EXIT_USAGE: {"all": "usage error (bad arguments, unknown subcommand)"},
@@ -86,5 +94,7 @@ def torch_info() -> dict[str, Any]:
     import torch
 
     version = getattr(torch, "version", None)
-    return {"version": torch.__version__,
-            **{key: getattr(version, key, None) for key in ("cuda", "hip", "git_version", "debug")}}
+    return {
+        "version": torch.__version__,
+        **{key: getattr(version, key, None) for key in ("cuda", "hip", "git_version", "debug")},
+    }

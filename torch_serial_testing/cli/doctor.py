@@ -14,7 +14,12 @@ from ..core.errors import ConflictingEnvironmentError
 from ..core.modes import LoadMode
 from ..core.names import escape_text, show_name, torch_key
 from ..torch_facts.load_call import (
-    FORCE_NO_WO, FORCE_WO, decide, describe_spellings, is_truthy, torch_default_weights_only,
+    FORCE_NO_WO,
+    FORCE_WO,
+    decide,
+    describe_spellings,
+    is_truthy,
+    torch_default_weights_only,
     torch_reads_force_no_weights_only,
 )
 from ..torch_facts.probes import ProbeFailed
@@ -38,8 +43,11 @@ _NEAR_MISS = 0.8
 def near_miss_switches(env: Any) -> list[tuple[str, str]]:
     """(set name, switch it resembles) for every variable named almost like one of the four: torch
     reads them by exact, case-sensitive name, so ``TORCH_FORCE_WEIGHTS_ONLY=1`` silently does nothing."""
-    close = {name: difflib.get_close_matches(name.upper(), ENV_VARS, n=1, cutoff=_NEAR_MISS)
-             for name in sorted(env) if name not in ENV_VARS}
+    close = {
+        name: difflib.get_close_matches(name.upper(), ENV_VARS, n=1, cutoff=_NEAR_MISS)
+        for name in sorted(env)
+        if name not in ENV_VARS
+    }
     return [(name, match[0]) for name, match in close.items() if match]
 
 
@@ -63,29 +71,41 @@ def _force_effect(name: str, raw: Optional[str], both: bool, problems: list[str]
     if both:
         return True, "active, and so is the other TORCH_FORCE_* switch: every torch.load raises RuntimeError"
     if name == FORCE_WO:
-        problems.append(f"{name}={raw} forces weights_only=True on every torch.load, even an explicit weights_only="
-                        "False: files needing globals beyond the allowlist fail with 'Unsupported global'")
-        return True, ("active: every torch.load runs weights_only=True, even where the call site passes "
-                      "weights_only=False explicitly")
-    problems.append(f"{name}={raw} makes a torch.load without weights_only fully unpickle (runs arbitrary code "
-                    "from the file) and warn")
-    return True, ("active: a torch.load that does not pass weights_only runs weights_only=False (full unpickling, "
-                  "executes arbitrary code from the file) with a UserWarning; an explicit weights_only=True/False "
-                  "is obeyed")
+        problems.append(
+            f"{name}={raw} forces weights_only=True on every torch.load, even an explicit weights_only="
+            "False: files needing globals beyond the allowlist fail with 'Unsupported global'"
+        )
+        return True, (
+            "active: every torch.load runs weights_only=True, even where the call site passes "
+            "weights_only=False explicitly"
+        )
+    problems.append(
+        f"{name}={raw} makes a torch.load without weights_only fully unpickle (runs arbitrary code "
+        "from the file) and warn"
+    )
+    return True, (
+        "active: a torch.load that does not pass weights_only runs weights_only=False (full unpickling, "
+        "executes arbitrary code from the file) with a UserWarning; an explicit weights_only=True/False "
+        "is obeyed"
+    )
 
 
 def _wait_limit_effect(raw: Optional[str]) -> tuple[Any, str]:
     if raw is None:
-        return 10.0, ("unset: at exit, waits up to 10 s (the default) for autograd worker threads to shut down "
-                      "(only when no backward is running)")
+        return 10.0, (
+            "unset: at exit, waits up to 10 s (the default) for autograd worker threads to shut down "
+            "(only when no backward is running)"
+        )
     m = _ATOF.match(raw)
     seconds = float(m.group(1)) if m else 0.0
     value = seconds if math.isfinite(seconds) else ("nan" if math.isnan(seconds) else "inf")  # JSON has neither
     if math.isnan(seconds) or seconds <= 0:
         why = "NaN is not > 0" if math.isnan(seconds) else f"{seconds:g} <= 0" if m else f"{raw!r} reads as 0 (C atof)"
         return value, f"{why}: does not wait for autograd worker threads at exit"
-    return value, (f"at exit, waits up to {seconds:g} s for autograd worker threads to shut down "
-                                  "(only when no backward is running)")
+    return value, (
+        f"at exit, waits up to {seconds:g} s for autograd worker threads to shut down "
+        "(only when no backward is running)"
+    )
 
 
 def _backend_entry_points() -> list[str]:
@@ -102,17 +122,23 @@ def _autoload_effect(raw: Optional[str], eps: list[str], problems: list[str]) ->
     installed = ", ".join(eps) if eps else "none installed"
     if enabled:
         origin = "unset, default '1'" if raw is None else "'1'"
-        return True, (f"enabled ({origin}): `import torch` imported the out-of-tree backends of entry-point group "
-                      f"'torch.backends': {installed}")
+        return True, (
+            f"enabled ({origin}): `import torch` imported the out-of-tree backends of entry-point group "
+            f"'torch.backends': {installed}"
+        )
     if raw != "0":
         problems.append(f"{AUTOLOAD}={raw!r} disables backend autoload: torch enables it only for exactly '1'")
     why = "'0'" if raw == "0" else f"{raw!r} is not exactly '1'"
     if eps:
-        problems.append(f"{AUTOLOAD}={raw!r}: installed backends were not imported ({installed}); their devices "
-                        "and any torch.load patch are absent unless imported explicitly")
+        problems.append(
+            f"{AUTOLOAD}={raw!r}: installed backends were not imported ({installed}); their devices "
+            "and any torch.load patch are absent unless imported explicitly"
+        )
         return False, f"disabled ({why}): `import torch` did NOT import the installed backends: {installed}"
-    return False, (f"disabled ({why}): `import torch` imports no out-of-tree backend; none is installed "
-                   "in entry-point group 'torch.backends', so no effect here")
+    return False, (
+        f"disabled ({why}): `import torch` imports no out-of-tree backend; none is installed "
+        "in entry-point group 'torch.backends', so no effect here"
+    )
 
 
 def _replaced_loader_explanation(replaced: str, safe: list[str]) -> str:
@@ -159,29 +185,40 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
         decision = decide(LoadMode.DEFAULT, env)
     except ConflictingEnvironmentError as e:
         errors.append(str(e))
-        wo: dict[str, Any] = {"value": None, "reason": "both TORCH_FORCE_* switches are set: every torch.load "
-                              "raises RuntimeError", "warns": False}
+        wo: dict[str, Any] = {
+            "value": None,
+            "reason": "both TORCH_FORCE_* switches are set: every torch.load raises RuntimeError",
+            "warns": False,
+        }
     except ProbeFailed as e:  # never a guess: what this torch does is unknown, and that is the report
         errors.append(f"cannot tell what torch.load does here: {e}")
         wo = {"value": None, "reason": f"unknown: {e}", "warns": False}
     else:
-        cause = {"force_wo": f"forced by {FORCE_WO}={raw[FORCE_WO]}",
-                 "force_no": f"forced by {FORCE_NO_WO}={raw[FORCE_NO_WO]} (torch warns)"}
-        wo = {"value": decision.weights_only, "reason": cause.get(decision.cause, f"torch's default {torch_why}"),
-              "warns": decision.warns}
+        cause = {
+            "force_wo": f"forced by {FORCE_WO}={raw[FORCE_WO]}",
+            "force_no": f"forced by {FORCE_NO_WO}={raw[FORCE_NO_WO]} (torch warns)",
+        }
+        wo = {
+            "value": decision.weights_only,
+            "reason": cause.get(decision.cause, f"torch's default {torch_why}"),
+            "warns": decision.warns,
+        }
         if decision.cause == "default" and not decision.weights_only:
             full_by_default.append(f"a bare torch.load is weights_only=False here ({torch_why}): it fully unpickles")
     wo.update(torch_default=torch_default, torch_default_reason=torch_why)
 
     effects = {name: _force_effect(name, raw[name], wo["value"] is None, problems) for name in (FORCE_WO, FORCE_NO_WO)}
     effects[WAIT_LIMIT] = _wait_limit_effect(raw[WAIT_LIMIT])
-    problems += [f"{name}={env[name]!r} is not a switch torch reads: did you mean {switch}? "
-                 f"(torch reads only the exact name {switch}; {name} has no effect)"
-                 for name, switch in near_miss_switches(env)]
+    problems += [
+        f"{name}={env[name]!r} is not a switch torch reads: did you mean {switch}? "
+        f"(torch reads only the exact name {switch}; {name} has no effect)"
+        for name, switch in near_miss_switches(env)
+    ]
     eps = _backend_entry_points()
     effects[AUTOLOAD] = _autoload_effect(raw[AUTOLOAD], eps, problems)
-    environment = {name: {"raw": raw[name], "value": value, "effect": effect}
-                   for name, (value, effect) in effects.items()}
+    environment = {
+        name: {"raw": raw[name], "value": value, "effect": effect} for name, (value, effect) in effects.items()
+    }
     problems.extend(full_by_default)
 
     replaced = torch_load_replacement()
@@ -190,16 +227,27 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
         problems.append(_replaced_loader_explanation(replaced, safe))
 
     # Judged as the mixin judges the registry before each test (functions accepted: torch registers _rebuild_njt).
-    problems += [f"registered safe global {show_name(torch_key(entry) or f'<unnamed {type(entry).__name__}>')} "
-                 f"is refused by the trust policy: {reason}"
-                 for entry in torch.serialization.get_safe_globals() if (reason := judge_registry_entry(entry))]
+    problems += [
+        f"registered safe global {show_name(torch_key(entry) or f'<unnamed {type(entry).__name__}>')} "
+        f"is refused by the trust policy: {reason}"
+        for entry in torch.serialization.get_safe_globals()
+        if (reason := judge_registry_entry(entry))
+    ]
 
     status = "error" if errors else ("attention" if problems else "ok")
     code = {"ok": EXIT_OK, "attention": EXIT_ATTENTION, "error": EXIT_DANGEROUS}[status]
     return {
-        "schema": SCHEMA_VERSION, "command": "doctor", "status": status, "exit_code": code,
-        "problems": errors + problems, "torch": torch_info(), "torch_load_replaced_by": replaced,
-        "default_weights_only": wo, "environment": environment, "backend_entry_points": eps, "safe_globals": safe,
+        "schema": SCHEMA_VERSION,
+        "command": "doctor",
+        "status": status,
+        "exit_code": code,
+        "problems": errors + problems,
+        "torch": torch_info(),
+        "torch_load_replaced_by": replaced,
+        "default_weights_only": wo,
+        "environment": environment,
+        "backend_entry_points": eps,
+        "safe_globals": safe,
         "quantized_engines": {"supported": list(supported_qengines()), "current": torch.backends.quantized.engine},
         "devices": {"available": list(available_device_types()), "privateuse1_backend": privateuse1_backend()},
     }
@@ -210,16 +258,27 @@ def format_doctor(r: dict[str, Any]) -> str:
     wo = r["default_weights_only"]
     lines = [
         f"torch {t['version']}  (cuda {t['cuda']}, hip {t['hip']}, git {t['git_version']}, debug {t['debug']})",
-        "torch.load: " + (f"REPLACED by {r['torch_load_replaced_by']}" if r["torch_load_replaced_by"]
-                          else "torch's own (torch.serialization.load)"),
+        "torch.load: "
+        + (
+            f"REPLACED by {r['torch_load_replaced_by']}"
+            if r["torch_load_replaced_by"]
+            else "torch's own (torch.serialization.load)"
+        ),
     ]
-    verdict = (f"weights_only={wo['value']}" if wo["value"] is not None
-               else "UNKNOWN" if wo["reason"].startswith("unknown: ") else "FAILS")
+    verdict = (
+        f"weights_only={wo['value']}"
+        if wo["value"] is not None
+        else "UNKNOWN"
+        if wo["reason"].startswith("unknown: ")
+        else "FAILS"
+    )
     lines.append(f"bare torch.load(f): {verdict} -- {wo['reason']}")
     lines.append(f"  torch's own default here: weights_only={wo['torch_default']} ({wo['torch_default_reason']})")
     if wo["value"]:
-        lines.append("  so a checkpoint naming a global beyond the allowlist fails with '_pickle.UnpicklingError: "
-                     "... Unsupported global: GLOBAL <name>'; run `inspect CHECKPOINT` for the names and the fix")
+        lines.append(
+            "  so a checkpoint naming a global beyond the allowlist fails with '_pickle.UnpicklingError: "
+            "... Unsupported global: GLOBAL <name>'; run `inspect CHECKPOINT` for the names and the fix"
+        )
     lines.append("environment:")
     for name, e in r["environment"].items():
         lines += [f"  {name}={'unset' if e['raw'] is None else repr(e['raw'])}", f"      {e['effect']}"]

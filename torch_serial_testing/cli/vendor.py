@@ -55,9 +55,12 @@ class VendorReport:
         out = [f"checkout: {self.checkout}"]
         if check:
             out += [f"  not current: {s}" for s in self.stale]
-            out.append("status: CURRENT" if not self.stale else
-                       f"status: STALE (run: python -m {PACKAGE} vendor {self.checkout}"
-                       f"{' --with-flagship' if any(FLAGSHIP in s or AGGREGATOR in s for s in self.stale) else ''})")
+            out.append(
+                "status: CURRENT"
+                if not self.stale
+                else f"status: STALE (run: python -m {PACKAGE} vendor {self.checkout}"
+                f"{' --with-flagship' if any(FLAGSHIP in s or AGGREGATOR in s for s in self.stale) else ''})"
+            )
         else:
             out += [f"  wrote {p}" for p in self.written] + [f"  removed {p}" for p in self.removed]
             out.append(f"status: {len(self.written)} written, {len(self.removed)} removed, {self.unchanged} unchanged")
@@ -108,8 +111,10 @@ def vendor(checkout: "os.PathLike[str] | str", *, with_flagship: bool = False, c
     if not checkout.is_dir():
         raise VendorError(f"{checkout}: no such directory; pass the root of a pytorch checkout")
     if not test.is_dir():
-        raise VendorError(f"{checkout} has no test/ folder, so it is not the root of a pytorch checkout; "
-                          "pass the folder that holds test/ (and torch/, setup.py)")
+        raise VendorError(
+            f"{checkout} has no test/ folder, so it is not the root of a pytorch checkout; "
+            "pass the folder that holds test/ (and torch/, setup.py)"
+        )
     report = VendorReport(checkout)
     src = package_dir()
     dest = test / PACKAGE
@@ -135,8 +140,18 @@ def vendor(checkout: "os.PathLike[str] | str", *, with_flagship: bool = False, c
         plan[aggregator] = _aggregator_text(aggregator.read_text(encoding="utf-8")).encode("utf-8")
     if dest.exists() and not dest.is_dir():
         raise VendorError(f"{dest} exists and is not a folder; move it away first")
-    stale_files = sorted(p for p in dest.rglob("*") if p.is_file() and p not in plan and not p.name.endswith(
-        _SKIP_SUFFIXES) and not _SKIP_DIRS.intersection(p.relative_to(dest).parts)) if dest.is_dir() else []
+    stale_files = (
+        sorted(
+            p
+            for p in dest.rglob("*")
+            if p.is_file()
+            and p not in plan
+            and not p.name.endswith(_SKIP_SUFFIXES)
+            and not _SKIP_DIRS.intersection(p.relative_to(dest).parts)
+        )
+        if dest.is_dir()
+        else []
+    )
 
     def rel(path: Path) -> str:  # paths as seen from the checkout's root
         return path.relative_to(checkout).as_posix()

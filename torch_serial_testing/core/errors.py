@@ -10,8 +10,15 @@ from typing import Any
 
 from .names import escape_text
 
-__all__ = ["RoundTripConfigError", "UnsafeLoadRefused", "CheckpointFormatError", "ConflictingEnvironmentError",
-           "UnexpectedLoadOutcome", "AllowlistError", "LeakedGlobalStateError"]
+__all__ = [
+    "RoundTripConfigError",
+    "UnsafeLoadRefused",
+    "CheckpointFormatError",
+    "ConflictingEnvironmentError",
+    "UnexpectedLoadOutcome",
+    "AllowlistError",
+    "LeakedGlobalStateError",
+]
 
 
 class _EscapedMessage(Exception):

@@ -13,8 +13,20 @@ import re
 import types
 from typing import Any, Optional
 
-__all__ = ["MAX_NAME_LENGTH", "name_problem", "is_valid_name", "show_name", "quote_name", "escape_text",
-           "pickle_forms", "imported_prefix", "qualified_name", "torch_key", "identity", "FUNCTION_TYPES"]
+__all__ = [
+    "MAX_NAME_LENGTH",
+    "name_problem",
+    "is_valid_name",
+    "show_name",
+    "quote_name",
+    "escape_text",
+    "pickle_forms",
+    "imported_prefix",
+    "qualified_name",
+    "torch_key",
+    "identity",
+    "FUNCTION_TYPES",
+]
 
 #: Longer names are malformed: no real class path comes near it, and a report must stay readable.
 MAX_NAME_LENGTH = 512
@@ -97,7 +109,7 @@ def pickle_forms(name: str) -> tuple[str, ...]:
         cut = name.find(".", start)
         if cut < 0:
             break
-        mod, rest = name[:cut], name[cut + 1:]
+        mod, rest = name[:cut], name[cut + 1 :]
         head, _, tail = rest.partition(".")
         if (mod, rest) in _compat_pickle.NAME_MAPPING:
             candidates.append(".".join(_compat_pickle.NAME_MAPPING[(mod, rest)]))
@@ -118,7 +130,7 @@ def imported_prefix(name: str) -> int:
 
     dots = [i for i, c in enumerate(name) if c == "."]
     cut = len(dots)
-    while cut > 0 and name[:dots[cut - 1]] not in sys.modules:
+    while cut > 0 and name[: dots[cut - 1]] not in sys.modules:
         cut -= 1
     return cut
 
@@ -146,8 +158,13 @@ def qualified_name(obj: Any) -> str:
 
 
 FUNCTION_TYPES = (
-    types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.WrapperDescriptorType,
-    types.MethodWrapperType, types.MethodDescriptorType, types.ClassMethodDescriptorType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    types.WrapperDescriptorType,
+    types.MethodWrapperType,
+    types.MethodDescriptorType,
+    types.ClassMethodDescriptorType,
 )
 
 

@@ -23,11 +23,20 @@ from ..policy.declared import as_safe_globals, declared_entries
 from ..scan.checkpoint import Checkpoint
 from ..torch_facts.load_call import FORCE_NO_WO
 from ..torch_facts.loader import (
-    FORCE_NO_NOTICE, Observation, observe_serialization_warnings, raised_by_torch, raiser, watch_stdout,
+    FORCE_NO_NOTICE,
+    Observation,
+    observe_serialization_warnings,
+    raised_by_torch,
+    raiser,
+    watch_stdout,
 )
 from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.registry import (
-    registered_globals, registry_lock, restore_registry, safe_globals_context_missing, snapshot_registry,
+    registered_globals,
+    registry_lock,
+    restore_registry,
+    safe_globals_context_missing,
+    snapshot_registry,
     torch_own_registrations,
 )
 from .prediction import Expectation, _as_checkpoint, decided
@@ -60,8 +69,9 @@ class LoadResult:
         return self.expectation.summary(self.loaded, self.notes, self.warned)
 
 
-def load(checkpoint: Checkpoint, mode: LoadMode | str, safe_globals: Sequence[Any] = (),
-         map_location: Any = None) -> LoadResult:
+def load(
+    checkpoint: Checkpoint, mode: LoadMode | str, safe_globals: Sequence[Any] = (), map_location: Any = None
+) -> LoadResult:
     """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says; never retried.
 
     Only a checkpoint this process saved (:meth:`Checkpoint.save`) is ever fully unpickled: else a
@@ -82,17 +92,21 @@ def load(checkpoint: Checkpoint, mode: LoadMode | str, safe_globals: Sequence[An
         # The environment is read once per load; undecided, it is loaded all the same (see _verify).
         decision, expectation = decided(mode, checkpoint, declared_entries(safe_globals))
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
-            raise UnsafeLoadRefused(f"refusing a weights_only=False load ({expectation.reason}) of bytes this process "
-                                    "did not just produce: only Checkpoint.save() output may be fully unpickled")
+            raise UnsafeLoadRefused(
+                f"refusing a weights_only=False load ({expectation.reason}) of bytes this process "
+                "did not just produce: only Checkpoint.save() output may be fully unpickled"
+            )
         fmt = checkpoint.format
         if fmt == "torchscript":
             raise CheckpointFormatError(
                 "this is a TorchScript archive: load it with torch.jit.load; torch.load would hand it "
-                "to torch.jit.load, and weights_only does not apply")
+                "to torch.jit.load, and weights_only does not apply"
+            )
         if fmt == "tar":
             raise CheckpointFormatError(
                 "this is a legacy tar checkpoint (torch < 0.4): torch.load reads that format only from a "
-                "real file and never with weights_only=True; re-save it with a current torch")
+                "real file and never with weights_only=True; re-save it with a current torch"
+            )
         kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
         replaced = expectation.replaced_by is not None
         registered = sorted(registered_globals()) if replaced else []
@@ -133,8 +147,9 @@ def _drop_tracebacks(error: BaseException) -> None:
             stack += (e.__cause__, e.__context__)
 
 
-def _torch_load(checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence[Any], kwargs: dict[str, Any],
-                exp: Expectation) -> tuple[Any, Optional[BaseException]]:
+def _torch_load(
+    checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence[Any], kwargs: dict[str, Any], exp: Expectation
+) -> tuple[Any, Optional[BaseException]]:
     """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection)."""
     import torch
 
@@ -155,8 +170,10 @@ def _torch_load(checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence[A
     except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome
         if exp.unknown or (not exp.loads and _is_error_type(e, exp.error_type)):
             return None, e  # predicted, not as UnpicklingError (torch 2.4/2.5's BUILD of a slotted class)
-        raise UnexpectedLoadOutcome(f"{mode.value}: expected to be {'loaded' if exp.loads else 'rejected'} "
-                                    f"({exp.reason}); torch.load raised {type(e).__name__}: {e}") from e
+        raise UnexpectedLoadOutcome(
+            f"{mode.value}: expected to be {'loaded' if exp.loads else 'rejected'} "
+            f"({exp.reason}); torch.load raised {type(e).__name__}: {e}"
+        ) from e
 
 
 def _is_error_type(error: BaseException, type_name: str) -> bool:
@@ -166,21 +183,28 @@ def _is_error_type(error: BaseException, type_name: str) -> bool:
 
 def _torch_spellings(name: str) -> tuple[str, ...]:
     """How torch's rejection message may spell *name* (it drops the ``builtins.`` prefix)."""
-    return (name, f"GLOBAL {name[len('builtins.'):]} ") if name.startswith("builtins.") else (name,)
+    return (name, f"GLOBAL {name[len('builtins.') :]} ") if name.startswith("builtins.") else (name,)
 
 
 def _names_a_cause(exp: Expectation, message: str) -> bool:
     """Whether torch's rejection names a predicted cause: the unpickler stops at the first it meets, so
     the predicted rejection text, or any missing global or refused opcode, will do."""
     if (exp.rejection and exp.rejection in message) or any(
-            s in message for name in exp.missing for s in _torch_spellings(name)):
+        s in message for name in exp.missing for s in _torch_spellings(name)
+    ):
         return True
     codes = {getattr(pickle, op)[0] for op in exp.unsupported_opcodes if hasattr(pickle, op)}
     return any(f"Unsupported operand {code}" in message for code in codes)
 
 
-def _verify(exp: Expectation, value: Any, error: Optional[BaseException], warned: bool, printed: bool = False,
-            registered: Sequence[str] = ()) -> LoadResult:
+def _verify(
+    exp: Expectation,
+    value: Any,
+    error: Optional[BaseException],
+    warned: bool,
+    printed: bool = False,
+    registered: Sequence[str] = (),
+) -> LoadResult:
     """Judge one load: loaded or rejected as predicted, for a predicted cause.  Under a replaced
     ``torch.load`` the warning is not judged but recorded (:func:`replacement_notes`)."""
     loaded = error is None
@@ -192,58 +216,76 @@ def _verify(exp: Expectation, value: Any, error: Optional[BaseException], warned
     elif exp.loads and not loaded:
         problem = f"expected to load ({exp.reason}); torch rejected it:\n{error}"
     elif not exp.loads and loaded:
-        problem = (f"expected rejection ({exp.summary(False).partition('(')[2].rstrip(')')}); torch loaded it: "
-                   "unexpected success")
+        problem = (
+            f"expected rejection ({exp.summary(False).partition('(')[2].rstrip(')')}); torch loaded it: "
+            "unexpected success"
+        )
     elif not loaded and not _is_error_type(error, exp.error_type):
-        problem = (f"rejected with {type(error).__name__}, but this torch is predicted to raise {exp.error_type} "
-                   f"({exp.rejection}):\n{error}")
+        problem = (
+            f"rejected with {type(error).__name__}, but this torch is predicted to raise {exp.error_type} "
+            f"({exp.rejection}):\n{error}"
+        )
     elif not loaded and not isinstance(error, pickle.UnpicklingError) and str(error) != exp.rejection:
         # Raised through torch.load as it is (not worded by torch): the message is Python's, exactly.
         problem = f"rejected with {type(error).__name__} as predicted, but not saying {exp.rejection!r}:\n{error}"
     elif not loaded and not _names_a_cause(exp, str(error)):
-        problem = (f"rejected, but the message names none of the predicted causes (globals {list(exp.missing)}, "
-                   f"opcodes {list(exp.unsupported_opcodes)}):\n{error}")
+        problem = (
+            f"rejected, but the message names none of the predicted causes (globals {list(exp.missing)}, "
+            f"opcodes {list(exp.unsupported_opcodes)}):\n{error}"
+        )
     elif loaded and exp.warns != warned and not exp.replaced_by:
-        problem = (f"expected torch {'to' if exp.warns else 'not to'} warn about {FORCE_NO_WO}; "
-                   f"it {'did' if warned else 'did not'}")
+        problem = (
+            f"expected torch {'to' if exp.warns else 'not to'} warn about {FORCE_NO_WO}; "
+            f"it {'did' if warned else 'did not'}"
+        )
     if problem is not None:
         if exp.replaced_by:
             which = f" (which {'; '.join(notes)})" if notes else ""
-            problem = (f"torch.load is replaced by {exp.replaced_by}{which}, and it did not do what torch's own "
-                       f"rules require: {problem}")
+            problem = (
+                f"torch.load is replaced by {exp.replaced_by}{which}, and it did not do what torch's own "
+                f"rules require: {problem}"
+            )
         raise UnexpectedLoadOutcome(f"{exp.mode.value}: {problem}")
     return LoadResult(exp, loaded, value, error, notes, warned if exp.replaced_by and warned != exp.warns else None)
 
 
-def round_trip(obj: Any, mode: LoadMode | str, safe_globals: Sequence[Any] = (),
-               map_location: Any = None) -> LoadResult:
+def round_trip(
+    obj: Any, mode: LoadMode | str, safe_globals: Sequence[Any] = (), map_location: Any = None
+) -> LoadResult:
     """``torch.save`` *obj* to memory and :func:`load` it back in *mode* (outside any test class)."""
     return load(Checkpoint.save(obj), mode, safe_globals, map_location)
 
 
-def replacement_notes(torch_warns: bool, error: Optional[BaseException], warned: bool, printed: bool,
-                      registered: Sequence[str]) -> tuple[str, ...]:
+def replacement_notes(
+    torch_warns: bool, error: Optional[BaseException], warned: bool, printed: bool, registered: Sequence[str]
+) -> tuple[str, ...]:
     """How a replaced ``torch.load`` reported differently from torch's own: facts, not verdicts."""
     notes = []
     if torch_warns and not warned:
         notes.append(
-            f"printed the {FORCE_NO_WO} notice instead of warning" if printed
-            else f"did not warn about {FORCE_NO_WO} (torch does)")
+            f"printed the {FORCE_NO_WO} notice instead of warning"
+            if printed
+            else f"did not warn about {FORCE_NO_WO} (torch does)"
+        )
     elif warned and not torch_warns:
         notes.append(f"warned about {FORCE_NO_WO} where torch would not")
     if error is not None and not raised_by_torch(error):
         last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
         notes.append(
             f"worded the rejection itself ({type(error).__name__} raised in {raiser(error)}"
-            + (f", ending {last[:120]!r}" if last else "") + ")")
+            + (f", ending {last[:120]!r}" if last else "")
+            + ")"
+        )
     # torch registers some globals itself (2.14: every builtin exception); the others come from
     # backends (torch_npu's _rebuild_npu_tensor) or user code, and they decide what loads.
     if registered:
         try:
             own = torch_own_registrations()
         except ProbeFailed as e:
-            notes.append(f"runs with process-wide safe globals {', '.join(registered)} (which of them are "
-                         f"torch's own is unknown: {e})")
+            notes.append(
+                f"runs with process-wide safe globals {', '.join(registered)} (which of them are "
+                f"torch's own is unknown: {e})"
+            )
         else:
             foreign = [name for name in registered if name not in own]
             if foreign:

@@ -24,7 +24,11 @@ from ..torch_facts.loader import torch_load_replacement
 from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.records import torchscript_refusal
 from ..torch_facts.registry import (
-    registered_globals, registry_lock, torch_allowed_type_names, torch_allowlist, torch_allowlist_objects,
+    registered_globals,
+    registry_lock,
+    torch_allowed_type_names,
+    torch_allowlist,
+    torch_allowlist_objects,
     torch_allowlist_table,
 )
 from ..torch_facts.unpickler import UnpicklerRules, global_refusal, unpickler_rules
@@ -92,17 +96,20 @@ def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
         else:
             raise RoundTripConfigError(
                 f"{caller}() got the load mode {str(checkpoint)!r} where the checkpoint goes: the order is "
-                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)"))
+                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)")
+            )
     if caller == "predict":
         # Predicting never unpickles, so any checkpoint form scan_checkpoint reads will do.
         return Checkpoint.from_buffer(checkpoint)
     raise TypeError(
         f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
-        "Checkpoint.from_bytes(...) (they will only be loaded weights-only)")
+        "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
+    )
 
 
-def predict(mode: LoadMode | str, checkpoint: Any, safe_globals: Sequence[Any] = (),
-            environ: Optional[Mapping[str, str]] = None) -> Expectation:
+def predict(
+    mode: LoadMode | str, checkpoint: Any, safe_globals: Sequence[Any] = (), environ: Optional[Mapping[str, str]] = None
+) -> Expectation:
     """What torch should do loading *checkpoint* in *mode*, here and now (see the module's docstring).
 
     *checkpoint* is a :class:`Checkpoint` or anything :func:`scan_checkpoint` reads; *safe_globals*
@@ -110,13 +117,18 @@ def predict(mode: LoadMode | str, checkpoint: Any, safe_globals: Sequence[Any] =
     """
     if isinstance(mode, Checkpoint):
         raise RoundTripConfigError(
-            "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)")
+            "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
+        )
     mode = LoadMode.parse(mode)
     return decided(mode, _as_checkpoint(checkpoint, "predict"), declared_entries(safe_globals), environ)[1]
 
 
-def decided(mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...],
-            environ: Optional[Mapping[str, str]] = None) -> tuple[Optional[Decision], Expectation]:
+def decided(
+    mode: LoadMode,
+    checkpoint: Checkpoint,
+    declared: tuple[tuple[Any, str], ...],
+    environ: Optional[Mapping[str, str]] = None,
+) -> tuple[Optional[Decision], Expectation]:
     """(torch's decision for the call, None when it could not be asked; the expectation)."""
     try:
         decision = decide(mode, environ)
@@ -128,12 +140,21 @@ def decided(mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, s
 def undecided(mode: LoadMode, error: ProbeFailed) -> Expectation:
     """The unknown expectation of a load whose ``weights_only`` torch could not be asked: the call's
     argument, True for a bare call (the safe reading: foreign bytes are loaded weights-only anyway)."""
-    return Expectation(mode, mode.explicit_weights_only is not False, False, False, (),
-                       "what torch.load decides here is unknown", torch_load_replacement(), unknown=str(error))
+    return Expectation(
+        mode,
+        mode.explicit_weights_only is not False,
+        False,
+        False,
+        (),
+        "what torch.load decides here is unknown",
+        torch_load_replacement(),
+        unknown=str(error),
+    )
 
 
-def _expected(mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...],
-              decision: Decision) -> Expectation:
+def _expected(
+    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], decision: Decision
+) -> Expectation:
     """The expectation of loading *checkpoint* under *decision*."""
     if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
         return Expectation(mode, False, decision.warns, True, (), decision.reason, decision.replaced_by)
@@ -163,20 +184,33 @@ class _Allowed:
     user: dict[str, Any]
 
 
-def _expect(mode: LoadMode, decision: Decision, reason: str, info: Any, rules: UnpicklerRules,
-            allowed: _Allowed) -> Expectation:
+def _expect(
+    mode: LoadMode, decision: Decision, reason: str, info: Any, rules: UnpicklerRules, allowed: _Allowed
+) -> Expectation:
     """A weights-only load: replay the checkpoint's checks against what is allowed."""
     missing, rejection, build, unknown = _replay(info.checks, allowed, rules)
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in allowed.names}))
     error_type = "RuntimeError" if info.format in ("torchscript", "tar") else build[0] if build else "UnpicklingError"
-    return Expectation(mode, True, decision.warns, rejection is None and unknown is None, missing, reason,
-                       decision.replaced_by, info.unsupported_opcodes,
-                       info.weights_only_blocker or (build[1] if build else None), rejection, error_type, unknown)
+    return Expectation(
+        mode,
+        True,
+        decision.warns,
+        rejection is None and unknown is None,
+        missing,
+        reason,
+        decision.replaced_by,
+        info.unsupported_opcodes,
+        info.weights_only_blocker or (build[1] if build else None),
+        rejection,
+        error_type,
+        unknown,
+    )
 
 
-def _replay(checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules
-            ) -> tuple[tuple[str, ...], Optional[str], Optional[tuple[str, str]], Optional[str]]:
+def _replay(
+    checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules
+) -> tuple[tuple[str, ...], Optional[str], Optional[tuple[str, str]], Optional[str]]:
     """(every global/type not allowed, torch's message for the first failing check, (exception type,
     why) when that is BUILD failing on an allowed class, why it cannot be predicted when a check
     before any failure is unknown)."""
@@ -206,8 +240,11 @@ def _replay(checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules
         elif c.kind in ("append", "appends", "setitem", "setitems"):
             if not container_refused(rules, c, allowed.user):
                 continue
-            if c.name not in allowed.user and not container_refused(rules, c, {c.name: _as_if_allowlisted(c)}) \
-                    and c.name not in missing:
+            if (
+                c.name not in allowed.user
+                and not container_refused(rules, c, {c.name: _as_if_allowlisted(c)})
+                and c.name not in missing
+            ):
                 missing.append(c.name)  # allowlisting it (a list subclass) lets it through
             if rejection is None:
                 rejection = c.message
@@ -217,8 +254,11 @@ def _replay(checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules
                 failure = build_failure(allowed.classes[c.name], c.shape, rules.build)
                 if failure is not None:
                     rejection = failure[1]
-                    build = (failure[0], f"this torch's BUILD cannot apply the pickled state of {c.name} "
-                             f"(it raises {failure[0]}: {failure[1]})")
+                    build = (
+                        failure[0],
+                        f"this torch's BUILD cannot apply the pickled state of {c.name} "
+                        f"(it raises {failure[0]}: {failure[1]})",
+                    )
         elif c.kind == "unknown":
             if rejection is None and unknown is None:
                 unknown = c.message

@@ -13,8 +13,9 @@ __all__ = ["required_globals"]
 _NOT_GIVEN: Any = object()
 
 
-def required_globals(obj_or_buffer: Any = _NOT_GIVEN, *, obj: Any = _NOT_GIVEN, checkpoint: Any = _NOT_GIVEN,
-                     path: Any = _NOT_GIVEN) -> list[str]:
+def required_globals(
+    obj_or_buffer: Any = _NOT_GIVEN, *, obj: Any = _NOT_GIVEN, checkpoint: Any = _NOT_GIVEN, path: Any = _NOT_GIVEN
+) -> list[str]:
     """Sorted globals a checkpoint needs beyond torch's own allowlist, found without unpickling.
 
     With a keyword nothing is guessed: ``obj=`` is always ``torch.save``-d first (even a ``str`` or
@@ -29,8 +30,9 @@ def required_globals(obj_or_buffer: Any = _NOT_GIVEN, *, obj: Any = _NOT_GIVEN, 
     if len(given) != 1:
         raise TypeError(
             "required_globals() takes exactly one of: an object (obj=...), checkpoint bytes or a buffer "
-            f"(checkpoint=...) or a file (path=...); got {', '.join(sorted(given)) or 'nothing'}")
-    (kind, value), = given.items()
+            f"(checkpoint=...) or a file (path=...); got {', '.join(sorted(given)) or 'nothing'}"
+        )
+    ((kind, value),) = given.items()
     from ..scan.checkpoint import Checkpoint, scan_checkpoint  # the scan, imported where one is made
     from ..torch_facts.unpickler import unpickler_rules
 
@@ -43,8 +45,8 @@ def required_globals(obj_or_buffer: Any = _NOT_GIVEN, *, obj: Any = _NOT_GIVEN, 
     elif kind == "checkpoint":
         if isinstance(value, (str, os.PathLike)):
             raise TypeError(
-                "required_globals(checkpoint=...) takes bytes, a buffer or a Checkpoint; "
-                "pass a file name as path=...")
+                "required_globals(checkpoint=...) takes bytes, a buffer or a Checkpoint; pass a file name as path=..."
+            )
         info = scan_checkpoint(value)
     elif isinstance(value, Checkpoint) or hasattr(value, "read"):
         info = scan_checkpoint(value)
@@ -54,7 +56,8 @@ def required_globals(obj_or_buffer: Any = _NOT_GIVEN, *, obj: Any = _NOT_GIVEN, 
         info = Checkpoint.save(value).info
     if info.format == "torchscript":
         raise CheckpointFormatError(
-            "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply")
+            "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply"
+        )
     allowed = torch_allowlist()
     needed = {g for g in info.globals if g not in allowed}
     # Types BUILD is applied to count too (numpy.dtypes.Float64DType is never a GLOBAL); those on
@@ -72,13 +75,14 @@ def _scan_ambiguous(value: Any) -> Any:
     as_object = f"to get the globals of the {type(value).__name__} object itself, call required_globals(obj=...)"
     if isinstance(value, (str, os.PathLike)):
         if not os.path.isfile(value):
-            raise FileNotFoundError(f"required_globals({value!r}): a positional str is a checkpoint file, and there "
-                                    f"is no such file; {as_object}")
+            raise FileNotFoundError(
+                f"required_globals({value!r}): a positional str is a checkpoint file, and there "
+                f"is no such file; {as_object}"
+            )
         return scan_checkpoint(value)
     try:
         return scan_checkpoint(value)
     except CheckpointFormatError as e:
         raise CheckpointFormatError(
-            f"{e} (a positional {type(value).__name__} is read as checkpoint bytes; {as_object})") from None
-
-
+            f"{e} (a positional {type(value).__name__} is read as checkpoint bytes; {as_object})"
+        ) from None

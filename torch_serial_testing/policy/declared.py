@@ -18,8 +18,15 @@ from ..core.names import name_problem, qualified_name, quote_name, show_name, to
 from .denylist import denylist_reason
 from .trust import UnsafeCallable, describe, judge_global
 
-__all__ = ["SafeGlobal", "split_entry", "normalize_safe_globals", "as_safe_globals", "declared_entries",
-           "refuse_dangerous", "resolve_global"]
+__all__ = [
+    "SafeGlobal",
+    "split_entry",
+    "normalize_safe_globals",
+    "as_safe_globals",
+    "declared_entries",
+    "refuse_dangerous",
+    "resolve_global",
+]
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,8 @@ def _check_declaration(declared: Any) -> None:
     if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
         raise RoundTripConfigError(
             f"safe_globals must be a tuple or list of globals, got {type(declared).__name__}; "
-            "write safe_globals = (MyModule,) (objects, 'module.Name' strings or (obj, 'module.Name') tuples)")
+            "write safe_globals = (MyModule,) (objects, 'module.Name' strings or (obj, 'module.Name') tuples)"
+        )
 
 
 def split_entry(item: Any) -> tuple[Any, Optional[str], bool, Optional[str]]:
@@ -59,7 +67,8 @@ def split_entry(item: Any) -> tuple[Any, Optional[str], bool, Optional[str]]:
     if isinstance(item, tuple):
         if len(item) != 2 or not isinstance(item[1], str):
             raise RoundTripConfigError(
-                f"safe global tuple {show_name(repr(item)[:80])} must be (object, 'module.Name')")
+                f"safe global tuple {show_name(repr(item)[:80])} must be (object, 'module.Name')"
+            )
         return item[0], item[1], True, None
     return item, torch_key(item), False, None
 
@@ -69,7 +78,8 @@ def resolve_global(name: str) -> Any:
     problem = name_problem(name)
     if problem:
         raise RoundTripConfigError(
-            f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'")
+            f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'"
+        )
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
@@ -84,7 +94,8 @@ def resolve_global(name: str) -> Any:
         return obj
     raise RoundTripConfigError(
         f"safe global {quote_name(name)} is not importable; fix the spelling ('package.module.Name') or "
-        "declare the object itself")
+        "declare the object itself"
+    )
 
 
 def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
@@ -105,7 +116,8 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
                 reason = judge_global(obj) or "it has no __module__/__qualname__ of its own"
                 raise RoundTripConfigError(
                     f"refusing to allowlist {describe(obj)}: {reason}; declare the class itself, a "
-                    "'module.Name' string, or an (object, 'module.Name') tuple")
+                    "'module.Name' string, or an (object, 'module.Name') tuple"
+                )
             sg = SafeGlobal(obj, name, explicit, unsafe)  # type: ignore[arg-type]
         refuse_dangerous(sg)
         out.append(sg)

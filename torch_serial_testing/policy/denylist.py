@@ -64,7 +64,8 @@ _EXEMPT = frozenset({"types.SimpleNamespace"})
 #: Parts that, between the first and the last, walk the pickle into a dangerous module
 #: (``torch.serialization.os.system`` at protocol 4); the static resolution catches the rest by identity.
 _WALK_INTO = frozenset(
-    "os posix nt sys subprocess builtins shutil socket pickle marshal ctypes importlib runpy pty".split())
+    "os posix nt sys subprocess builtins shutil socket pickle marshal ctypes importlib runpy pty".split()
+)
 
 # builtins that run code, reach attributes, build classes or callables, or touch the outside world.
 _DANGEROUS_BUILTINS = frozenset(
@@ -72,7 +73,8 @@ _DANGEROUS_BUILTINS = frozenset(
     "breakpoint memoryview exit quit help copyright credits license print type super classmethod "
     "staticmethod property map filter iter next aiter anext function code method "
     "builtin_function_or_method module frame generator coroutine cell __build_class__ __loader__ "
-    "__spec__".split())
+    "__spec__".split()
+)
 
 
 @functools.lru_cache(maxsize=4096)  # a pure function of the string: judged once per name

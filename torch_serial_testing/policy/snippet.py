@@ -33,8 +33,8 @@ def snippet_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
             refs.append(name)  # torch.ScriptObject, torch.Size: reachable as torch.<attr>
             continue
         if name.startswith("builtins.") and name.count(".") == 1:
-            bound[name[len("builtins."):]] = name
-            refs.append(name[len("builtins."):])  # set, complex: no import needed
+            bound[name[len("builtins.") :]] = name
+            refs.append(name[len("builtins.") :])  # set, complex: no import needed
             continue
         module, attr_path = _split_module(name)
         head, _, rest = attr_path.partition(".")

@@ -24,13 +24,28 @@ from typing import Any, Optional
 
 from ..core.errors import RoundTripConfigError
 from ..core.names import (
-    FUNCTION_TYPES, escape_text, identity, imported_prefix, is_marker, is_valid_name, name_problem, pickle_forms, show_name,
+    FUNCTION_TYPES,
+    escape_text,
+    identity,
+    imported_prefix,
+    is_marker,
+    is_valid_name,
+    name_problem,
+    pickle_forms,
+    show_name,
 )
 from ..torch_facts.registry import torch_allowlist, torch_allowlist_table
 from .denylist import denylist_reason
 
-__all__ = ["Verdict", "UnsafeCallable", "judge_name", "judge_global", "judge_registry_entry", "dangerous_reason",
-           "describe"]
+__all__ = [
+    "Verdict",
+    "UnsafeCallable",
+    "judge_name",
+    "judge_global",
+    "judge_registry_entry",
+    "dangerous_reason",
+    "describe",
+]
 
 #: Verdict kinds, from worst to best.
 KINDS = ("malformed", "dangerous", "callable", "absent", "alias", "class", "allowlisted")
@@ -70,8 +85,11 @@ def describe(obj: Any) -> str:
         return "a function"
     if isinstance(obj, types.BuiltinFunctionType):
         owner = getattr(obj, "__self__", None)
-        return "a builtin function" if owner is None or isinstance(owner, types.ModuleType) else \
-            f"a bound method of a {type(owner).__name__} object"
+        return (
+            "a builtin function"
+            if owner is None or isinstance(owner, types.ModuleType)
+            else f"a bound method of a {type(owner).__name__} object"
+        )
     if isinstance(obj, (types.MethodType, types.MethodWrapperType)):
         return f"a bound method ({type(obj).__name__}) of a {type(obj.__self__).__name__} object"
     kind = identity(type(obj)) or type(obj).__name__
@@ -85,8 +103,9 @@ def _denied(name: Optional[str]) -> Optional[str]:
 def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
     """(kind, reason) for an object already in hand; only "class" passes the policy."""
     if isinstance(obj, types.ModuleType):
-        return "dangerous", (f"it is {describe(obj)}: a module hands the pickle every attribute it has, "
-                             "and torch.save never writes one")
+        return "dangerous", (
+            f"it is {describe(obj)}: a module hands the pickle every attribute it has, and torch.save never writes one"
+        )
     real = identity(obj)
     why = _denied(real)
     if why:
@@ -108,8 +127,7 @@ def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
         kind, reason = _judge_object(owner, depth + 1)
         if kind == "dangerous":
             return "dangerous", f"it is {describe(obj)}, and that object: {reason}"
-    return "callable", (f"it is {describe(obj)}, not a class: the pickle would call it with arguments "
-                        "of its choosing")
+    return "callable", (f"it is {describe(obj)}, not a class: the pickle would call it with arguments of its choosing")
 
 
 def _resolve_static(name: str) -> Any:
@@ -121,8 +139,9 @@ def _resolve_static(name: str) -> Any:
     parts = name.split(".")
     cut = imported_prefix(name)
     if cut == 0:
-        return _CannotTell(f"module {parts[0]} is not imported in this process, and judging never imports what a "
-                           "checkpoint names")
+        return _CannotTell(
+            f"module {parts[0]} is not imported in this process, and judging never imports what a checkpoint names"
+        )
     path = ".".join(parts[:cut])
     obj: Any = sys.modules[path]
     for attr in parts[cut:]:
@@ -138,14 +157,18 @@ def _resolve_static(name: str) -> Any:
             else:
                 search = getattr(obj, "__path__", None)
                 try:
-                    found = search is not None and importlib.machinery.PathFinder.find_spec(
-                        f"{path}.{attr}", list(search)) is not None
+                    found = (
+                        search is not None
+                        and importlib.machinery.PathFinder.find_spec(f"{path}.{attr}", list(search)) is not None
+                    )
                 except (ImportError, ValueError, TypeError):
                     found = True  # an unusual package: do not guess
                 if found:
                     return _CannotTell(f"{path}.{attr} is a submodule that is not imported here")
-                return _Absent(f"{path} (imported) has no attribute {attr!r}: a forged name or one from "
-                               "another version; no load mode can load it here")
+                return _Absent(
+                    f"{path} (imported) has no attribute {attr!r}: a forged name or one from "
+                    "another version; no load mode can load it here"
+                )
         else:
             try:
                 obj = inspect.getattr_static(obj, attr)
@@ -161,8 +184,11 @@ def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
         return Verdict(name, "dangerous", "built at unpickling time, so it cannot be named or checked statically")
     problem = name_problem(name)
     if problem:
-        return Verdict(str(name) if isinstance(name, str) else repr(name), "malformed",
-                       f"not a dotted Python name ({problem}); nothing is suggested for it")
+        return Verdict(
+            str(name) if isinstance(name, str) else repr(name),
+            "malformed",
+            f"not a dotted Python name ({problem}); nothing is suggested for it",
+        )
     if allowed is None:
         allowed = torch_allowlist()
     if name in allowed:
@@ -182,8 +208,13 @@ def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
             kind, reason = _judge_object(found)
             real = identity(found) if kind == "class" else form
             if real != form:
-                kind, reason = "alias", (f"an alias of the class {show_name(real)}: torch matches a class by its "
-                                         "own name, so only an explicit (class, name) declaration would match it")
+                kind, reason = (
+                    "alias",
+                    (
+                        f"an alias of the class {show_name(real)}: torch matches a class by its "
+                        "own name, so only an explicit (class, name) declaration would match it"
+                    ),
+                )
             verdict = Verdict(name, kind, prefix + reason)
         if worst is None or KINDS.index(verdict.kind) < KINDS.index(worst.kind):
             worst = verdict
@@ -220,22 +251,30 @@ def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) 
         return reason
     if kind == "callable" and not (opt_in and _plain_function(obj)):
         if opt_in:
-            return (f"it is {describe(obj)}: UnsafeCallable accepts only plain module-level functions "
-                    "and builtins, never bound methods, partials or other callable objects")
+            return (
+                f"it is {describe(obj)}: UnsafeCallable accepts only plain module-level functions "
+                "and builtins, never bound methods, partials or other callable objects"
+            )
         return reason
     found = _resolve_static(name)
     if isinstance(found, (_CannotTell, _Absent)):
-        return (f"cannot verify that {name} is the declared object ({found}); declare the object "
-                "under the name it is importable by")
+        return (
+            f"cannot verify that {name} is the declared object ({found}); declare the object "
+            "under the name it is importable by"
+        )
     if found is not obj:
-        return (f"{name} resolves to {describe(found)}, not to the declared object: the name must "
-                "resolve to exactly what is declared")
+        return (
+            f"{name} resolves to {describe(found)}, not to the declared object: the name must "
+            "resolve to exactly what is declared"
+        )
     return None
 
 
 def _plain_function(obj: Any) -> bool:
-    return isinstance(obj, types.FunctionType) or (isinstance(obj, types.BuiltinFunctionType) and (
-        obj.__self__ is None or isinstance(obj.__self__, types.ModuleType)))
+    return isinstance(obj, types.FunctionType) or (
+        isinstance(obj, types.BuiltinFunctionType)
+        and (obj.__self__ is None or isinstance(obj.__self__, types.ModuleType))
+    )
 
 
 class UnsafeCallable:
@@ -251,7 +290,8 @@ class UnsafeCallable:
     def __init__(self, target: Any, *, reason: str) -> None:
         if not isinstance(reason, str) or not reason.strip():
             raise RoundTripConfigError(
-                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)")
+                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)"
+            )
         self.target = target
         self.reason = reason
 

@@ -58,7 +58,8 @@ def _scan_zip(f: IO[bytes], state: ScanState) -> str:
     except (RuntimeError, ValueError, OSError) as e:
         raise CheckpointFormatError(
             f"the zip archive is truncated or its central directory is damaged (torch's reader: {_one_line(e)}); "
-            "re-save the checkpoint") from None
+            "re-save the checkpoint"
+        ) from None
     try:
         if is_torchscript(reader):
             try:
@@ -72,7 +73,8 @@ def _scan_zip(f: IO[bytes], state: ScanState) -> str:
             return "torchscript"
         if not reader.has_record("data.pkl"):
             raise CheckpointFormatError(
-                "the zip archive has no data.pkl record (torch.load would fail): not a torch.save checkpoint")
+                "the zip archive has no data.pkl record (torch.load would fail): not a torch.save checkpoint"
+            )
         size_of = getattr(reader, "get_record_size", None)
         if size_of is not None:
             _cap(size_of("data.pkl"), "data.pkl", state)
@@ -89,11 +91,13 @@ def _cap(size: int, what: str, state: ScanState) -> None:
     if size > limits.max_pickle_bytes:
         raise CheckpointFormatError(
             f"{what} is {size} bytes, over ScanLimits.max_pickle_bytes={limits.max_pickle_bytes}; "
-            "raise it with scan_limits(max_pickle_bytes=...) if the checkpoint is trusted to be that large")
+            "raise it with scan_limits(max_pickle_bytes=...) if the checkpoint is trusted to be that large"
+        )
     if state.bytes_scanned + size > limits.max_scan_bytes:
         raise CheckpointFormatError(
             f"the checkpoint's pickles exceed ScanLimits.max_scan_bytes={limits.max_scan_bytes}; "
-            "raise it with scan_limits(max_scan_bytes=...)")
+            "raise it with scan_limits(max_scan_bytes=...)"
+        )
 
 
 def _is_tar(f: IO[bytes]) -> bool:
@@ -113,7 +117,8 @@ def _element_size(storage_type: Any) -> int:
         return storage_element_size(name)
     except KeyError:
         raise CheckpointFormatError(
-            f"the tar 'storages' member names an unknown storage type ({name!r}): the checkpoint is damaged") from None
+            f"the tar 'storages' member names an unknown storage type ({name!r}): the checkpoint is damaged"
+        ) from None
 
 
 def _scan_tar(f: IO[bytes], state: ScanState) -> None:
@@ -154,7 +159,7 @@ def _count(value: Any, member: str) -> int:
 def _read(data: bytes, pos: int, size: int, member: str) -> bytes:
     if pos + size > len(data):
         raise CheckpointFormatError(f"the tar {member!r} member is truncated")
-    return data[pos:pos + size]
+    return data[pos : pos + size]
 
 
 def _member(tar: tarfile.TarFile, name: str, state: ScanState) -> bytes:
@@ -165,7 +170,8 @@ def _member(tar: tarfile.TarFile, name: str, state: ScanState) -> bytes:
     if member.issparse():
         raise CheckpointFormatError(
             f"the tar member {name!r} is a GNU sparse file: refused (torch never writes one, and it can "
-            "expand far beyond the archive's size)")
+            "expand far beyond the archive's size)"
+        )
     if not member.isreg():
         raise CheckpointFormatError(f"the tar member {name!r} is not a regular file: refused")
     _cap(member.size, f"the tar member {name!r}", state)
@@ -188,22 +194,26 @@ def _scan_legacy(f: IO[bytes], nbytes: int, state: ScanState) -> None:
             raise
         raise CheckpointFormatError(
             f"not a torch checkpoint: the first bytes are {head!r}, neither a zip archive from torch.save "
-            f"(b'PK\\x03\\x04') nor a legacy pickle stream ({e})") from None
+            f"(b'PK\\x03\\x04') nor a legacy pickle stream ({e})"
+        ) from None
     if magic != LEGACY_MAGIC:
         raise CheckpointFormatError(
             "a pickle stream, but not a torch checkpoint (no torch magic number in its first pickle): "
-            "torch.load would refuse it with 'Invalid magic number; corrupt file?'")
+            "torch.load would refuse it with 'Invalid magic number; corrupt file?'"
+        )
     try:
         pos, version = scan_pickle(data, pos, state, zip_format=False)
         if version != LEGACY_PROTOCOL_VERSION:
             raise CheckpointFormatError(
                 f"the legacy checkpoint's protocol version is not {LEGACY_PROTOCOL_VERSION}: torch.load "
-                "would refuse it with 'Invalid protocol version'")
+                "would refuse it with 'Invalid protocol version'"
+            )
         for _ in ("sys_info", "the object", "the storage keys"):
             pos, _value = scan_pickle(data, pos, state, zip_format=False)
     except CheckpointFormatError as e:
         if len(data) < nbytes and "ended early" in str(e):
             raise CheckpointFormatError(
                 f"the legacy checkpoint's pickles run past ScanLimits.max_scan_bytes="
-                f"{state.limits.max_scan_bytes}; raise it with scan_limits(max_scan_bytes=...)") from None
+                f"{state.limits.max_scan_bytes}; raise it with scan_limits(max_scan_bytes=...)"
+            ) from None
         raise

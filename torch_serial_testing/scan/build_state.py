@@ -47,7 +47,9 @@ def state_shape(value: Any, depth: int = 0) -> StateShape:
 
 # What an object known only by its type may be, for the truthiness and iteration BUILD uses.
 _TYPE_STANDINS: dict[str, list[Any]] = {
-    "builtins.bool": [False, True], "builtins.int": [0, 1], "builtins.float": [0.0, 1.0],
+    "builtins.bool": [False, True],
+    "builtins.int": [0, 1],
+    "builtins.float": [0.0, 1.0],
     "builtins.str": ["?" * 1024],  # a string too long for the scan to keep: never empty
 }
 _MAX_STANDINS = 32
@@ -76,8 +78,12 @@ def _class_facts(cls: Any) -> Optional[tuple[bool, bool, str]]:
     """(has ``__setstate__``, instances have a ``__dict__``, the message of a missing ``__dict__``) of a
     class made by a class statement; None when only running its code could tell (a C type, a custom
     ``__getattr__``/``__getattribute__``)."""
-    if (not isinstance(cls, type) or not cls.__flags__ & _HEAPTYPE or hasattr(cls, "__getattr__")
-            or cls.__getattribute__ is not object.__getattribute__):
+    if (
+        not isinstance(cls, type)
+        or not cls.__flags__ & _HEAPTYPE
+        or hasattr(cls, "__getattr__")
+        or cls.__getattribute__ is not object.__getattribute__
+    ):
         return None
     return hasattr(cls, "__setstate__"), getattr(cls, "__dictoffset__", 0) != 0, _no_dict_message(cls.__name__)
 

@@ -89,7 +89,8 @@ class Checkpoint:
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
                 f"Checkpoint.from_bytes expects bytes, got {type(data).__name__}; "
-                "use Checkpoint.from_buffer for file objects")
+                "use Checkpoint.from_buffer for file objects"
+            )
         return cls(io.BytesIO(bytes(data)))
 
     @classmethod
@@ -180,12 +181,14 @@ def _require_binary_seekable(f: Any) -> None:
     if not hasattr(f, "read"):
         raise TypeError(
             f"expected a checkpoint buffer (bytes, io.BytesIO, a file opened 'rb', a path or a "
-            f"Checkpoint), got {type(f).__name__}")
+            f"Checkpoint), got {type(f).__name__}"
+        )
     seekable = getattr(f, "seekable", None)
     if seekable is None or not seekable():
         raise CheckpointFormatError(
             "the checkpoint stream is not seekable (a pipe or socket?); read it into memory first: "
-            "io.BytesIO(stream.read())")
+            "io.BytesIO(stream.read())"
+        )
     if isinstance(f, io.TextIOBase):
         raise TypeError("the checkpoint file is open in text mode; open it with 'rb'")
 
@@ -224,7 +227,14 @@ def _scan(f: IO[bytes], limits: ScanLimits) -> CheckpointInfo:
     finally:
         f.seek(0)
     return CheckpointInfo(
-        format=fmt, globals=tuple(sorted(state.globals)), nbytes=nbytes,
-        unsupported_opcodes=tuple(sorted(state.refused_opcodes)), weights_only_blocker=state.blocker,
-        full_load_globals=tuple(sorted(state.full_load_globals)), checks=tuple(state.checks),
-        opcodes_walked=state.opcodes, bytes_scanned=state.bytes_scanned, memo_entries=state.max_memo)
+        format=fmt,
+        globals=tuple(sorted(state.globals)),
+        nbytes=nbytes,
+        unsupported_opcodes=tuple(sorted(state.refused_opcodes)),
+        weights_only_blocker=state.blocker,
+        full_load_globals=tuple(sorted(state.full_load_globals)),
+        checks=tuple(state.checks),
+        opcodes_walked=state.opcodes,
+        bytes_scanned=state.bytes_scanned,
+        memo_entries=state.max_memo,
+    )

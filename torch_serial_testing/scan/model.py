@@ -21,9 +21,24 @@ if TYPE_CHECKING:
     from ..torch_facts.unpickler import UnpicklerRules
 
 __all__ = [
-    "UNRESOLVED", "Global", "Obj", "DictValue", "Check", "ScanState", "type_of", "class_repr", "describe_value",
-    "reduce_result", "numpy_dtype_class", "container_check", "container_refused", "persid_refusal",
-    "full_load_name", "add_dict_keys", "loaded_class", "BUILD_FREE",
+    "UNRESOLVED",
+    "Global",
+    "Obj",
+    "DictValue",
+    "Check",
+    "ScanState",
+    "type_of",
+    "class_repr",
+    "describe_value",
+    "reduce_result",
+    "numpy_dtype_class",
+    "container_check",
+    "container_refused",
+    "persid_refusal",
+    "full_load_name",
+    "add_dict_keys",
+    "loaded_class",
+    "BUILD_FREE",
 ]
 
 UNRESOLVED = "<unresolved STACK_GLOBAL>"
@@ -34,7 +49,9 @@ _LOAD_MODULE_MAPPING = {"torch.tensor": "torch._tensor"}
 
 # The type BUILD sees after REDUCE of numpy.dtype('<str>', ...).
 _NUMPY_NUMERIC = {
-    "b": {1: "BoolDType"}, "M": {8: "DateTime64DType"}, "m": {8: "TimeDelta64DType"},
+    "b": {1: "BoolDType"},
+    "M": {8: "DateTime64DType"},
+    "m": {8: "TimeDelta64DType"},
     "i": {1: "Int8DType", 2: "Int16DType", 4: "Int32DType", 8: "Int64DType"},
     "u": {1: "UInt8DType", 2: "UInt16DType", 4: "UInt32DType", 8: "UInt64DType"},
     "f": {2: "Float16DType", 4: "Float32DType", 8: "Float64DType", 12: "LongDoubleDType", 16: "LongDoubleDType"},
@@ -136,11 +153,20 @@ BUILD_FREE = frozenset([TENSOR, PARAMETER, "collections.OrderedDict"])
 
 # What REDUCE of these (allowlisted) callables returns, for the type checks after it.
 _REDUCE_RESULT = {
-    **dict.fromkeys([
-        "torch._utils._rebuild_tensor", "torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_tensor_v3",
-        "torch._utils._rebuild_qtensor", "torch._utils._rebuild_sparse_tensor", "torch._utils._rebuild_nested_tensor",
-        "torch._utils._rebuild_meta_tensor_no_storage", "torch._utils._rebuild_device_tensor_from_numpy",
-        "torch._utils._rebuild_device_tensor_from_cpu_tensor"], TENSOR),
+    **dict.fromkeys(
+        [
+            "torch._utils._rebuild_tensor",
+            "torch._utils._rebuild_tensor_v2",
+            "torch._utils._rebuild_tensor_v3",
+            "torch._utils._rebuild_qtensor",
+            "torch._utils._rebuild_sparse_tensor",
+            "torch._utils._rebuild_nested_tensor",
+            "torch._utils._rebuild_meta_tensor_no_storage",
+            "torch._utils._rebuild_device_tensor_from_numpy",
+            "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+        ],
+        TENSOR,
+    ),
     "torch._utils._rebuild_parameter": PARAMETER,
     "torch._utils._rebuild_parameter_with_state": PARAMETER,
     "_codecs.encode": "builtins.bytes",
@@ -148,8 +174,16 @@ _REDUCE_RESULT = {
 }
 # REDUCE of these returns an instance of the class given as their argument 0 (or 1).
 _REDUCE_ARG_TYPE = {
-    **dict.fromkeys(["copyreg._reconstructor", "copyreg.__newobj__", "torch._utils._rebuild_wrapper_subclass",
-                     "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct"], 0),
+    **dict.fromkeys(
+        [
+            "copyreg._reconstructor",
+            "copyreg.__newobj__",
+            "torch._utils._rebuild_wrapper_subclass",
+            "numpy.core.multiarray._reconstruct",
+            "numpy._core.multiarray._reconstruct",
+        ],
+        0,
+    ),
     "torch._tensor._rebuild_from_type_v2": 1,
 }
 
@@ -249,8 +283,10 @@ def loaded_class(name: str) -> Optional[type]:
 #: Per container family: the builtin it targets, and the target kinds of exact types by name.
 _CONTAINERS = {
     "list": (list, {"builtins.list": "list"}),
-    "dict": (dict, {"builtins.dict": "dict", "collections.OrderedDict": "ordered_dict",
-                    "collections.Counter": "counter"}),
+    "dict": (
+        dict,
+        {"builtins.dict": "dict", "collections.OrderedDict": "ordered_dict", "collections.Counter": "counter"},
+    ),
 }
 
 
@@ -293,7 +329,8 @@ def container_refused(rules: UnpicklerRules, check: Check, user_classes: dict[st
     """Whether torch refuses the container *check* given *user_classes* (allowlisted names -> objects)."""
     rule = rules.container(check.kind.upper())
     return rule is not None and any(
-        kind in rule.refused for kind in _target_kinds(check.kind.upper(), check.name, user_classes))
+        kind in rule.refused for kind in _target_kinds(check.kind.upper(), check.name, user_classes)
+    )
 
 
 def persid_refusal(rules: UnpicklerRules, pid: Any) -> Optional[str]:

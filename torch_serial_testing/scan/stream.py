@@ -11,12 +11,28 @@ from ..core.errors import CheckpointFormatError
 from ..core.limits import ScanLimits
 from .model import BOOL
 
-__all__ = ["ARG", "NAMES", "read_argument", "checked_global_name", "stream_error", "damaged", "need",
-           "memo_error", "memo_index", "check_budget", "text_int", "text_value"]
+__all__ = [
+    "ARG",
+    "NAMES",
+    "read_argument",
+    "checked_global_name",
+    "stream_error",
+    "damaged",
+    "need",
+    "memo_error",
+    "memo_index",
+    "check_budget",
+    "text_int",
+    "text_value",
+]
 
 _FIXED, _COUNTED, _LINE, _TWO_LINES = range(4)
-_WIDTHS = {pickletools.TAKEN_FROM_ARGUMENT1: 1, pickletools.TAKEN_FROM_ARGUMENT4: 4,
-           pickletools.TAKEN_FROM_ARGUMENT4U: 4, pickletools.TAKEN_FROM_ARGUMENT8U: 8}
+_WIDTHS = {
+    pickletools.TAKEN_FROM_ARGUMENT1: 1,
+    pickletools.TAKEN_FROM_ARGUMENT4: 4,
+    pickletools.TAKEN_FROM_ARGUMENT4U: 4,
+    pickletools.TAKEN_FROM_ARGUMENT8U: 8,
+}
 
 
 def _layout(arg: Any) -> tuple[int, int]:
@@ -44,7 +60,8 @@ def need(stack: list[Any], k: int, at: int) -> None:
 def memo_error(limits: ScanLimits) -> CheckpointFormatError:
     return CheckpointFormatError(
         f"the pickle stores more than ScanLimits.max_memo_entries={limits.max_memo_entries} memo entries; "
-        "raise it with scan_limits(max_memo_entries=...) if the checkpoint is trusted to be that large")
+        "raise it with scan_limits(max_memo_entries=...) if the checkpoint is trusted to be that large"
+    )
 
 
 def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> None:
@@ -52,10 +69,12 @@ def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits)
     if n > budget:
         raise CheckpointFormatError(
             f"the pickle has more than ScanLimits.max_opcodes={limits.max_opcodes} opcodes; "
-            "raise it with scan_limits(max_opcodes=...) if the checkpoint is trusted to be that large")
+            "raise it with scan_limits(max_opcodes=...) if the checkpoint is trusted to be that large"
+        )
     if depth > limits.max_stack_depth:
         raise CheckpointFormatError(
-            f"the pickle stack grew past ScanLimits.max_stack_depth={limits.max_stack_depth} entries")
+            f"the pickle stack grew past ScanLimits.max_stack_depth={limits.max_stack_depth} entries"
+        )
     if memo > limits.max_memo_entries:
         raise memo_error(limits)
 
@@ -66,7 +85,8 @@ def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:
     if len(text) > limits.max_int_digits:
         raise CheckpointFormatError(
             f"an integer of {len(text)} digits at byte {at} exceeds ScanLimits.max_int_digits="
-            f"{limits.max_int_digits} (Python refuses to read it too)")
+            f"{limits.max_int_digits} (Python refuses to read it too)"
+        )
     if code == 0x49 and text in (b"00", b"01"):
         return BOOL
     try:
@@ -85,11 +105,11 @@ def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimi
             return None, pos
         if pos + size > end:
             raise damaged("truncated argument", at)
-        return data[pos:pos + size], pos + size
+        return data[pos : pos + size], pos + size
     if kind == _COUNTED:
         if pos + size > end:
             raise damaged("truncated length", at)
-        length = int.from_bytes(data[pos:pos + size], "little")
+        length = int.from_bytes(data[pos : pos + size], "little")
         pos += size
         if length > end - pos:
             raise damaged(f"a {length}-byte argument beyond the end of the stream", at)
@@ -114,14 +134,16 @@ def checked_global_name(module: str, name: str, at: int, max_name: int) -> None:
     if len(module) + len(name) + 1 > max_name:
         raise CheckpointFormatError(
             f"a global name of {len(module) + len(name) + 1} characters at byte {at} exceeds "
-            f"ScanLimits.max_name_length={max_name}; raise it with scan_limits(max_name_length=...)")
+            f"ScanLimits.max_name_length={max_name}; raise it with scan_limits(max_name_length=...)"
+        )
     for part in (module, name):
         try:
             part.encode("utf-8")
         except UnicodeEncodeError:
             raise CheckpointFormatError(
                 f"a global name at byte {at} contains a lone surrogate ({(module + '.' + name)!a}): "
-                "no module can have that name") from None
+                "no module can have that name"
+            ) from None
 
 
 def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatError:
@@ -153,7 +175,7 @@ def text_value(code: int, arg: Any, data: bytes, max_name: int) -> Any:
             raw = raw[1:-1]
     else:
         p, length = arg
-        raw = data[p:p + length] if length <= max_name else b""
+        raw = data[p : p + length] if length <= max_name else b""
     if not 0 < len(raw) <= max_name:
         return None
     try:

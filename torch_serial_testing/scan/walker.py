@@ -15,25 +15,69 @@ from typing import Any, Optional
 from ..core.errors import CheckpointFormatError
 from .build_state import state_shape
 from .stream import (
-    ARG, NAMES, check_budget, checked_global_name, damaged, memo_error, memo_index, need, read_argument, stream_error,
-    text_int, text_value,
+    ARG,
+    NAMES,
+    check_budget,
+    checked_global_name,
+    damaged,
+    memo_error,
+    memo_index,
+    need,
+    read_argument,
+    stream_error,
+    text_int,
+    text_value,
 )
 from .model import (
-    BOOL, BUILD_FREE, BYTEARRAY, BYTES, FLOAT, FROZENSET, INT, LIST, NONE, PICKLEBUFFER, SET, STORAGE, STR,
-    UNKNOWN, UNRESOLVED, DictValue, Global, Obj, ScanState, add_dict_keys, class_repr, container_check,
-    describe_value, full_load_name, persid_refusal, reduce_result, type_of,
+    BOOL,
+    BUILD_FREE,
+    BYTEARRAY,
+    BYTES,
+    FLOAT,
+    FROZENSET,
+    INT,
+    LIST,
+    NONE,
+    PICKLEBUFFER,
+    SET,
+    STORAGE,
+    STR,
+    UNKNOWN,
+    UNRESOLVED,
+    DictValue,
+    Global,
+    Obj,
+    ScanState,
+    add_dict_keys,
+    class_repr,
+    container_check,
+    describe_value,
+    full_load_name,
+    persid_refusal,
+    reduce_result,
+    type_of,
 )
 from .walk_rules import WalkRules, walk_rules
 
 __all__ = ["scan_pickle", "walk_rules", "WalkRules"]
 
 #: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
-_PUSHES = {0x8B: INT, 0x47: FLOAT, 0x46: FLOAT, 0x42: BYTES, 0x43: BYTES, 0x8E: BYTES,
-           0x96: BYTEARRAY, 0x97: PICKLEBUFFER, 0x8F: SET}
+_PUSHES = {
+    0x8B: INT,
+    0x47: FLOAT,
+    0x46: FLOAT,
+    0x42: BYTES,
+    0x43: BYTES,
+    0x8E: BYTES,
+    0x96: BYTEARRAY,
+    0x97: PICKLEBUFFER,
+    0x8F: SET,
+}
 
 
-def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
-                rules: Optional[WalkRules] = None) -> tuple[int, Any]:
+def scan_pickle(
+    data: bytes, pos: int, state: ScanState, *, zip_format: bool, rules: Optional[WalkRules] = None
+) -> tuple[int, Any]:
     """Walk one pickle of *data* from *pos* to its STOP into *state*; return (end position, the
     modelled value at STOP).  *rules* default to this torch's (:func:`walk_rules`)."""
     walk = rules or walk_rules()
@@ -120,7 +164,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 p = pos + 1 + width
                 if p > end:
                     raise damaged("truncated length", at)
-                length = unpack(data[pos + 1:p], "little")
+                length = unpack(data[pos + 1 : p], "little")
                 pos = p + length
                 if pos > end:
                     raise damaged("a string beyond the end of the stream", at)
@@ -154,7 +198,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 push(tuple(pop_mark()))
                 continue
             if code == 0x72:  # LONG_BINPUT
-                memo[unpack(data[pos + 1:pos + 5], "little")] = stack[-1]
+                memo[unpack(data[pos + 1 : pos + 5], "little")] = stack[-1]
                 pos += 5
                 if len(memo) > max_memo:
                     raise memo_error(limits)
@@ -164,7 +208,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 pos += 1
                 continue
             if code == 0x6A:  # LONG_BINGET
-                push(memo[unpack(data[pos + 1:pos + 5], "little")])
+                push(memo[unpack(data[pos + 1 : pos + 5], "little")])
                 pos += 5
                 continue
             # -- every other opcode: its argument by the stdlib's layout, then its effect ---------
@@ -203,8 +247,10 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 else:
                     if wo:
                         if wo_module in blocked:
-                            refuse(f"Trying to load unsupported GLOBAL {wo_name} whose module {wo_module} is blocked.",
-                                   wo_name)
+                            refuse(
+                                f"Trying to load unsupported GLOBAL {wo_name} whose module {wo_module} is blocked.",
+                                wo_name,
+                            )
                         else:
                             check("global", wo_name, wo_attr)
                     push(Global(wo_name))
@@ -220,7 +266,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                     push(UNKNOWN)
             elif code == 0x81 or code == 0x92:  # NEWOBJ, NEWOBJ_EX
                 need(stack, 3 if code == 0x92 else 2, at)
-                del stack[-2 if code == 0x92 else -1:]
+                del stack[-2 if code == 0x92 else -1 :]
                 cls = stack[-1]
                 if isinstance(cls, Global):
                     stack[-1] = Obj(cls.name)
@@ -280,12 +326,13 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 push(pushes[code])
             elif code == 0x8A:  # LONG1
                 p, length = arg
-                push(int.from_bytes(data[p:p + length], "little", signed=True) if length <= 32 else INT)
+                push(int.from_bytes(data[p : p + length], "little", signed=True) if length <= 32 else INT)
             elif code == 0x80:  # PROTO
                 proto = arg[0]
                 if proto > pickle.HIGHEST_PROTOCOL:
                     raise CheckpointFormatError(
-                        f"the pickle uses protocol {proto}, newer than this Python's {pickle.HIGHEST_PROTOCOL}")
+                        f"the pickle uses protocol {proto}, newer than this Python's {pickle.HIGHEST_PROTOCOL}"
+                    )
             elif code == 0x95:  # FRAME
                 pass
             elif code == 0x2E:  # STOP
@@ -338,7 +385,8 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool,
                 raise damaged(f"opcode {NAMES.get(code, code)} not modelled", at)
             if len(stack) > max_stack:
                 raise CheckpointFormatError(
-                    f"the pickle stack grew past ScanLimits.max_stack_depth={max_stack} entries at byte {at}")
+                    f"the pickle stack grew past ScanLimits.max_stack_depth={max_stack} entries at byte {at}"
+                )
     except CheckpointFormatError:
         raise
     except (IndexError, KeyError, ValueError, TypeError, OverflowError) as e:  # UnicodeDecodeError is a ValueError

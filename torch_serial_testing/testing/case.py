@@ -70,7 +70,7 @@ def _main_module_names() -> list[str]:
     for entry in sys.path:  # the dotted name relative to each sys.path entry that holds it
         root = os.path.abspath(entry or os.getcwd())
         if path.startswith(root + os.sep):
-            dotted = path[len(root) + 1:].replace(os.sep, ".")
+            dotted = path[len(root) + 1 :].replace(os.sep, ".")
             if dotted not in names:
                 names.append(dotted)
     base = os.path.basename(path)
@@ -89,7 +89,7 @@ def _stable_names(names: Sequence[str], expect: str) -> list[str]:
     out = []
     for name in names:
         if name.startswith("__main__.") and candidates:
-            options = [f"{module}.{name[len('__main__.'):]}" for module in candidates]
+            options = [f"{module}.{name[len('__main__.') :]}" for module in candidates]
             name = next((o for o in options if o in pinned), None) or min(options, key=len)
         out.append(name)
     return sorted(out)
@@ -183,13 +183,16 @@ class SerializationRoundTripTestCase:
         leaks = [*self.__dict__.pop("_tst_noted_leaks", []), *state.restore()]
         imports = state.import_registrations
         if imports.kept:
-            self._tst_say("kept safe globals registered at import time: "
-                          + ", ".join(sorted(qualified_name(g) for g in imports.kept)))
+            self._tst_say(
+                "kept safe globals registered at import time: "
+                + ", ".join(sorted(qualified_name(g) for g in imports.kept))
+            )
         if imports.refused:  # never registered: always a failure (the module does not get what it asked for)
             raise LeakedGlobalStateError(
                 f"{self.id()}: refused safe globals registered by modules imported during the test: "  # type: ignore
-                + "; ".join(f"{show_name(name)}: {why} (add_safe_globals in {mod})"
-                            for name, mod, why in imports.refused)
+                + "; ".join(
+                    f"{show_name(name)}: {why} (add_safe_globals in {mod})" for name, mod, why in imports.refused
+                )
                 + (" -- also leaked: " + "; ".join(leaks) if leaks else "")
             )
         if not leaks:
@@ -228,13 +231,19 @@ class SerializationRoundTripTestCase:
 
     # This generated test's coordinates; outside instantiation no mode and no engine, on cpu.
     load_mode = property(lambda self: self._tst_case.mode if self._tst_case else None)
-    qengine = property(lambda self: self._tst_case.save_qengine if self._tst_case else None,
-                       doc="The engine the module is built and saved under.")
-    load_qengine = property(lambda self: self._tst_case.load_qengine if self._tst_case else None,
-                            doc="The engine the checkpoint is loaded under (differs only in cross-engine tests).")
+    qengine = property(
+        lambda self: self._tst_case.save_qengine if self._tst_case else None,
+        doc="The engine the module is built and saved under.",
+    )
+    load_qengine = property(
+        lambda self: self._tst_case.load_qengine if self._tst_case else None,
+        doc="The engine the checkpoint is loaded under (differs only in cross-engine tests).",
+    )
     device_type = property(lambda self: self._tst_case.device_type if self._tst_case else "cpu")
-    load_device = property(lambda self: (self._tst_case.map_location if self._tst_case else None) or "cpu",
-                           doc="Where loads put tensors: the device (``npu``), or ``cpu`` in a ``..._to_cpu`` twin.")
+    load_device = property(
+        lambda self: (self._tst_case.map_location if self._tst_case else None) or "cpu",
+        doc="Where loads put tensors: the device (``npu``), or ``cpu`` in a ``..._to_cpu`` twin.",
+    )
 
     def loading_engine(self) -> contextlib.AbstractContextManager[None]:
         """Context for post-load checks that must run under the load engine."""
@@ -243,8 +252,9 @@ class SerializationRoundTripTestCase:
 
     def make_module(self) -> Any:
         """Override: return the ``torch.nn.Module`` this class round-trips."""
-        raise NotImplementedError(f"{type(self).__name__} must define make_module(self) returning the module to "
-                                  "round-trip")
+        raise NotImplementedError(
+            f"{type(self).__name__} must define make_module(self) returning the module to round-trip"
+        )
 
     def build_module(self, factory: Optional[Callable[[], Any]] = None) -> Any:
         """Call *factory* (default :meth:`make_module`) and check it returned a module."""
@@ -253,20 +263,30 @@ class SerializationRoundTripTestCase:
         factory = factory or self.make_module
         module = factory()
         if not isinstance(module, torch.nn.Module):
-            raise RoundTripConfigError(f"{getattr(factory, '__qualname__', factory)} returned "
-                                       f"{type(module).__name__}, not a torch.nn.Module; return the module instance")
+            raise RoundTripConfigError(
+                f"{getattr(factory, '__qualname__', factory)} returned "
+                f"{type(module).__name__}, not a torch.nn.Module; return the module instance"
+            )
         return module
 
-    def round_trip(self, obj: Any, *, mode: Optional[LoadMode | str] = None,
-                   safe_globals: Optional[Sequence[Any]] = None, map_location: Any = MISSING) -> Any:
+    def round_trip(
+        self,
+        obj: Any,
+        *,
+        mode: Optional[LoadMode | str] = None,
+        safe_globals: Optional[Sequence[Any]] = None,
+        map_location: Any = MISSING,
+    ) -> Any:
         """Save *obj* to memory and load it back in this test's mode (or *mode*); the loaded object.  If
         torch should reject the load here, the test ends as a pass once the rejection is checked.  The
         class's ``safe_globals`` apply unless *safe_globals* is given (``()`` for a plain dict)."""
-        return load_in_test(self, save(obj), mode, *self._declared(safe_globals, "safe_globals", "round_trip"),
-                            map_location, obj)
+        return load_in_test(
+            self, save(obj), mode, *self._declared(safe_globals, "safe_globals", "round_trip"), map_location, obj
+        )
 
-    def _declared(self, given: Optional[Sequence[Any]], attribute: str,
-                  method: str) -> tuple[Sequence[SafeGlobal], Declaration]:
+    def _declared(
+        self, given: Optional[Sequence[Any]], attribute: str, method: str
+    ) -> tuple[Sequence[SafeGlobal], Declaration]:
         """The globals a load trusts (the class's *attribute*, or *given* to *method*) and where they come from."""
         if given is None:
             return getattr(self, f"_tst_{attribute}"), Declaration(type(self).__name__, attribute, method)
@@ -274,8 +294,14 @@ class SerializationRoundTripTestCase:
         return as_safe_globals(given), Declaration(type(self).__name__, None, method)
 
     def round_trip_state_dict(
-        self, module: Any = None, *, mode: Optional[LoadMode | str] = None, factory: Optional[Callable[[], Any]] = None,
-        safe_globals: Optional[Sequence[Any]] = None, strict: bool = True, return_state: bool = False,
+        self,
+        module: Any = None,
+        *,
+        mode: Optional[LoadMode | str] = None,
+        factory: Optional[Callable[[], Any]] = None,
+        safe_globals: Optional[Sequence[Any]] = None,
+        strict: bool = True,
+        return_state: bool = False,
     ) -> Any:
         """Round-trip ``module.state_dict()`` into a fresh module from *factory*, under the class's
         ``state_dict_safe_globals`` unless *safe_globals* is given; the module, or with *return_state*
@@ -293,24 +319,52 @@ class SerializationRoundTripTestCase:
         """``torch.save`` *obj* into memory; the result may later be loaded in any mode."""
         return save(obj)
 
-    def load_checkpoint(self, checkpoint: Checkpoint, *, mode: Optional[LoadMode | str] = None,
-                        safe_globals: Optional[Sequence[Any]] = None, map_location: Any = MISSING) -> Any:
+    def load_checkpoint(
+        self,
+        checkpoint: Checkpoint,
+        *,
+        mode: Optional[LoadMode | str] = None,
+        safe_globals: Optional[Sequence[Any]] = None,
+        map_location: Any = MISSING,
+    ) -> Any:
         """Load *checkpoint* in a mode under this test's load engine, asserting the predicted outcome."""
-        return load_in_test(self, checkpoint, mode, *self._declared(safe_globals, "safe_globals", "load_checkpoint"),
-                            map_location, MISSING)
+        return load_in_test(
+            self,
+            checkpoint,
+            mode,
+            *self._declared(safe_globals, "safe_globals", "load_checkpoint"),
+            map_location,
+            MISSING,
+        )
 
     def assertRoundTripEqual(  # noqa: N802 - unittest naming
-        self, expected: Any, actual: Any, *, rtol: Optional[float] = None, atol: Optional[float] = None,
-        allow_subclasses: bool = False, check_requires_grad: bool = True, check_dtype: bool = True,
-        check_device: bool = True, check_layout: bool = True,
+        self,
+        expected: Any,
+        actual: Any,
+        *,
+        rtol: Optional[float] = None,
+        atol: Optional[float] = None,
+        allow_subclasses: bool = False,
+        check_requires_grad: bool = True,
+        check_dtype: bool = True,
+        check_device: bool = True,
+        check_layout: bool = True,
     ) -> None:
         """Deep comparison, exact by default, naming the path of the first difference; the knobs
         (as in ``torch.testing.assert_close``) are those of :func:`assert_round_trip_equal`."""
         from .comparison import assert_round_trip_equal  # imported on first use
 
-        assert_round_trip_equal(expected, actual, rtol=rtol, atol=atol, allow_subclasses=allow_subclasses,
-                                check_requires_grad=check_requires_grad, check_dtype=check_dtype,
-                                check_device=check_device, check_layout=check_layout)
+        assert_round_trip_equal(
+            expected,
+            actual,
+            rtol=rtol,
+            atol=atol,
+            allow_subclasses=allow_subclasses,
+            check_requires_grad=check_requires_grad,
+            check_dtype=check_dtype,
+            check_device=check_device,
+            check_layout=check_layout,
+        )
 
     def required_globals(self, obj_or_buffer: Any) -> list[str]:
         """Globals the checkpoint of *obj_or_buffer* needs beyond torch's allowlist."""
@@ -324,5 +378,10 @@ class SerializationRoundTripTestCase:
         from expecttest import assert_expected_inline
 
         actual = "".join(f"{name}\n" for name in _stable_names(self.required_globals(obj_or_buffer), expect))
-        assert_expected_inline(actual, expect, skip=skip + 1, assert_eq=self.assertMultiLineEqual,  # type: ignore
-                               debug_id=self.id())  # type: ignore[attr-defined]
+        assert_expected_inline(
+            actual,
+            expect,
+            skip=skip + 1,
+            assert_eq=self.assertMultiLineEqual,  # type: ignore
+            debug_id=self.id(),
+        )  # type: ignore[attr-defined]

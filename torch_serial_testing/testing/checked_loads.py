@@ -102,8 +102,15 @@ def save(obj: Any) -> Checkpoint:
         raise RoundTripConfigError(f"torch.save failed: {type(e).__name__}: {e}\n" + local_class_message(local)) from e
 
 
-def load_in_test(test: Any, checkpoint: Checkpoint, mode: Optional[LoadMode | str], declared: Sequence[SafeGlobal],
-                 where: Declaration, map_location: Any, saved: Any) -> Any:
+def load_in_test(
+    test: Any,
+    checkpoint: Checkpoint,
+    mode: Optional[LoadMode | str],
+    declared: Sequence[SafeGlobal],
+    where: Declaration,
+    map_location: Any,
+    saved: Any,
+) -> Any:
     """Load *checkpoint* in *test*'s mode (or *mode*); the loaded object, or ExpectedRejection."""
     resolved = LoadMode.parse(mode) if mode is not None else test.load_mode
     if resolved is None:
@@ -125,8 +132,13 @@ def load_in_test(test: Any, checkpoint: Checkpoint, mode: Optional[LoadMode | st
     if resolved is LoadMode.SAFE_GLOBALS:
         torch = sys.modules.get("torch")
         module = saved is MISSING or (torch is not None and isinstance(saved, torch.nn.Module))
-        check_declared(checkpoint, declared, where, allow_unneeded=test.allow_unneeded_safe_globals,
-                       saved_type=None if module else type(saved).__name__)
+        check_declared(
+            checkpoint,
+            declared,
+            where,
+            allow_unneeded=test.allow_unneeded_safe_globals,
+            saved_type=None if module else type(saved).__name__,
+        )
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None
     with test.loading_engine():
@@ -137,8 +149,13 @@ def load_in_test(test: Any, checkpoint: Checkpoint, mode: Optional[LoadMode | st
         test._tst_say(summary)
     path = os.environ.get(REPORT_ENV)
     if path:
-        record = {"test": test.id(), "mode": result.expectation.mode.value, "loaded": result.loaded,
-                  "weights_only": result.expectation.weights_only, "summary": summary}
+        record = {
+            "test": test.id(),
+            "mode": result.expectation.mode.value,
+            "loaded": result.loaded,
+            "weights_only": result.expectation.weights_only,
+            "summary": summary,
+        }
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
     if not result.loaded:

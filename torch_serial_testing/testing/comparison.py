@@ -42,9 +42,16 @@ _EXACT = _Checks()
 
 
 def assert_round_trip_equal(
-    expected: Any, actual: Any, *, rtol: Optional[float] = None, atol: Optional[float] = None,
-    allow_subclasses: bool = False, check_requires_grad: bool = True, check_dtype: bool = True,
-    check_device: bool = True, check_layout: bool = True,
+    expected: Any,
+    actual: Any,
+    *,
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+    allow_subclasses: bool = False,
+    check_requires_grad: bool = True,
+    check_dtype: bool = True,
+    check_device: bool = True,
+    check_layout: bool = True,
 ) -> None:
     """Raise :class:`RoundTripMismatch` at the first difference between *expected* and *actual*.
 
@@ -105,11 +112,17 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
         raise RoundTripMismatch(path, f"type {type(a).__name__} != expected {type(e).__name__}")
     if not _same_type(e, a, checks):
         raise RoundTripMismatch(
-            path, f"tensor class {type(a).__name__} != expected {type(e).__name__} (allow_subclasses=True "
-            "accepts related classes such as Parameter vs Tensor)"
+            path,
+            f"tensor class {type(a).__name__} != expected {type(e).__name__} (allow_subclasses=True "
+            "accepts related classes such as Parameter vs Tensor)",
         )
-    strictness = (("dtype", checks.check_dtype), ("device", checks.check_device), ("layout", checks.check_layout),
-                  ("shape", None), ("requires_grad", checks.check_requires_grad))  # None: always compared
+    strictness = (
+        ("dtype", checks.check_dtype),
+        ("device", checks.check_device),
+        ("layout", checks.check_layout),
+        ("shape", None),
+        ("requires_grad", checks.check_requires_grad),
+    )  # None: always compared
     for attr, strict in strictness:
         x, y = getattr(e, attr), getattr(a, attr)
         if strict is not False and x != y:
@@ -133,8 +146,16 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
     except (RuntimeError, NotImplementedError):  # a tensor kind torch.equal does not support
         pass
     try:
-        torch.testing.assert_close(a, e, rtol=checks.rtol or 0, atol=checks.atol or 0, equal_nan=True,
-                                   check_device=True, check_dtype=True, check_layout=True)
+        torch.testing.assert_close(
+            a,
+            e,
+            rtol=checks.rtol or 0,
+            atol=checks.atol or 0,
+            equal_nan=True,
+            check_device=True,
+            check_dtype=True,
+            check_layout=True,
+        )
     except AssertionError as err:
         raise RoundTripMismatch(path, f"tensor values differ: {err}") from None
 

@@ -47,14 +47,23 @@ class Declaration:
         imports, refs = snippet_parts(sorted(names))
         snippet = safe_globals_snippet(sorted(names), context=True)
         tuple_text = "(" + ", ".join(refs) + ("," if len(refs) == 1 else "") + ")"
-        where = ([f"class {self.owner}(...):", f"    {self.attribute} = {tuple_text}"] if self.attribute
-                 else [f"self.{self.method}(..., safe_globals={tuple_text})"])
+        where = (
+            [f"class {self.owner}(...):", f"    {self.attribute} = {tuple_text}"]
+            if self.attribute
+            else [f"self.{self.method}(..., safe_globals={tuple_text})"]
+        )
         body = "\n".join(["import torch", *imports, "", *where])
         return f"{body}\n\n(outside a test class, the same globals in a torch.load call:)\n{snippet}"
 
 
-def check_declared(checkpoint: Checkpoint, declared: Sequence[SafeGlobal], where: Declaration, *,
-                   allow_unneeded: bool = False, saved_type: Optional[str] = None) -> None:
+def check_declared(
+    checkpoint: Checkpoint,
+    declared: Sequence[SafeGlobal],
+    where: Declaration,
+    *,
+    allow_unneeded: bool = False,
+    saved_type: Optional[str] = None,
+) -> None:
     """Raise :class:`AllowlistError` when *declared* misses or over-trusts what *checkpoint* needs (not
     over-trust: a global it uses although torch allows it, or one on torch's allowlist now or later,
     :data:`LATER_ALLOWLISTED`).  *saved_type*: the saved object's type when it is not a module."""
@@ -81,16 +90,24 @@ def check_declared(checkpoint: Checkpoint, declared: Sequence[SafeGlobal], where
 
         keep = sorted(needed | (names & used))
         notes = "".join(f"\n{note}" for note in refusal_notes(keep))
-        example = ("Declare them (only if you trust them):\n\n" + where.fix(keep) if suggestible(keep)
-                   else "No global it needs is a class the trust policy can suggest.")
-        raise AllowlistError(f"{where.label} misses {len(missing)} global(s) the checkpoint needs: "
-                             f"{', '.join(map(show_name, missing))}\n" + example + notes)
+        example = (
+            "Declare them (only if you trust them):\n\n" + where.fix(keep)
+            if suggestible(keep)
+            else "No global it needs is a class the trust policy can suggest."
+        )
+        raise AllowlistError(
+            f"{where.label} misses {len(missing)} global(s) the checkpoint needs: "
+            f"{', '.join(map(show_name, missing))}\n" + example + notes
+        )
     if unneeded and not allow_unneeded:
         keep = sorted(names - set(unneeded))
-        hint = (f"\nClass-level safe_globals apply to every round_trip in the class; this one saves a "
-                f"{saved_type}, not a module: pass safe_globals=() (or the globals it needs) to this "
-                "call, or use round_trip_state_dict (which uses state_dict_safe_globals)."
-                if where.attribute == "safe_globals" and saved_type is not None else "")
+        hint = (
+            f"\nClass-level safe_globals apply to every round_trip in the class; this one saves a "
+            f"{saved_type}, not a module: pass safe_globals=() (or the globals it needs) to this "
+            "call, or use round_trip_state_dict (which uses state_dict_safe_globals)."
+            if where.attribute == "safe_globals" and saved_type is not None
+            else ""
+        )
         raise AllowlistError(
             f"{where.label} over-trusts: the checkpoint does not need {', '.join(map(show_name, unneeded))}. Remove "
             f"them, or set allow_unneeded_safe_globals = True on the class.{hint}\nThe exact declaration:\n\n"
@@ -119,5 +136,6 @@ def refuse_local(declared: Iterable[object], attribute: str) -> None:
         names = {name, torch_key(obj) if obj is not None else None}
         local = sorted(n for n in names if isinstance(n, str) and "<locals>" in n)
         if local:
-            raise RoundTripConfigError(f"{attribute} lists {local[0]}, which is not importable: "
-                                       + local_class_message(local[0]))
+            raise RoundTripConfigError(
+                f"{attribute} lists {local[0]}, which is not importable: " + local_class_message(local[0])
+            )

@@ -23,14 +23,23 @@ from ..core.errors import RoundTripConfigError, dimension
 from ..core.modes import LoadMode
 from ..torch_facts.devices import aliases, class_suffix, device_skip_reason, is_device_type, resolve_devices
 from ..torch_facts.engines import (
-    describe_engine_change, engine_state, override_qengine, qengine_skip_reason, validate_qengines,
+    describe_engine_change,
+    engine_state,
+    override_qengine,
+    qengine_skip_reason,
+    validate_qengines,
 )
 from ..torch_facts.registry import safe_globals_context_missing
 from .case import CaseSpec, SerializationRoundTripTestCase
 from .checked_loads import ends_on_rejection
 
-__all__ = ["instantiate_round_trip_tests", "cross_engine", "round_trip_dims", "no_round_trip_dims",
-           "import_round_trip_tests"]
+__all__ = [
+    "instantiate_round_trip_tests",
+    "cross_engine",
+    "round_trip_dims",
+    "no_round_trip_dims",
+    "import_round_trip_tests",
+]
 
 _KEEP: Any = object()
 
@@ -56,8 +65,10 @@ def round_trip_dims(*, load_modes: Any = _KEEP, qengines: Any = _KEEP, devices: 
     dims: dict[str, Any] = {}
     if load_modes is not _KEEP:
         if isinstance(load_modes, (str, bytes)) or not hasattr(load_modes, "__iter__"):
-            raise RoundTripConfigError(f"round_trip_dims(load_modes=...) must be a tuple, got {load_modes!r}; "
-                                       "write load_modes=('default',) or load_modes=() for none")
+            raise RoundTripConfigError(
+                f"round_trip_dims(load_modes=...) must be a tuple, got {load_modes!r}; "
+                "write load_modes=('default',) or load_modes=() for none"
+            )
         modes = tuple(LoadMode.parse(m) for m in load_modes)
         dims["load_modes"] = dimension("load_modes", modes, "('default',)") if modes else ()
     if qengines is not _KEEP:
@@ -66,8 +77,10 @@ def round_trip_dims(*, load_modes: Any = _KEEP, qengines: Any = _KEEP, devices: 
         dims["devices"] = dimension("devices", devices, "('cpu',)")
         for d in dims["devices"]:
             if not is_device_type(d):
-                raise RoundTripConfigError(f"round_trip_dims: unknown device type {d!r}; use cpu, cuda, xpu, "
-                                           "mps, privateuse1 or a registered backend name")
+                raise RoundTripConfigError(
+                    f"round_trip_dims: unknown device type {d!r}; use cpu, cuda, xpu, "
+                    "mps, privateuse1 or a registered backend name"
+                )
 
     def decorate(fn: F) -> F:
         if not callable(fn):
@@ -83,8 +96,9 @@ def no_round_trip_dims(fn: F) -> F:
     return round_trip_dims(load_modes=(), qengines=None)(fn)
 
 
-def _specs(fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optional[tuple[str, ...]],
-           device: str) -> list[CaseSpec]:
+def _specs(
+    fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optional[tuple[str, ...]], device: str
+) -> list[CaseSpec]:
     dims = getattr(fn, "_tst_dims", {})
     modes, engines = dims.get("load_modes", modes), dims.get("qengines", engines)
     if engines is None:
@@ -94,8 +108,12 @@ def _specs(fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optiona
     else:
         pairs = [(e, e) for e in engines]
     targets = [False] if device == "cpu" or not modes else [False, True]  # the to_cpu twin only for tests that load
-    return [CaseSpec(mode, device, save, load, to_cpu)
-            for save, load in pairs for mode in (modes or (None,)) for to_cpu in targets]
+    return [
+        CaseSpec(mode, device, save, load, to_cpu)
+        for save, load in pairs
+        for mode in (modes or (None,))
+        for to_cpu in targets
+    ]
 
 
 def _skip_reason(fn: Callable[..., Any], spec: CaseSpec) -> Optional[str]:
@@ -104,8 +122,11 @@ def _skip_reason(fn: Callable[..., Any], spec: CaseSpec) -> Optional[str]:
     if only is not None and not aliases(spec.device_type) & set(only):
         return f"{fn.__name__} runs only on {', '.join(only)} (round_trip_dims(devices=...))"
     engines = dict.fromkeys(e for e in (spec.save_qengine, spec.load_qengine) if e)
-    return (next(filter(None, map(qengine_skip_reason, engines)), None) or device_skip_reason(spec.device_type)
-            or (safe_globals_context_missing() if spec.mode is LoadMode.SAFE_GLOBALS else None))
+    return (
+        next(filter(None, map(qengine_skip_reason, engines)), None)
+        or device_skip_reason(spec.device_type)
+        or (safe_globals_context_missing() if spec.mode is LoadMode.SAFE_GLOBALS else None)
+    )
 
 
 def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -128,8 +149,12 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 return fn(self, *args)
             finally:
-                self._tst_note_leaks([f"{line}, set for this {spec.save_qengine} test"
-                                      for line in describe_engine_change(given, engine_state())])
+                self._tst_note_leaks(
+                    [
+                        f"{line}, set for this {spec.save_qengine} test"
+                        for line in describe_engine_change(given, engine_state())
+                    ]
+                )
 
     # __wrapped__: pytest follows it to the author's def
     return functools.update_wrapper(run_case, fn, ("__module__", "__name__", "__qualname__", "__doc__"), ())
@@ -137,8 +162,11 @@ def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, Any]) -> list[type]:
     """Replace *generic_cls* in *scope* (usually ``globals()``) by one class per device type; the classes."""
-    if not (isinstance(generic_cls, type) and issubclass(generic_cls, SerializationRoundTripTestCase)
-            and issubclass(generic_cls, unittest.TestCase)):
+    if not (
+        isinstance(generic_cls, type)
+        and issubclass(generic_cls, SerializationRoundTripTestCase)
+        and issubclass(generic_cls, unittest.TestCase)
+    ):
         raise RoundTripConfigError(
             f"{generic_cls!r} must subclass SerializationRoundTripTestCase and unittest.TestCase "
             "(class TestFoo(SerializationRoundTripTestCase, TestCase))"
@@ -150,8 +178,9 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
     devices = resolve_devices(generic_cls.devices)
     tests, bases = _test_methods(generic_cls)
     if not tests:
-        raise RoundTripConfigError(f"{generic_cls.__name__} has no test methods; define at least one "
-                                   "'def test_...(self, device)'")
+        raise RoundTripConfigError(
+            f"{generic_cls.__name__} has no test methods; define at least one 'def test_...(self, device)'"
+        )
     for name, fn in tests.items():
         dims = getattr(fn, "_tst_dims", {})
         fn_engines = dims.get("qengines", engines)
@@ -172,8 +201,9 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
     for device in devices:
         class_name = generic_cls.__name__ + class_suffix(device)
         if class_name in scope:
-            raise RoundTripConfigError(f"{class_name} already exists in the module; rename "
-                                       f"{generic_cls.__name__} or the existing {class_name}")
+            raise RoundTripConfigError(
+                f"{class_name} already exists in the module; rename {generic_cls.__name__} or the existing {class_name}"
+            )
         methods: dict[str, Any] = {}
         part = class_suffix(device).lower()
         for name, fn in tests.items():
@@ -256,8 +286,11 @@ def import_round_trip_tests(
         wanted = {name for g in generic_names for name in generated[g]}
         classes = [getattr(module, name) for name in wanted if hasattr(module, name)]
     else:
-        classes = [obj for obj in vars(module).values()
-                   if inspect.isclass(obj) and issubclass(obj, unittest.TestCase) and obj.__module__ == module.__name__]
+        classes = [
+            obj
+            for obj in vars(module).values()
+            if inspect.isclass(obj) and issubclass(obj, unittest.TestCase) and obj.__module__ == module.__name__
+        ]
         if not classes and not generated:
             raise RoundTripConfigError(
                 f"{module.__name__} defines no unittest.TestCase class and instantiated no round-trip tests; "

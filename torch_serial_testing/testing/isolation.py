@@ -24,7 +24,11 @@ from ..core.names import show_name, torch_key
 from ..policy.trust import judge_registry_entry
 from ..torch_facts import engines
 from ..torch_facts.registry import (
-    ImportRegistrations, restore_registry, snapshot_registry, start_recording, stop_recording,
+    ImportRegistrations,
+    restore_registry,
+    snapshot_registry,
+    start_recording,
+    stop_recording,
 )
 
 __all__ = ["GlobalState", "start_ignoring", "stop_ignoring"]
@@ -67,22 +71,35 @@ class GlobalState:
         from ..torch_facts.config import serialization_config  # needs torch: on the first test, not at import
 
         with deferred_interrupts():
-            state = cls(*engines.engine_state(), snapshot_registry(), _watched_env(), serialization_config(),
-                        ImportRegistrations())
+            state = cls(
+                *engines.engine_state(),
+                snapshot_registry(),
+                _watched_env(),
+                serialization_config(),
+                ImportRegistrations(),
+            )
             state.import_registrations = start_recording(judge_registry_entry)
             return state
 
     def dangerous_registrations(self) -> list[str]:
         """Registry entries in the snapshot that the danger check refuses (registered before the test)."""
-        return [f"{show_name(_entry_name(entry))}: {reason}" for entry in self.registry
-                if (reason := judge_registry_entry(entry))]
+        return [
+            f"{show_name(_entry_name(entry))}: {reason}"
+            for entry in self.registry
+            if (reason := judge_registry_entry(entry))
+        ]
 
     def restore(self) -> list[str]:
         """Restore everything (again: nothing to do); one line per thing that had leaked."""
         leaks: dict[str, str] = {}
         with deferred_interrupts():
-            steps = (self._restore_engine, self._restore_allocator, self._restore_registry, self._restore_env,
-                     self._restore_config)  # each sets at most its own key: leaks keeps this order
+            steps = (
+                self._restore_engine,
+                self._restore_allocator,
+                self._restore_registry,
+                self._restore_env,
+                self._restore_config,
+            )  # each sets at most its own key: leaks keeps this order
             run_all([self._restore_recording, *(lambda step=step: step(leaks) for step in steps)])
             self.restored = True
         return list(leaks.values())

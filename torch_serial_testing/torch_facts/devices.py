@@ -13,8 +13,15 @@ from typing import Mapping, Optional
 
 from ..core.errors import RoundTripConfigError, dimension
 
-__all__ = ["BUILTIN_DEVICE_TYPES", "privateuse1_backend", "available_device_types", "device_skip_reason",
-           "resolve_devices", "class_suffix", "torch_device_type"]
+__all__ = [
+    "BUILTIN_DEVICE_TYPES",
+    "privateuse1_backend",
+    "available_device_types",
+    "device_skip_reason",
+    "resolve_devices",
+    "class_suffix",
+    "torch_device_type",
+]
 
 BUILTIN_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
 ONLY_FOR = "PYTORCH_TESTING_DEVICE_ONLY_FOR"
@@ -101,6 +108,7 @@ def _filters_alias_backend_name(backend: str) -> bool:
 
     cdt = sys.modules.get("torch.testing._internal.common_device_type")
     if cdt is not None:
+
         class Base:
             device_type = "privateuse1"
 
@@ -110,8 +118,14 @@ def _filters_alias_backend_name(backend: str) -> bool:
 
         env = {k: v for k, v in os.environ.items() if k not in (ONLY_FOR, EXCEPT_FOR)}
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-        proc = subprocess.run([sys.executable, "-c", _CHILD_FILTER, backend], capture_output=True, text=True,
-                              env=env, stdin=subprocess.DEVNULL, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD_FILTER, backend],
+            capture_output=True,
+            text=True,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            timeout=300,
+        )
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ALIASES ")]
         if proc.returncode != 0 or not lines:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]

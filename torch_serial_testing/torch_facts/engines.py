@@ -15,8 +15,15 @@ from typing import Iterator, Optional
 from ..core.errors import RoundTripConfigError, dimension
 from ..core.interrupts import deferred_interrupts, run_all
 
-__all__ = ["KNOWN_QENGINES", "supported_qengines", "qengine_skip_reason", "override_qengine", "validate_qengines",
-           "allocator_installed", "engine_state"]
+__all__ = [
+    "KNOWN_QENGINES",
+    "supported_qengines",
+    "qengine_skip_reason",
+    "override_qengine",
+    "validate_qengines",
+    "allocator_installed",
+    "engine_state",
+]
 
 #: Engine names torch.backends.quantized knows.
 KNOWN_QENGINES = ("fbgemm", "qnnpack", "onednn", "x86")
@@ -108,15 +115,19 @@ def engine_state() -> tuple[Optional[str], Optional[bool]]:
         return current_qengine(), allocator_installed()
 
 
-def describe_engine_change(before: tuple[Optional[str], Optional[bool]],
-                           after: tuple[Optional[str], Optional[bool]]) -> list[str]:
+def describe_engine_change(
+    before: tuple[Optional[str], Optional[bool]], after: tuple[Optional[str], Optional[bool]]
+) -> list[str]:
     """One line per difference between two :func:`engine_state` readings (the leak wording)."""
     lines = []
     if before[0] != after[0]:
         lines.append(f"quantized engine {after[0]!r} (was {before[0]!r})")
     if before[1] is not None and after[1] is not None and before[1] != after[1]:
-        lines.append("the qnnpack mobile CPU allocator is still installed" if after[1]
-                     else "the qnnpack mobile CPU allocator was removed")
+        lines.append(
+            "the qnnpack mobile CPU allocator is still installed"
+            if after[1]
+            else "the qnnpack mobile CPU allocator was removed"
+        )
     return lines
 
 

@@ -24,8 +24,18 @@ from .loader import observe_serialization_warnings, torch_load_replacement
 from .probes import ProbeFailed
 from .registry import registry_lock
 
-__all__ = ["FORCE_WO", "FORCE_NO_WO", "Decision", "decide", "WeightsOnlySwitches", "switch_values", "is_truthy",
-           "truthy_spellings", "torch_default_weights_only", "torch_reads_force_no_weights_only"]
+__all__ = [
+    "FORCE_WO",
+    "FORCE_NO_WO",
+    "Decision",
+    "decide",
+    "WeightsOnlySwitches",
+    "switch_values",
+    "is_truthy",
+    "truthy_spellings",
+    "torch_default_weights_only",
+    "torch_reads_force_no_weights_only",
+]
 
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -177,8 +187,10 @@ def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Any
 
 
 def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
-    return (f"{FORCE_WO}={wo!s} and {FORCE_NO_WO}={no!s} "
-            "are both set: torch.load raises RuntimeError on every load. Unset one of them.")
+    return (
+        f"{FORCE_WO}={wo!s} and {FORCE_NO_WO}={no!s} "
+        "are both set: torch.load raises RuntimeError on every load. Unset one of them."
+    )
 
 
 @dataclass(eq=False)
@@ -206,8 +218,15 @@ class Decision:
 
     __slots__ = ("weights_only", "warns", "reason", "replaced_by", "force_no_set", "cause")
 
-    def __init__(self, weights_only: bool, warns: bool, reason: str, replaced_by: Optional[str],
-                 force_no_set: bool, cause: str = "default") -> None:
+    def __init__(
+        self,
+        weights_only: bool,
+        warns: bool,
+        reason: str,
+        replaced_by: Optional[str],
+        force_no_set: bool,
+        cause: str = "default",
+    ) -> None:
         self.weights_only = weights_only
         #: What decided: "explicit" (the argument), "force_wo" / "force_no" (a switch) or "default".
         self.cause = cause
@@ -238,13 +257,19 @@ def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decis
         cause, reason = "force_wo", f"weights_only=True forced by {FORCE_WO}={wo}"
     elif explicit is not None:
         cause = "explicit"
-        reason = (f"weights_only={explicit} explicit" if weights_only == explicit
-                  else f"weights_only={weights_only} although weights_only={explicit} was passed")
+        reason = (
+            f"weights_only={explicit} explicit"
+            if weights_only == explicit
+            else f"weights_only={weights_only} although weights_only={explicit} was passed"
+        )
     elif warns:
         cause, reason = "force_no", f"weights_only=False forced by {FORCE_NO_WO}={no}"
     else:
         default, why = torch_default_weights_only()
         cause = "default"
-        reason = (f"weights_only={weights_only} {why}" if default == weights_only
-                  else f"weights_only={weights_only} (the environment overrides the default)")
+        reason = (
+            f"weights_only={weights_only} {why}"
+            if default == weights_only
+            else f"weights_only={weights_only} (the environment overrides the default)"
+        )
     return Decision(weights_only, warns, reason, torch_load_replacement(), values[1] is not None, cause)

@@ -22,8 +22,16 @@ from typing import Any, Iterator, Optional
 from ..core.interrupts import deferred_interrupts
 from .probes import innermost_frame
 
-__all__ = ["FORCE_NO_NOTICE", "torch_load_replacement", "Observation", "observe_serialization_warnings",
-           "proxy_installed", "watch_stdout", "raised_by_torch", "raiser"]
+__all__ = [
+    "FORCE_NO_NOTICE",
+    "torch_load_replacement",
+    "Observation",
+    "observe_serialization_warnings",
+    "proxy_installed",
+    "watch_stdout",
+    "raised_by_torch",
+    "raiser",
+]
 
 #: torch's warning (and torch_npu's printed notice) when TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD applies.
 FORCE_NO_NOTICE = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
@@ -183,8 +191,10 @@ def watch_stdout(active: bool) -> Iterator[Optional[io.StringIO]]:
 def raised_by_torch(error: BaseException) -> bool:
     """Whether the rejection came out of torch's own serialization code, message untouched."""
     frame = innermost_frame(error)
-    return frame is not None and frame.f_globals.get("__name__") in ("torch.serialization",
-                                                                     "torch._weights_only_unpickler")
+    return frame is not None and frame.f_globals.get("__name__") in (
+        "torch.serialization",
+        "torch._weights_only_unpickler",
+    )
 
 
 def raiser(error: BaseException) -> str:

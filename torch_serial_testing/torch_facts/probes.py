@@ -46,7 +46,8 @@ class Outcome:
         self.error = error
         frame = innermost_frame(error) if type(error) is RuntimeError else None
         self.refused = isinstance(error, pickle.UnpicklingError) or (
-            frame is not None and frame.f_globals.get("__name__") == "torch._weights_only_unpickler")
+            frame is not None and frame.f_globals.get("__name__") == "torch._weights_only_unpickler"
+        )
         if error is not None:
             error.__traceback__ = error.__context__ = None
 
@@ -80,8 +81,7 @@ def small_int(n: int) -> bytes:
     return pickle.BININT1 + bytes([n])
 
 
-def unpickle(body: bytes, *, persistent_load: Optional[Callable[[Any], Any]] = None,
-             proto: bool = True) -> Outcome:
+def unpickle(body: bytes, *, persistent_load: Optional[Callable[[Any], Any]] = None, proto: bool = True) -> Outcome:
     """Run ``PROTO 2`` + *body* (just *body* with ``proto=False``) through torch's weights-only
     unpickler; a persistent id is handed to *persistent_load*, as ``torch.load`` does."""
     try:
@@ -149,9 +149,13 @@ def unlisted_function() -> None:
 
 
 _MADE: dict[str, Callable[[], Any]] = {
-    "list_subclass": ProbeList, "dict_subclass": ProbeDict, "other": ProbeOther,
-    "ordered_dict": collections.OrderedDict, "counter": collections.Counter,
-    "other_class": lambda: ProbeOther, "unlisted_function": lambda: unlisted_function,
+    "list_subclass": ProbeList,
+    "dict_subclass": ProbeDict,
+    "other": ProbeOther,
+    "ordered_dict": collections.OrderedDict,
+    "counter": collections.Counter,
+    "other_class": lambda: ProbeOther,
+    "unlisted_function": lambda: unlisted_function,
 }
 
 

@@ -12,8 +12,14 @@ from typing import IO, Any, Optional
 
 from .probes import ProbeFailed
 
-__all__ = ["zip_reader", "is_torchscript", "storage_element_size", "storage_type_names", "torchscript_refusal",
-           "TAR_REFUSAL"]
+__all__ = [
+    "zip_reader",
+    "is_torchscript",
+    "storage_element_size",
+    "storage_type_names",
+    "torchscript_refusal",
+    "TAR_REFUSAL",
+]
 
 #: torch's reason for refusing the legacy tar format weights-only (torch/serialization.py).
 TAR_REFUSAL = "Cannot use ``weights_only=True`` with files saved in the legacy .tar format."
@@ -90,6 +96,8 @@ def torchscript_refusal() -> Optional[str]:
                 message = message[: -len(unsafe)].strip()
             _refusal.append(message)
         else:
-            raise ProbeFailed(f"torch.load of a TorchScript archive with weights_only=True raised in {where}: "
-                              f"{type(error).__name__}: {error}")
+            raise ProbeFailed(
+                f"torch.load of a TorchScript archive with weights_only=True raised in {where}: "
+                f"{type(error).__name__}: {error}"
+            )
     return _refusal[0]

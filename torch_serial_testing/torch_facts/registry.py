@@ -17,10 +17,24 @@ from ..core.errors import RoundTripConfigError
 from ..core.interrupts import deferred_interrupts
 from ..core.names import torch_key
 
-__all__ = ["registry_lock", "torch_allowlist", "torch_allowlist_objects", "torch_allowlist_table",
-           "torch_allowed_type_names", "registered_globals", "snapshot_registry", "restore_registry",
-           "preserved_registry", "allowlisted", "registry_takes_named_entries", "safe_globals_context_missing",
-           "start_recording", "stop_recording", "recording_active", "torch_own_registrations"]
+__all__ = [
+    "registry_lock",
+    "torch_allowlist",
+    "torch_allowlist_objects",
+    "torch_allowlist_table",
+    "torch_allowed_type_names",
+    "registered_globals",
+    "snapshot_registry",
+    "restore_registry",
+    "preserved_registry",
+    "allowlisted",
+    "registry_takes_named_entries",
+    "safe_globals_context_missing",
+    "start_recording",
+    "stop_recording",
+    "recording_active",
+    "torch_own_registrations",
+]
 
 #: Held while the library reads or changes torch's process-wide registry, and around each prediction
 #: and the load it predicts, so both see the same registry.
@@ -106,8 +120,10 @@ def safe_globals_context_missing() -> Optional[str]:
 
     if hasattr(torch.serialization, "safe_globals"):
         return None
-    return (f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
-            f"torch {torch.__version__} lacks it")
+    return (
+        f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+        f"torch {torch.__version__} lacks it"
+    )
 
 
 _named_entries: dict[Any, bool] = {}
@@ -277,8 +293,9 @@ _own: dict[frozenset[str], frozenset[str]] = {}
 def torch_own_registrations() -> frozenset[str]:
     """The names torch itself registers for the ``torch.*`` modules imported here: reported by a fresh
     interpreter (backend autoload off) importing the same ones, remembered per set of modules."""
-    modules = frozenset(n for n, m in list(sys.modules.items())
-                        if m is not None and (n == "torch" or n.startswith("torch.")))
+    modules = frozenset(
+        n for n, m in list(sys.modules.items()) if m is not None and (n == "torch" or n.startswith("torch."))
+    )
     known = _own.get(modules)
     if known is not None:
         return known
@@ -287,18 +304,31 @@ def torch_own_registrations() -> frozenset[str]:
 
     from .probes import ProbeFailed
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    }
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     try:
-        proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(sorted(modules))], capture_output=True,
-                              text=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, json.dumps(sorted(modules))],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
         report = json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
-        raise ProbeFailed(f"a fresh interpreter could not report torch's own registrations ({type(e).__name__}: "
-                          f"{e})") from None
+        raise ProbeFailed(
+            f"a fresh interpreter could not report torch's own registrations ({type(e).__name__}: {e})"
+        ) from None
     if report["failed"]:
-        raise ProbeFailed("a fresh interpreter could not import " + ", ".join(report["failed"][:3])
-                          + " to report torch's own registrations")
+        raise ProbeFailed(
+            "a fresh interpreter could not import "
+            + ", ".join(report["failed"][:3])
+            + " to report torch's own registrations"
+        )
     known = _own[modules] = frozenset(report["names"])
     return known

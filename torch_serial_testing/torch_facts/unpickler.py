@@ -16,19 +16,50 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .probes import (STOP, Outcome, ProbeDict, ProbeFailed, ProbeList, ProbeOther, ProbeSlotsAndDict,
-                     ProbeSlotted, ProbeWithSetstate, global_op, made, made_op, small_int, text, unlisted_function,
-                     unpickle, with_type)
+from .probes import (
+    STOP,
+    Outcome,
+    ProbeDict,
+    ProbeFailed,
+    ProbeList,
+    ProbeOther,
+    ProbeSlotsAndDict,
+    ProbeSlotted,
+    ProbeWithSetstate,
+    global_op,
+    made,
+    made_op,
+    small_int,
+    text,
+    unlisted_function,
+    unpickle,
+    with_type,
+)
 from .registry import allowlisted, registry_lock
 
-__all__ = ["APPEND_TARGETS", "SETITEM_TARGETS", "ContainerRule", "BuildRules", "PersidRules", "UnpicklerRules",
-           "unpickler_rules", "global_refusal"]
+__all__ = [
+    "APPEND_TARGETS",
+    "SETITEM_TARGETS",
+    "ContainerRule",
+    "BuildRules",
+    "PersidRules",
+    "UnpicklerRules",
+    "unpickler_rules",
+    "global_refusal",
+]
 
 #: APPEND(S) targets as torch's check tells them apart; "allowlisted_": the type is user-allowlisted.
 APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
 #: The same for SETITEM(S).
-SETITEM_TARGETS = ("dict", "ordered_dict", "counter", "dict_subclass", "allowlisted_dict_subclass", "other",
-                   "allowlisted_other")
+SETITEM_TARGETS = (
+    "dict",
+    "ordered_dict",
+    "counter",
+    "dict_subclass",
+    "allowlisted_dict_subclass",
+    "other",
+    "allowlisted_other",
+)
 
 
 @dataclass(frozen=True)
@@ -128,9 +159,17 @@ def _probe_rules() -> UnpicklerRules:
         raise ProbeFailed(f"torch no longer has the table the library reads: {e}") from None
     build_refusal, newobj_refusal, reduce_refusal = _refusal_prefixes()
     return UnpicklerRules(
-        opcodes=_opcodes(template), unsupported=template, containers=_containers(), persid=_persid(),
-        build=_build(), build_refusal=build_refusal, newobj_refusal=newobj_refusal, reduce_refusal=reduce_refusal,
-        renames=_renames(), import_mapping=dict(import_mapping), name_mapping=dict(name_mapping),
+        opcodes=_opcodes(template),
+        unsupported=template,
+        containers=_containers(),
+        persid=_persid(),
+        build=_build(),
+        build_refusal=build_refusal,
+        newobj_refusal=newobj_refusal,
+        reduce_refusal=reduce_refusal,
+        renames=_renames(),
+        import_mapping=dict(import_mapping),
+        name_mapping=dict(name_mapping),
         blocked_modules=_blocked_modules(),
     )
 
@@ -165,6 +204,7 @@ def _unsupported_template() -> str:
 
 def _opcodes(template: str) -> frozenset[str]:
     """The opcodes torch implements: those it does not refuse outright, given nothing after them."""
+
     def lacks(code: int) -> bool:
         outcome = unpickle(bytes([code]))
         return outcome.refused and outcome.message == template.format(code=code)
@@ -182,9 +222,15 @@ _CONTAINER_OPS = {
     "SETITEMS": pickle.MARK + small_int(0) + small_int(0) + pickle.SETITEMS,
 }
 #: (kind, the opcodes it is a target of, its type); the first three again with their type allowlisted.
-_TARGETS = (("list_subclass", "APPEND", ProbeList), ("dict_subclass", "SETITEM", ProbeDict), ("other", "", ProbeOther),
-            ("list", "APPEND", list), ("dict", "SETITEM", dict), ("ordered_dict", "SETITEM", collections.OrderedDict),
-            ("counter", "SETITEM", collections.Counter))
+_TARGETS = (
+    ("list_subclass", "APPEND", ProbeList),
+    ("dict_subclass", "SETITEM", ProbeDict),
+    ("other", "", ProbeOther),
+    ("list", "APPEND", list),
+    ("dict", "SETITEM", dict),
+    ("ordered_dict", "SETITEM", collections.OrderedDict),
+    ("counter", "SETITEM", collections.Counter),
+)
 
 
 def _container_outcomes(allowlisted_types: bool) -> dict[tuple[str, str], tuple[Outcome, type]]:
@@ -280,17 +326,22 @@ def _renames() -> str:
 def _refusal_prefixes() -> tuple[str, str, str]:
     """torch's words refusing BUILD on an unlisted type, NEWOBJ of an unlisted class and REDUCE of an
     unlisted function, each up to the object it names."""
+
     def refused(ops: bytes, what: str) -> str:
         return _refusal(unpickle(ops + STOP), what)
 
     shown = repr(unlisted_function)
     with allowlisted([made]):
-        build = with_type(refused(made_op("other") + pickle.EMPTY_DICT + pickle.BUILD, "BUILD on an unlisted type"),
-                          ProbeOther)
-        newobj = with_type(refused(made_op("other_class") + pickle.EMPTY_TUPLE + pickle.NEWOBJ,
-                                   "NEWOBJ of an unlisted class"), ProbeOther)
-        reduce = refused(made_op("unlisted_function") + pickle.EMPTY_TUPLE + pickle.REDUCE,
-                         "REDUCE of an unlisted function")
+        build = with_type(
+            refused(made_op("other") + pickle.EMPTY_DICT + pickle.BUILD, "BUILD on an unlisted type"), ProbeOther
+        )
+        newobj = with_type(
+            refused(made_op("other_class") + pickle.EMPTY_TUPLE + pickle.NEWOBJ, "NEWOBJ of an unlisted class"),
+            ProbeOther,
+        )
+        reduce = refused(
+            made_op("unlisted_function") + pickle.EMPTY_TUPLE + pickle.REDUCE, "REDUCE of an unlisted function"
+        )
         if shown not in reduce:
             raise ProbeFailed(f"torch's message {reduce!r} does not name the object it refused ({shown})")
     return build, newobj, reduce[: reduce.index(shown)]

@@ -232,8 +232,7 @@ def with_int32_block_indices(state):
     """fbgemm packs block indices as int32, qnnpack as int8: compare them as int32."""
     fields, class_name = state
     fields = tuple(
-        v.to(torch.int32) if i in (ROW_BLOCK_INDICES_POS, COL_BLOCK_INDICES_POS) else v
-        for i, v in enumerate(fields)
+        v.to(torch.int32) if i in (ROW_BLOCK_INDICES_POS, COL_BLOCK_INDICES_POS) else v for i, v in enumerate(fields)
     )
     return fields, class_name
 
@@ -247,8 +246,10 @@ class TestQlinearPackedParams(SerializationRoundTripTestCase, TestCase):
     ignore_warnings = (QUANTIZED_CREATION_DEPRECATION,)
     # Exactly these three on torch >= 2.6.  Where torch's allowlist lacks builtins.set (< 2.6),
     # set is declared too: the checkpoint needs it there (see VERSION_DEPENDENT_GLOBALS).
-    safe_globals = () if SPARSE_MISSING else (
-        (Linear, LinearPackedParams, torch.ScriptObject) + ((set,) if VERSION_DEPENDENT_GLOBALS else ())
+    safe_globals = (
+        ()
+        if SPARSE_MISSING
+        else ((Linear, LinearPackedParams, torch.ScriptObject) + ((set,) if VERSION_DEPENDENT_GLOBALS else ()))
     )
 
     # -- upstream's checks, on the module as built -----------------------------------
@@ -394,7 +395,8 @@ class TestQlinearPackedParamsCheckpointFacts(SerializationRoundTripTestCase, Tes
         # The version-dependent part: exactly the globals torch's allowlist lacks here among
         # those it added later (builtins.set before torch 2.6; nothing on >= 2.6).
         self.assertEqual(
-            sorted(set(first) & {"builtins.set"}), sorted(VERSION_DEPENDENT_GLOBALS),
+            sorted(set(first) & {"builtins.set"}),
+            sorted(VERSION_DEPENDENT_GLOBALS),
             "globals needed beyond torch's allowlist that a later torch allowlists",
         )
         # The version-independent part is a golden record (expecttest: EXPECTTEST_ACCEPT=1 rewrites
@@ -403,11 +405,16 @@ class TestQlinearPackedParamsCheckpointFacts(SerializationRoundTripTestCase, Tes
         from expecttest import assert_expected_inline
 
         actual = "".join(f"{name}\n" for name in first if name not in VERSION_DEPENDENT_GLOBALS)
-        assert_expected_inline(actual, """\
+        assert_expected_inline(
+            actual,
+            """\
 torch.ScriptObject
 torch.ao.nn.sparse.quantized.dynamic.linear.Linear
 torch.ao.nn.sparse.quantized.linear.LinearPackedParams
-""", assert_eq=self.assertMultiLineEqual, debug_id=self.id())
+""",
+            assert_eq=self.assertMultiLineEqual,
+            debug_id=self.id(),
+        )
         # The round-trip tests declare exactly what the checkpoint needs here, no more, no less.
         self.assertEqual(sorted(qualified_name(g) for g in ROUND_TRIP_SAFE_GLOBALS), first)
 
@@ -430,7 +437,6 @@ torch.ao.nn.sparse.quantized.linear.LinearPackedParams
                     ValueError, r"^invalid literal for int\(\) with base 10: 'sparse_dynamic'$"
                 ):
                     fresh.load_state_dict(lin.state_dict())
-
 
 
 if __name__ == "__main__":
