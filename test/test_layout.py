@@ -17,7 +17,7 @@ PACKAGE = os.path.dirname(os.path.abspath(torch_serial_testing.__file__))
 NAME = "torch_serial_testing"
 
 #: Each layer may import only itself and the layers listed before it; scan and policy are siblings.
-LAYERS = ("core", "torch_facts", "scan", "policy", "loading", "testing", "cli")
+LAYERS = ("core", "torch_facts", "scan", "policy", "loading", "testing", "audit", "cli")
 MAY_IMPORT = {
     "core": {"core"},
     "torch_facts": {"core", "torch_facts"},
@@ -25,6 +25,7 @@ MAY_IMPORT = {
     "policy": {"core", "torch_facts", "policy"},
     "loading": {"core", "torch_facts", "scan", "policy", "loading"},
     "testing": {"core", "torch_facts", "scan", "policy", "loading", "testing"},
+    "audit": {"core", "torch_facts", "scan", "policy", "loading", "testing", "audit"},
     "cli": set(LAYERS),
 }
 #: Text that reads source code (the package asks torch by probes instead).

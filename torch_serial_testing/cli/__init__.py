@@ -1,8 +1,8 @@
-"""``python -m torch_serial_testing {doctor,inspect,vendor}``: why does ``torch.load`` do that *here*?
+"""``python -m torch_serial_testing {doctor,inspect,vendor,audit}``: why does ``torch.load`` do that *here*?
 
 Subcommands: :mod:`.doctor` (this torch and its environment), :mod:`.inspection` (what each load mode
 would do with a checkpoint, never unpickled), :mod:`.vendor` (copy the package into pytorch's
-``test/``); exit codes and the JSON schema: :mod:`.contract`.  torch is imported only once a
+``test/``), :mod:`.audit_cmd` (run a test command, report its every ``torch.load``); exit codes and the JSON schema: :mod:`.contract`.  torch is imported only once a
 subcommand runs, so ``--help`` and usage errors are instant.
 """
 
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"torch_serial_testing {__version__}",
         help="print the library's version and exit (see `doctor` for torch's)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect,vendor}", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="{doctor,inspect,vendor,audit}", required=True)
 
     def command(name: str, summary: str, description: str, json_help: str = "") -> argparse.ArgumentParser:
         return sub.add_parser(
@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"also copy test/{FLAGSHIP} and add the import lines to test/{AGGREGATOR}",
     )
     ven.add_argument("--check", action="store_true", help="write nothing; exit 1 if the checkout's copy is not current")
+    from .audit_cmd import add_parser as add_audit
+
+    add_audit(command)
     return parser
 
 
@@ -137,6 +140,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (3)
         return e.code if isinstance(e.code, int) else EXIT_USAGE
+    if args.command == "audit":
+        from .audit_cmd import run as run_audit
+
+        return run_audit(args)
     if args.command == "vendor":
         from .vendor import run as run_vendor
 
