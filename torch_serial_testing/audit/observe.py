@@ -64,11 +64,12 @@ def write_record(record: dict[str, Any]) -> None:
 
 
 def current_test() -> Optional[str]:
-    """The running test's id: pytest's PYTEST_CURRENT_TEST (without the phase), else unittest's."""
+    """The running test's id: unittest's in this process (``TestResult.startTest``), else pytest's
+    PYTEST_CURRENT_TEST without the phase (inherited by a child process, it names the parent's test)."""
+    if _State.unittest_test is not None:
+        return _State.unittest_test
     running = os.environ.get("PYTEST_CURRENT_TEST")
-    if running:
-        return running.rsplit(" (", 1)[0]
-    return _State.unittest_test
+    return running.rsplit(" (", 1)[0] if running else None
 
 
 def call_site() -> Optional[str]:
@@ -138,6 +139,13 @@ def _saved_bytes(f: Any, start: Optional[int]) -> Optional[bytes]:
                 return fh.read(MAX_ANALYSED_BYTES)
         if isinstance(f, io.BytesIO):
             return f.getbuffer()[start or 0 :].tobytes()
+        if start is not None and getattr(f, "readable", lambda: False)() and f.seekable():
+            end = f.tell()
+            try:
+                f.seek(start)
+                return f.read(min(end - start, MAX_ANALYSED_BYTES))
+            finally:
+                f.seek(end)
         name = getattr(f, "name", None)
         if isinstance(name, str) and os.path.isfile(name) and hasattr(f, "flush"):
             f.flush()
@@ -264,7 +272,7 @@ def install_unittest_hook() -> None:
             stop(self, test)
         finally:
             before = getattr(self, "_tst_audit_counts", None)
-            if before is not None and os.environ.get("PYTEST_CURRENT_TEST") is None:
+            if before is not None:
                 outcome = next((k for k, n in _counts(self).items() if n > before[k]), "passed")
                 write_record({"event": "test", "test": test.id(), "outcome": outcome})
             _State.unittest_test = None

@@ -28,6 +28,7 @@ FAIL_ON = {
     "any": set(VERDICTS) - {"ok"},
 }
 _ORDER = list(VERDICTS)  # most notable first
+_FAILING = {"default", "force_wo", "explicit_rejected", "error"}
 
 
 def read_report(path: str) -> list[dict[str, Any]]:
@@ -95,7 +96,9 @@ def format_text(records: list[dict[str, Any]], report: Optional[str] = None) -> 
             continue
         worst = min((v for v, _ in entry["loads"]), key=_ORDER.index)
         outcome = f" [{entry['outcome']}]" if entry["outcome"] else ""
-        lines.append(f"{test or '(outside any test)'}{outcome}: {VERDICTS[worst]}")
+        handled = entry["outcome"] == "passed" and worst in _FAILING
+        note = " (raised inside the passing test: it expects or handles the failure)" if handled else ""
+        lines.append(f"{test or '(outside any test)'}{outcome}: {VERDICTS[worst]}{note}")
         for v, r in entry["loads"]:
             lines.append(f"  {r.get('site') or '?'}: {VERDICTS[v]}" + (f" ({r['error']})" if r.get("error") else ""))
             if r.get("needs"):
