@@ -82,6 +82,8 @@ def matches(records: Iterable[dict[str, Any]], fail_on: Iterable[str]) -> list[d
 
 
 def _fix_line(fix: dict[str, Any]) -> str:
+    if fix.get("kind") == "none" and not fix.get("snippet"):
+        return "nothing to change (weights-only load verified)" if fix.get("verified") else "no fix known"
     state = "verified" if fix.get("verified") else "NOT verified"
     return f"fix ({fix['kind']}, {state})"
 
@@ -124,7 +126,8 @@ def format_markdown(records: list[dict[str, Any]]) -> str:
         for v, r in entry["loads"]:
             fix = r.get("fix") or {}
             snippet = fix.get("snippet")
-            fix_cell = _fix_line(fix) + (f"<br>`{_cell(snippet).replace('<br>', '`<br>`')}`" if snippet else "")
+            code = [f"`{_cell(line)}`" for line in (snippet or "").splitlines() if line.strip()]
+            fix_cell = "<br>".join([_fix_line(fix), *code])
             needs = ", ".join(f"`{n}`" for n in r.get("needs") or []) or "—"
             arg = r["weights_only_arg"]
             wo = f"arg {'not passed' if arg is None else arg} → {r['effective_weights_only']}"
