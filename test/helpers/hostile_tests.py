@@ -82,5 +82,11 @@ def serialization_ids() -> dict[str, int]:
     }
 
 
-def allowlist_copy() -> dict[str, int]:
-    return {k: id(v) for k, v in torch._weights_only_unpickler._get_allowed_globals().items()}
+def allowlist_copy() -> dict[str, Any]:
+    """torch's allowlist by identity (a legacy ``StorageType``, rebuilt whenever torch refills its
+    cache, by its dtype)."""
+    storage_type = torch.serialization.StorageType
+    return {
+        k: ("StorageType", v.dtype) if type(v) is storage_type else id(v)
+        for k, v in torch._weights_only_unpickler._get_allowed_globals().items()
+    }

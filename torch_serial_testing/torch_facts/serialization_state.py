@@ -135,6 +135,20 @@ def _same(now: Any, then: Any) -> bool:
     return real is not None and getattr(now, "_tst_real", None) is then
 
 
+_NOT_DATA = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType)
+
+
+def _same_entry(now: Any, then: Any) -> bool:
+    """The same allowlist value: the very object, or a plain data object of the same class and state
+    (torch builds a fresh ``StorageType`` per legacy storage name whenever its cache is refilled)."""
+    if now is then:
+        return True
+    if type(now) is not type(then) or isinstance(now, _NOT_DATA):
+        return False
+    state = getattr(now, "__dict__", None)
+    return state is not None and state == getattr(then, "__dict__", None)
+
+
 def _class_attrs(cls: type) -> dict[str, Any]:
     return dict(vars(cls))
 
@@ -241,16 +255,14 @@ class SerializationState:
     def _restore_allowlist(self) -> list[str]:
         if self.allowlist is None:
             return []
-        table = self._table()
-        if (
-            table is None
-            or all(k in table and table[k] is v for k, v in self.allowlist.items())
-            and len(table) == len(self.allowlist)
+        table, then = self._table(), self.allowlist
+        if table is None or (
+            len(table) == len(then) and all(k in table and _same_entry(table[k], v) for k, v in then.items())
         ):
             return []
-        added = sorted(k for k in table if k not in self.allowlist)
-        removed = sorted(k for k in self.allowlist if k not in table)
-        replaced = sorted(k for k in self.allowlist if k in table and table[k] is not self.allowlist[k])
+        added = sorted(k for k in table if k not in then)
+        removed = sorted(k for k in then if k not in table)
+        replaced = sorted(k for k in then if k in table and not _same_entry(table[k], then[k]))
         table.clear()  # in place: torch caches this very dict (lru_cache) and reads it on every load
         table.update(self.allowlist)
         return [
