@@ -43,8 +43,8 @@ _MANAGED = {
 }
 
 _FIX = (
-    "patch it only for the duration of a block (unittest.mock.patch as a context manager, "
-    "pytest's monkeypatch) or undo it in a finally/addCleanup"
+    "patch it only for the duration of a block (unittest.mock.patch as a context manager or decorator) "
+    "or undo it in a finally or addCleanup"
 )
 
 # -- torch's own load and save ------------------------------------------------------------------------
