@@ -21,6 +21,7 @@ inside torch.serialization (installed only during a load) counts as the module i
 
 from __future__ import annotations
 
+import operator
 import sys
 import types
 from typing import Any, Optional
@@ -149,6 +150,36 @@ def _same_entry(now: Any, then: Any) -> bool:
     return state is not None and state == getattr(then, "__dict__", None)
 
 
+_Members = tuple[list[tuple[str, Any]], list[tuple[str, type]]]
+_members_seen: dict[str, tuple[dict[str, Any], _Members]] = {}
+
+
+def _members(module_name: str, module: Any, space: dict[str, Any]) -> _Members:
+    """The functions and classes *module* defines (remembered while its namespace is unchanged)."""
+    seen = _members_seen.get(module_name)
+    if seen is not None and _unchanged(space, seen[0]):
+        return seen[1]
+    functions: list[tuple[str, Any]] = []
+    classes: list[tuple[str, type]] = []
+    for name, value in space.items():
+        if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
+            functions.append((name, value))
+        elif isinstance(value, type) and value.__module__ == module_name:
+            classes.append((name, value))
+    _members_seen[module_name] = (space, (functions, classes))
+    return functions, classes
+
+
+def _unchanged(now: Any, then: dict[str, Any]) -> bool:
+    """Fast path: the same names, in the same order, bound to the very same objects (a dict keeps
+    insertion order, so an untouched namespace compares in one pass at C speed)."""
+    return (
+        len(now) == len(then)
+        and all(map(operator.is_, now.values(), then.values()))
+        and all(map(operator.is_, now, then))
+    )
+
+
 def _class_attrs(cls: type) -> dict[str, Any]:
     return dict(vars(cls))
 
@@ -169,20 +200,12 @@ class SerializationState:
             module = sys.modules.get(module_name)
             if module is None:
                 continue
-            space = dict(vars(module))
-            for managed in _MANAGED.get(module_name, ()):
-                space.pop(managed, None)
-            self.namespaces[module_name] = space
-            for name, value in space.items():
-                if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
-                    self.functions[(module_name, name)] = (
-                        value,
-                        value.__code__,
-                        value.__defaults__,
-                        _kwdefaults(value),
-                    )
-                elif isinstance(value, type) and value.__module__ == module_name:
-                    self.classes[(module_name, name)] = (value, _class_attrs(value))
+            space = self.namespaces[module_name] = dict(vars(module))  # managed names: skipped when compared
+            functions, classes = _members(module_name, module, space)
+            for name, fn in functions:
+                self.functions[(module_name, name)] = (fn, fn.__code__, fn.__defaults__, _kwdefaults(fn))
+            for name, cls in classes:
+                self.classes[(module_name, name)] = (cls, _class_attrs(cls))
         table = self._table()
         self.allowlist = dict(table) if table is not None else None
         self.packages = list(getattr(_ser(), "_package_registry", None) or ())
@@ -204,14 +227,18 @@ class SerializationState:
                 changes.append(f"torch.{name} is {_describe(now)} (was {_describe(then)})")
                 setattr(torch, name, then)
         for module_name, space in self.namespaces.items():
-            changes += self._restore_namespace(module_name, space)
+            module = sys.modules.get(module_name)
+            if module is not None and not _unchanged(vars(module), space):
+                changes += self._restore_namespace(module_name, space)
         for (module_name, name), (fn, code, defaults, kwdefaults) in self.functions.items():
-            if fn.__code__ is not code or fn.__defaults__ != defaults or _kwdefaults(fn) != kwdefaults:
+            if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ != kwdefaults:
                 changes.append(f"{module_name}.{name} was changed in place (__code__, __defaults__ or __kwdefaults__)")
                 fn.__code__, fn.__defaults__ = code, defaults
                 fn.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
         for (module_name, name), (cls, attrs) in self.classes.items():
             now_attrs = vars(cls)
+            if _unchanged(now_attrs, attrs):
+                continue
             changed = sorted(
                 k
                 for k in set(now_attrs) | set(attrs)
@@ -238,8 +265,8 @@ class SerializationState:
             return []
         now = vars(module)
         managed = _MANAGED.get(module_name, frozenset())
-        replaced = sorted(k for k, v in space.items() if k in now and not _same(now[k], v))
-        removed = sorted(k for k in space if k not in now)
+        replaced = sorted(k for k, v in space.items() if k not in managed and k in now and not _same(now[k], v))
+        removed = sorted(k for k in space if k not in managed and k not in now)
         added = sorted(k for k in now if k not in space and k not in managed)
         if not (replaced or removed or added):
             return []
