@@ -119,11 +119,12 @@ def _describe(obj: Any) -> str:
 
 
 def replaced_by(name: str = "load") -> Optional[str]:
-    """Who ``torch.<name>`` is, when it is not torch's own function (None: it is)."""
+    """Who ``torch.<name>`` is, when it is not torch's own function (None: it is :func:`genuine`, or
+    another function torch.serialization defines under that name, asked of the object)."""
     import torch
 
     fn = getattr(torch, name, None)
-    return None if is_genuine(fn, name) else _describe(fn)
+    return None if is_genuine(fn, name) or _own_function(fn, name) else _describe(fn)
 
 
 # -- the snapshot ---------------------------------------------------------------------------------------
