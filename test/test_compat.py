@@ -30,6 +30,7 @@ from torch_serial_testing.loading.prediction import predict
 from torch_serial_testing.policy.declared import normalize_safe_globals
 from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
 from torch_serial_testing.torch_facts.probes import ProbeFailed
+from test.helpers.other_torches import as_genuine_load
 from test.helpers.python_compat import decorator_skipped, expected_tests_run
 from test.helpers.subprocess_env import child_env
 from test.testing.test_instantiation import make_generic, run
@@ -58,7 +59,11 @@ def bare_load_default(behaviour):
     def load(f, *args, weights_only=None, **kwargs):
         return real(f, *args, weights_only=decide() if weights_only is None else weights_only, **kwargs)
 
-    with mock.patch.object(torch.serialization, "load", load), mock.patch.object(torch, "load", load):
+    with (
+        mock.patch.object(torch.serialization, "load", load),
+        mock.patch.object(torch, "load", load),
+        as_genuine_load(load),  # the library calls torch's own load only: the wrapper plays it
+    ):
         yield
 
 

@@ -76,6 +76,9 @@ def process_state() -> dict[str, Any]:
         "recorder_installed": registry.recording_active(),
         "filters": list(warnings.filters),
         "warnings_proxy_installed": loader.proxy_installed(),
+        "torch.load": torch.load,
+        "torch.save": torch.save,
+        "allowlist": sorted(torch._weights_only_unpickler._get_allowed_globals()),
     }
     try:
         from torch.utils.serialization import config

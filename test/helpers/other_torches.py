@@ -400,13 +400,23 @@ def switch_reader(
 @contextmanager
 def load_standin(load: Callable[..., Any]) -> Iterator[None]:
     """``torch.serialization.load`` is *load* inside the block (the library's canary probes call
-    it there); ``torch.load`` stays torch's."""
+    it there); ``torch.load`` stays torch's.  The library calls only torch's own function, verified
+    by identity, so the stand-in also plays that part (:func:`as_genuine_load`)."""
     records._refusal.clear()
     try:
-        with mock.patch.object(torch.serialization, "load", load):
+        with mock.patch.object(torch.serialization, "load", load), as_genuine_load(load):
             yield
     finally:
         records._refusal.clear()
+
+
+def as_genuine_load(load: Callable[..., Any]) -> Any:
+    """Inside the block the library takes *load* (a function playing another torch's
+    ``torch.serialization.load``) for torch's own (``serialization_state.genuine``)."""
+    from torch_serial_testing.torch_facts import serialization_state
+
+    entry = (load, load.__code__, load.__defaults__, serialization_state._kwdefaults(load))
+    return mock.patch.dict(serialization_state._genuine, {"load": entry})
 
 
 def torch_zip_of(data_pkl: bytes) -> bytes:

@@ -10,6 +10,7 @@ at every bytecode of the restore code (``interrupt_campaign.py``, a subprocess).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -48,12 +49,17 @@ def _interrupt() -> None:
     raise KeyboardInterrupt("from __setstate__")
 
 
+_real_load = torch.serialization.load
+
+
 def _change_everything(test: Any) -> None:
     """What a test may change before it is interrupted (nothing that alters the load's outcome)."""
     torch.backends.quantized.engine = other_engine()
     if engines.allocator_installed() is False:
         torch._C._set_default_mobile_cpu_allocator()
     torch.serialization.add_safe_globals([LeakedGlobal])
+    torch.load = functools.wraps(torch.load)(lambda *a, **k: _real_load(*a, **k))  # passes everything on
+    torch._weights_only_unpickler._get_allowed_globals()["tst.Unused"] = LeakedGlobal  # names nothing loaded
     os.environ[WO] = "0"  # watched, falsy: torch reads it as unset
     try:
         from torch.utils.serialization import config
@@ -243,6 +249,7 @@ def _once(original: Callable[..., Any], when: str) -> Callable[..., Any]:
 
 RESTORE_STEPS = [
     "_restore_recording",
+    "_restore_serialization",
     "_restore_engine",
     "_restore_allocator",
     "_restore_registry",

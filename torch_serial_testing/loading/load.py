@@ -12,6 +12,7 @@ registered): that is recorded in the outcome text, never turned into a skip or a
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import unittest
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from ..torch_facts.loader import (
     watch_stdout,
 )
 from ..torch_facts.probes import ProbeFailed
+from ..torch_facts.serialization_state import genuine
 from ..torch_facts.registry import (
     registered_globals,
     registry_lock,
@@ -108,6 +110,14 @@ def load(
                 "real file and never with weights_only=True; re-save it with a current torch"
             )
         kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
+        if not checkpoint.owned and expectation.replaced_by is not None:
+            # Foreign bytes go to torch's own function only (see _torch_load): judged as torch's own.
+            expectation = dataclasses.replace(
+                expectation,
+                replaced_by=None,
+                reason=f"{expectation.reason}; loaded with torch's own torch.serialization.load, not the "
+                f"replaced torch.load ({expectation.replaced_by}), which foreign bytes never reach",
+            )
         replaced = expectation.replaced_by is not None
         registered = sorted(registered_globals()) if replaced else []
         # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment: without
@@ -150,19 +160,25 @@ def _drop_tracebacks(error: BaseException) -> None:
 def _torch_load(
     checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence[Any], kwargs: dict[str, Any], exp: Expectation
 ) -> tuple[Any, Optional[BaseException]]:
-    """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection)."""
+    """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection).
+
+    Bytes this process saved go to ``torch.load`` as the process has it (a backend's replacement is
+    judged by its outcome); foreign bytes only ever to torch's own ``torch.serialization.load``,
+    verified by identity (:func:`~..torch_facts.serialization_state.genuine`): a replaced
+    ``torch.load`` (a "force weights_only=False" shim) never sees them."""
     import torch
 
+    torch_load = torch.load if checkpoint.owned else genuine("load")
     buf = checkpoint.rewound()
     try:
         if mode is LoadMode.WEIGHTS_ONLY_FALSE:
-            return torch.load(buf, weights_only=False, **kwargs), None
+            return torch_load(buf, weights_only=False, **kwargs), None
         if mode is LoadMode.SAFE_GLOBALS:
             with torch.serialization.safe_globals([sg.torch_entry for sg in safe_globals]):
-                return torch.load(buf, weights_only=True, **kwargs), None
+                return torch_load(buf, weights_only=True, **kwargs), None
         if checkpoint.owned:
-            return torch.load(buf, **kwargs), None
-        return torch.load(buf, weights_only=True, **kwargs), None  # foreign bytes: the predicted call, explicit
+            return torch_load(buf, **kwargs), None
+        return torch_load(buf, weights_only=True, **kwargs), None  # foreign bytes: the predicted call, explicit
     except pickle.UnpicklingError as e:
         return None, e
     except Warning:

@@ -76,11 +76,13 @@ class Checkpoint:
 
     @classmethod
     def save(cls, obj: Any) -> "Checkpoint":
-        """``torch.save`` *obj* into a private in-memory buffer (no copy is ever made of it)."""
-        import torch
+        """``torch.save`` *obj* into a private in-memory buffer (no copy is ever made of it), with torch's
+        own function (:func:`~..torch_facts.serialization_state.genuine`): a replaced ``torch.save``
+        could write any bytes into a buffer that is then trusted with a full load."""
+        from ..torch_facts.serialization_state import genuine
 
         buffer = io.BytesIO()
-        torch.save(obj, buffer)
+        genuine("save")(obj, buffer)
         return cls(buffer, _owned=True)
 
     @classmethod

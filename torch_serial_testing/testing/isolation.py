@@ -21,17 +21,37 @@ from typing import Any, Optional, Sequence
 from ..core.environ import stored_environ
 from ..core.interrupts import deferred_interrupts, run_all
 from ..core.names import show_name, torch_key
-from ..policy.trust import judge_registry_entry
+from ..policy.trust import judge_global
 from ..torch_facts import engines
+from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.registry import (
     ImportRegistrations,
+    registered_by_torch,
     restore_registry,
     snapshot_registry,
     start_recording,
     stop_recording,
 )
+from ..torch_facts.serialization_state import SerializationState
 
-__all__ = ["GlobalState", "start_ignoring", "stop_ignoring"]
+__all__ = ["GlobalState", "judge_registration", "start_ignoring", "stop_ignoring"]
+
+
+def judge_registration(entry: Any) -> Optional[str]:
+    """Why a safe-globals registration (object or ``(object, name)``) must not stand, or None: judged
+    like a declaration (plain functions accepted, as with ``UnsafeCallable``: backends register rebuild
+    functions), whoever made it.  Being a class torch defines exempts nothing (``torch.jit.CompilationUnit``
+    runs TorchScript); only what torch's own modules register themselves is torch's responsibility."""
+    reason = judge_global(entry, opt_in=True)
+    if reason is None:
+        return None
+    try:
+        if registered_by_torch(entry):
+            return None
+    except ProbeFailed as e:
+        return f"{reason} (and whether torch itself registers it is unknown: {e})"
+    return reason
+
 
 _WATCHED_PREFIX = "TORCH_FORCE_"
 
@@ -63,6 +83,7 @@ class GlobalState:
     env: dict[str, Optional[str]]
     config: Optional[dict[str, Any]]
     import_registrations: ImportRegistrations
+    serialization: Optional[SerializationState] = None
     restored: bool = False
 
     @classmethod
@@ -77,8 +98,9 @@ class GlobalState:
                 _watched_env(),
                 serialization_config(),
                 ImportRegistrations(),
+                SerializationState(),
             )
-            state.import_registrations = start_recording(judge_registry_entry)
+            state.import_registrations = start_recording(judge_registration)
             return state
 
     def dangerous_registrations(self) -> list[str]:
@@ -86,7 +108,7 @@ class GlobalState:
         return [
             f"{show_name(_entry_name(entry))}: {reason}"
             for entry in self.registry
-            if (reason := judge_registry_entry(entry))
+            if (reason := judge_registration(entry))
         ]
 
     def restore(self) -> list[str]:
@@ -94,6 +116,7 @@ class GlobalState:
         leaks: dict[str, str] = {}
         with deferred_interrupts():
             steps = (
+                self._restore_serialization,  # first: the later steps call torch's functions
                 self._restore_engine,
                 self._restore_allocator,
                 self._restore_registry,
@@ -108,6 +131,12 @@ class GlobalState:
 
     def _restore_recording(self) -> None:
         stop_recording(self.import_registrations)
+
+    def _restore_serialization(self, leaks: dict[str, str]) -> None:
+        if self.serialization is not None:
+            changes = self.serialization.restore()
+            if changes:
+                leaks["serialization"] = "; ".join(changes)
 
     def _restore_engine(self, leaks: dict[str, str]) -> None:
         import torch
@@ -132,10 +161,19 @@ class GlobalState:
         # A module imported during the test (torch.distributed.tensor, a backend) may register at import: kept.
         kept = self.import_registrations.kept
         imported = [g for g in current if g not in self.registry and g in kept]
-        added = sorted(_entry_name(g) for g in current if g not in self.registry and g not in imported)
+        new = [g for g in current if g not in self.registry and g not in imported]
+        added = sorted(_entry_name(g) for g in new)
         removed = sorted(_entry_name(g) for g in self.registry if g not in current)
         if added or removed:
-            leaks["registry"] = f"safe-globals registry changed (added {added}, removed {removed})"
+            judged = "".join(
+                f"; {show_name(_entry_name(g))} is refused as a safe global: {why}"
+                for g in new
+                if (why := judge_registration(g))
+            )
+            leaks["registry"] = (
+                f"safe-globals registry changed (added {added}, removed {removed}){judged}; declare what a "
+                "load needs (safe_globals), or register inside a torch.serialization.safe_globals([...]) block"
+            )
         restore_registry([*self.registry, *imported])
 
     def _restore_env(self, leaks: dict[str, str]) -> None:

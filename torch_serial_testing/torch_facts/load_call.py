@@ -23,6 +23,7 @@ from ..core.modes import LoadMode
 from .loader import observe_serialization_warnings, torch_load_replacement
 from .probes import ProbeFailed
 from .registry import registry_lock
+from .serialization_state import genuine
 
 __all__ = [
     "FORCE_WO",
@@ -58,7 +59,7 @@ def _torch_key() -> tuple[Any, ...]:
     import torch
 
     ser = torch.serialization
-    return (ser.load, getattr(ser, "_default_to_weights_only", None), torch.__version__)
+    return (genuine("load"), getattr(ser, "_default_to_weights_only", None), torch.__version__)
 
 
 def _text(value: Any) -> Optional[str]:
@@ -94,16 +95,15 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
     known = _answers.get(key)
     if known is not None:
         return known
-    import torch
 
     if not _canary:
         buf = io.BytesIO()
-        torch.serialization.save(Canary(), buf)
+        genuine("save")(Canary(), buf)
         _canary.append(buf.getvalue())
     kwargs = {} if explicit is None else {"weights_only": explicit}
     with registry_lock, _lock, _environment((wo, no)), observe_serialization_warnings(consume_all=True) as seen:
         try:
-            value = torch.serialization.load(io.BytesIO(_canary[0]), **kwargs)
+            value = genuine("load")(io.BytesIO(_canary[0]), **kwargs)
         except pickle.UnpicklingError:
             answer: _Answer = (True, seen.seen)
         except RuntimeError as e:

@@ -38,13 +38,11 @@ FORCE_NO_NOTICE = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
 
 
 def torch_load_replacement() -> Optional[str]:
-    """Who replaced ``torch.load``, or None if it is torch's own."""
-    import torch
+    """Who replaced ``torch.load``, or None if it is torch's own: by identity, never by ``__module__``
+    (a ``functools.wraps`` shim copies it; see :func:`.serialization_state.genuine`)."""
+    from .serialization_state import replaced_by
 
-    fn = torch.load
-    if fn is torch.serialization.load or getattr(fn, "__module__", None) == "torch.serialization":
-        return None
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    return replaced_by("load")
 
 
 class Observation:
@@ -73,6 +71,9 @@ class _SerializationWarnings(types.ModuleType):
     def __init__(self, real: Any) -> None:
         super().__init__("warnings")
         self._tst_real = real
+
+    #: Tells :mod:`.serialization_state` this is the module it stands in for, not a replacement.
+    _tst_stands_in_for = True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tst_real, name)

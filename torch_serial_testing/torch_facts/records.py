@@ -11,6 +11,7 @@ import io
 from typing import IO, Any, Optional
 
 from .probes import ProbeFailed
+from .serialization_state import genuine
 
 __all__ = [
     "zip_reader",
@@ -82,7 +83,7 @@ def torchscript_refusal() -> Optional[str]:
         buf.seek(0)
         with observe_serialization_warnings(consume_all=True):  # torch warns that it dispatches to jit
             try:
-                torch.serialization.load(buf, weights_only=True)
+                genuine("load")(buf, weights_only=True)
                 error: Optional[BaseException] = None
             except Exception as e:  # noqa: BLE001 - where it was raised is the answer
                 error = e

@@ -34,6 +34,7 @@ __all__ = [
     "stop_recording",
     "recording_active",
     "torch_own_registrations",
+    "registered_by_torch",
 ]
 
 #: Held while the library reads or changes torch's process-wide registry, and around each prediction
@@ -332,3 +333,35 @@ def torch_own_registrations() -> frozenset[str]:
         )
     known = _own[modules] = frozenset(report["names"])
     return known
+
+
+_confirmed_own: dict[Any, bool] = {}
+
+
+def registered_by_torch(entry: Any) -> bool:
+    """Whether *entry* is one torch's own modules register: a ``torch.*`` object registered under its
+    own ``module.qualname``, which resolves to that very object here and which a fresh interpreter
+    importing the same ``torch.*`` modules registers too (:func:`torch_own_registrations`; asked
+    only for such entries, and a confirmed one is remembered).  Cannot tell: :class:`ProbeFailed`."""
+    obj, name = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, None)
+    real = torch_key(obj)
+    if real is None or not real.startswith("torch.") or (name is not None and name != real):
+        return False
+    try:
+        if _confirmed_own.get(entry):
+            return True
+    except TypeError:  # unhashable: never registered by torch
+        return False
+    module_name, _, qualname = real.rpartition(".")
+    module = sys.modules.get(module_name)
+    while module is None and "." in module_name:  # a nested qualname: Outer.Inner
+        module_name, _, outer = module_name.rpartition(".")
+        qualname = f"{outer}.{qualname}"
+        module = sys.modules.get(module_name)
+    target: Any = module
+    for part in qualname.split("."):
+        target = vars(target).get(part) if hasattr(target, "__dict__") else None
+    if target is not obj or real not in torch_own_registrations():
+        return False
+    _confirmed_own[entry] = True
+    return True
