@@ -139,7 +139,8 @@ class _Walk:
             stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
         namespace = func.__globals__ if isinstance(func.__globals__, dict) else {}
         builtin_names = vars(builtins)
-        for name in sorted(names):
+        # globals first: a name in co_names may be an attribute (os.open), not the builtin (open)
+        for name in sorted(names, key=lambda n: (n not in namespace, n)):
             if name in namespace:
                 why = self._used(namespace[name], names, depth)
             elif name in builtin_names:

@@ -34,7 +34,7 @@ from ..core.names import (
     pickle_forms,
     show_name,
 )
-from ..torch_facts.registry import torch_allowlist, torch_allowlist_table
+from ..torch_facts.registry import snapshot_registry, torch_allowlist, torch_allowlist_table, torch_own_registrations
 from ..torch_facts.remedies import NUMPY_SCALAR_SOURCE, numpy_scalar_remedy
 from .denylist import denylist_reason
 from .reach import TRUSTED_NATIVE, construction_reason, function_reason
@@ -107,8 +107,9 @@ def _denied(name: Optional[str]) -> Optional[str]:
 
 
 def _vouched() -> Any:
-    """Which classes torch vouches for, MRO and metaclass included: its own allowlist's classes, the
-    compiled classes of :data:`~.reach.TRUSTED_NATIVE`, and (for numpy's) the remedy torch prints."""
+    """Which classes torch vouches for, MRO and metaclass included: its own allowlist's classes, those
+    torch itself registers (when registered), the compiled classes of :data:`~.reach.TRUSTED_NATIVE`,
+    and (for numpy's) the remedy torch prints."""
     objs = [v for v in torch_allowlist_table().values() if isinstance(v, type)]
     for name in TRUSTED_NATIVE:
         found = _resolve_static(name) if imported_prefix(name) else None
@@ -116,10 +117,14 @@ def _vouched() -> Any:
             objs.append(found)
     ids = {id(o) for o in objs} | {id(type(o)) for o in objs}
     numpy_ids: list[set[int]] = []
+    registered = {id(g): g for g in snapshot_registry() if isinstance(g, type)}
 
     def vouched(cls: type) -> bool:
         if id(cls) in ids:
             return True
+        real = identity(cls) or ""
+        if id(cls) in registered and real.startswith("torch.") and real in torch_own_registrations():
+            return True  # torch registers it itself (DTensor's classes), asked of a fresh interpreter
         if not (identity(cls) or "").startswith("numpy."):
             return False
         if not numpy_ids:
