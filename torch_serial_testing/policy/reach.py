@@ -21,7 +21,6 @@ is trusted as torch trusts it.
 from __future__ import annotations
 
 import builtins
-import inspect
 import types
 from typing import Any, Callable, Optional
 
@@ -64,6 +63,16 @@ MAX_DEPTH = 4
 def _plain_builtin(cls: type) -> bool:
     name = identity(cls)
     return name is not None and name.startswith("builtins.") and denylist_reason(name) is None
+
+
+def _class_attr(cls: type, name: str) -> Any:
+    """What *name* is in the ``__dict__`` of the first class of *cls*'s MRO that has it (None: none);
+    read from the dicts, no descriptor or ``__getattr__`` runs."""
+    for k in type.__getattribute__(cls, "__mro__"):
+        found = type.__getattribute__(k, "__dict__").get(name)
+        if found is not None:
+            return found
+    return None
 
 
 def _unwrap(entry: Any) -> Any:
@@ -146,10 +155,7 @@ class _Walk:
             elif name in builtin_names:
                 why = reach_reason(f"builtins.{name}")
             elif owner is not None:
-                try:
-                    attr = _unwrap(inspect.getattr_static(owner, name))
-                except AttributeError:
-                    continue
+                attr = _unwrap(_class_attr(owner, name))
                 why = self.function(attr, depth + 1, owner) if isinstance(attr, types.FunctionType) else None
             else:
                 continue

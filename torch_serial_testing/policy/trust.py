@@ -34,10 +34,11 @@ from ..core.names import (
     pickle_forms,
     show_name,
 )
-from ..torch_facts.registry import snapshot_registry, torch_allowlist, torch_allowlist_table, torch_own_registrations
+from ..torch_facts.registry import torch_allowlist, torch_allowlist_table
 from ..torch_facts.remedies import NUMPY_SCALAR_SOURCE, numpy_scalar_remedy
 from .denylist import denylist_reason
-from .reach import TRUSTED_NATIVE, construction_reason, function_reason
+from .reach import TRUSTED_NATIVE
+from .vouched import callable_reason, class_reason
 
 __all__ = [
     "Verdict",
@@ -106,35 +107,6 @@ def _denied(name: Optional[str]) -> Optional[str]:
     return denylist_reason(name) if name and is_valid_name(name) else None
 
 
-def _vouched() -> Any:
-    """Which classes torch vouches for, MRO and metaclass included: its own allowlist's classes, those
-    torch itself registers (when registered), the compiled classes of :data:`~.reach.TRUSTED_NATIVE`,
-    and (for numpy's) the remedy torch prints."""
-    objs = [v for v in torch_allowlist_table().values() if isinstance(v, type)]
-    for name in TRUSTED_NATIVE:
-        found = _resolve_static(name) if imported_prefix(name) else None
-        if isinstance(found, type) and identity(found) == name:
-            objs.append(found)
-    ids = {id(o) for o in objs} | {id(type(o)) for o in objs}
-    numpy_ids: list[set[int]] = []
-    registered = {id(g): g for g in snapshot_registry() if isinstance(g, type)}
-
-    def vouched(cls: type) -> bool:
-        if id(cls) in ids:
-            return True
-        real = identity(cls) or ""
-        if id(cls) in registered and real.startswith("torch.") and real in torch_own_registrations():
-            return True  # torch registers it itself (DTensor's classes), asked of a fresh interpreter
-        if not (identity(cls) or "").startswith("numpy."):
-            return False
-        if not numpy_ids:
-            remedy = [o for o in numpy_scalar_remedy().values() if isinstance(o, type)]
-            numpy_ids.append({id(o) for o in remedy} | {id(type(o)) for o in remedy})
-        return id(cls) in numpy_ids[0]
-
-    return vouched
-
-
 def _documented(name: str) -> Optional[Any]:
     """The object torch names as the remedy under *name* (numpy scalars' reconstructor, ``numpy.dtype``,
     the dtype classes), or None.  Asked of torch only for ``numpy.`` names; imports numpy, nothing else."""
@@ -168,7 +140,7 @@ def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
             why = _denied(base_name)
             if why:
                 return "dangerous", f"it subclasses {base_name}: {why}"
-        why = construction_reason(obj, _vouched())
+        why = class_reason(obj)
         if why:
             return "dangerous", (
                 f"constructing or BUILD-ing it can do more than build a value ({why}); only a class torch "
@@ -179,7 +151,7 @@ def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
     why = None if isinstance(obj, FUNCTION_TYPES) else _denied(identity(type(obj)))
     if why:
         return "dangerous", f"it is {describe(obj)}: {why}"
-    why = function_reason(obj, _vouched())
+    why = callable_reason(obj)
     if why:
         return "dangerous", f"{why}; {NEVER_ADMITTED}"
     owner = getattr(obj, "__self__", None) if isinstance(obj, FUNCTION_TYPES) else None
