@@ -13,30 +13,36 @@ from typing import Optional
 
 from ..core.names import pickle_forms
 
-__all__ = ["denylist_reason"]
+__all__ = ["denylist_reason", "reach_reason"]
 
 _RUNS_PROCESSES = (
     "runs commands, signals or threads, or changes the process",
     "os posix nt _posixsubprocess subprocess commands popen2 pty sys signal threading _thread "
     "multiprocessing concurrent asyncio sched atexit ctypes _ctypes cffi resource fcntl termios tty "
     "curses readline rlcompleter _winapi msvcrt winreg _winreg platform webbrowser antigravity this "
-    "gc faulthandler tracemalloc",
+    "gc faulthandler tracemalloc _signal _multiprocessing _posixshmem _tkinter tkinter _thread _threading_local "
+    "_xxsubinterpreters _interpreters _interpchannels _interpqueues _testcapi _testinternalcapi _testbuffer "
+    "_osx_support _aix_support uuid._get_command_stdout torch.utils.collect_env",
 )
 _RUNS_CODE = (
     "compiles, imports or runs code",
-    "code codeop compileall py_compile runpy importlib imp pkgutil zipimport site sysconfig "
+    "code codeop compileall py_compile runpy importlib imp _imp _frozen_importlib _frozen_importlib_external "
+    "_bootstrap _bootstrap_external zipapp pkgutil zipimport site sysconfig _sysconfig _opcode opcode "
     "ensurepip venv distutils setuptools pip pkg_resources timeit pdb bdb cProfile profile pstats "
     "trace pydoc doctest unittest inspect dis types functools operator itertools copyreg copy_reg "
     "torch.fx torch.jit torch.package torch._dynamo torch._inductor torch.compiler torch.export "
     "torch._export torch.utils.cpp_extension torch.testing torch.library torch._library torch.ops "
     "torch._ops torch.classes torch._classes torch.distributed.rpc torch.multiprocessing "
-    "torch._utils._import_dotted_name torch.hub numpy.testing numpy.distutils numpy.f2py "
+    "torch._utils._import_dotted_name torch.hub torch.compile torch._C._aoti "
+    "numpy.testing numpy.distutils numpy.f2py "
     "numpy.ctypeslib numpy.lib.utils numpy._utils",
 )
 _LOADS_DATA = (
     "loads another pickle, checkpoint, file or native library",
     "pickle _pickle cPickle marshal shelve dbm dill cloudpickle joblib yaml torch.load torch.save "
-    "torch.serialization torch.storage._load_from_bytes torch._C._jit torch._C.import_ir_module "
+    "torch.serialization torch.storage._load_from_bytes torch._C._jit torch._C.import_ir_module _compression "
+    "torch.PyTorchFileReader torch.PyTorchFileWriter torch._C.PyTorchFileReader torch._C.PyTorchFileWriter "
+    "torch.utils.data.datapipes.utils.decoder "
     "torch._C._load_for_lite_interpreter numpy.load numpy.save numpy.savez numpy.savez_compressed "
     "numpy.loadtxt numpy.savetxt numpy.genfromtxt numpy.fromfile numpy.fromregex numpy.memmap "
     "numpy.DataSource numpy.lib.npyio numpy.lib._npyio_impl numpy.lib.format numpy.lib._format_impl "
@@ -44,14 +50,15 @@ _LOADS_DATA = (
 )
 _TOUCHES_FILES = (
     "opens, writes or deletes files",
-    "io _io tempfile shutil pathlib glob posixpath ntpath genericpath fileinput filecmp gzip bz2 "
-    "lzma zipfile tarfile zlib mmap sqlite3 logging.config logging.handlers logging.FileHandler "
-    "logging.basicConfig",
+    "io _io _pyio tempfile shutil pathlib glob posixpath ntpath genericpath fileinput filecmp gzip bz2 "
+    "_bz2 lzma _lzma zipfile tarfile zlib mmap sqlite3 _sqlite3 _dbm _gdbm logging.config logging.handlers "
+    "logging.FileHandler logging.basicConfig torch.cuda.gds",
 )
 _USES_NETWORK = (
     "fetches from or talks to the network",
     "socket _socket ssl select selectors socketserver urllib urllib2 urlparse httplib http ftplib "
-    "smtplib poplib imaplib nntplib telnetlib xmlrpc requests",
+    "smtplib poplib imaplib nntplib telnetlib xmlrpc requests _ssl torch._C._distributed_c10d "
+    "torch._C._distributed_rpc torch._C._distributed_autograd torch.utils.data._utils.worker",
 )
 
 _FAMILIES: dict[str, str] = {}
@@ -106,3 +113,59 @@ def _deny_one(name: str) -> Optional[str]:
         if part in _WALK_INTO:
             return f"it walks into the module {part!r}"
     return None
+
+
+#: What, used by a constructor's or function's own code, makes calling it reach files, sockets,
+#: processes, compilers or other pickles (narrower than the families: ``sys`` or ``inspect`` used by
+#: a constructor reaches nothing, named by a pickle they do).
+_REACHES: dict[str, str] = {}
+for _why, _names in (
+    (
+        "runs processes, signals or native code",
+        "os posix nt subprocess _posixsubprocess pty popen2 commands multiprocessing _multiprocessing ctypes "
+        "_ctypes cffi signal _signal webbrowser _winapi msvcrt resource fcntl torch.utils.collect_env",
+    ),
+    (
+        "compiles, imports or runs code",
+        "code codeop compileall py_compile runpy importlib imp _imp _frozen_importlib _frozen_importlib_external "
+        "pkgutil zipimport torch.utils.cpp_extension torch.hub torch.package torch.jit.load torch.jit._serialization "
+        "torch._inductor torch._C._aoti torch.compile",
+    ),
+    (
+        "loads another pickle, checkpoint or file",
+        "pickle _pickle marshal shelve dbm dill cloudpickle joblib yaml torch.load torch.save "
+        "torch.serialization.load torch.serialization.save torch.serialization._load torch.serialization._legacy_load "
+        "torch.serialization._save torch.serialization._legacy_save torch.storage._load_from_bytes numpy.load numpy.save numpy.fromfile numpy.memmap numpy.lib.npyio numpy.lib._npyio_impl numpy.lib.format "
+        "torch.PyTorchFileReader torch.PyTorchFileWriter",
+    ),
+    (
+        "opens, writes or deletes files",
+        "io.open io.FileIO _io.open _io.FileIO _pyio tempfile shutil glob zipfile tarfile gzip bz2 lzma mmap "
+        "sqlite3 fileinput logging.FileHandler logging.handlers logging.config torch.cuda.gds",
+    ),
+    (
+        "talks to the network",
+        "socket _socket ssl _ssl select selectors socketserver urllib http ftplib smtplib poplib imaplib nntplib "
+        "telnetlib xmlrpc requests torch._C._distributed_c10d torch.distributed.rpc",
+    ),
+):
+    for _name in _names.split():
+        _REACHES[_name] = _why
+
+
+@functools.lru_cache(maxsize=4096)
+def reach_reason(name: str) -> Optional[str]:
+    """Why code that uses *name* (a module or a module's attribute) reaches files, sockets, processes,
+    compilers or other pickles, or None."""
+    prefix = ""
+    for part in name.split("."):
+        prefix = f"{prefix}.{part}" if prefix else part
+        why = _REACHES.get(prefix)
+        if why:
+            return f"{prefix} {why}"
+    if name.startswith(("builtins.", "__builtin__.")) and name.split(".", 1)[1] in _REACHING_BUILTINS:
+        return f"{name} opens files or runs code"
+    return None
+
+
+_REACHING_BUILTINS = frozenset("open exec eval compile __import__ breakpoint input execfile".split())

@@ -35,7 +35,10 @@ from ..core.names import (
     show_name,
 )
 from ..torch_facts.registry import torch_allowlist, torch_allowlist_table
+from ..torch_facts.remedies import NUMPY_SCALAR_SOURCE, numpy_scalar_remedy
 from .denylist import denylist_reason
+from .reach import TRUSTED_NATIVE
+from .vouched import callable_reason, class_reason
 
 __all__ = [
     "Verdict",
@@ -48,14 +51,18 @@ __all__ = [
 ]
 
 #: Verdict kinds, from worst to best.
-KINDS = ("malformed", "dangerous", "callable", "absent", "alias", "class", "allowlisted")
+KINDS = ("malformed", "dangerous", "callable", "absent", "alias", "class", "documented", "allowlisted")
+#: Said of every callable refused: the one way to allow a function, and that it never admits a dangerous one.
+ESCAPE_HATCH = "only UnsafeCallable('{name}', reason='...') allows a function, if you trust it"
+NEVER_ADMITTED = "UnsafeCallable, the opt-in for a trusted function, refuses it too"
 
 
 @dataclass(frozen=True)
 class Verdict:
     """What the policy says about one name: ``kind`` (see :data:`KINDS`) and why.  ``dangerous``
     includes "cannot tell"; ``callable`` only :class:`UnsafeCallable` may allow; ``absent`` names nothing
-    here; ``alias`` is a class under another name than its own ``module.qualname``, which torch matches."""
+    here; ``alias`` is a class under another name than its own ``module.qualname``, which torch matches;
+    ``documented`` is a function torch itself names as the remedy (numpy scalars' reconstructor)."""
 
     name: str
     kind: str
@@ -63,8 +70,8 @@ class Verdict:
 
     @property
     def suggestible(self) -> bool:
-        """Only verified classes are ever suggested."""
-        return self.kind == "class"
+        """Only verified classes, and what torch itself names as the remedy, are ever suggested."""
+        return self.kind in ("class", "documented")
 
 
 class _CannotTell(str):
@@ -100,6 +107,21 @@ def _denied(name: Optional[str]) -> Optional[str]:
     return denylist_reason(name) if name and is_valid_name(name) else None
 
 
+def _documented(name: str) -> Optional[Any]:
+    """The object torch names as the remedy under *name* (numpy scalars' reconstructor, ``numpy.dtype``,
+    the dtype classes), or None.  Asked of torch only for ``numpy.`` names; imports numpy, nothing else."""
+    if not name.startswith("numpy."):
+        return None
+    return numpy_scalar_remedy().get(name)
+
+
+def _callable_refusal(obj: Any, reason: str) -> str:
+    """*reason*, naming :class:`UnsafeCallable` when *obj* is a function (the one escape hatch)."""
+    if isinstance(obj, type) or not callable(obj) or isinstance(obj, types.ModuleType):
+        return reason
+    return f"{reason}; {NEVER_ADMITTED}"
+
+
 def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
     """(kind, reason) for an object already in hand; only "class" passes the policy."""
     if isinstance(obj, types.ModuleType):
@@ -118,16 +140,29 @@ def _judge_object(obj: Any, depth: int = 0) -> tuple[str, str]:
             why = _denied(base_name)
             if why:
                 return "dangerous", f"it subclasses {base_name}: {why}"
-        return "class", "a class"
+        why = class_reason(obj)
+        if why:
+            return "dangerous", (
+                f"constructing or BUILD-ing it can do more than build a value ({why}); only a class torch "
+                "allowlists itself may be like that"
+            )
+        trusted = TRUSTED_NATIVE.get(real or "")
+        return "class", f"a compiled class the policy trusts: {trusted}" if trusted else "a class"
     why = None if isinstance(obj, FUNCTION_TYPES) else _denied(identity(type(obj)))
     if why:
         return "dangerous", f"it is {describe(obj)}: {why}"
+    why = callable_reason(obj)
+    if why:
+        return "dangerous", f"{why}; {NEVER_ADMITTED}"
     owner = getattr(obj, "__self__", None) if isinstance(obj, FUNCTION_TYPES) else None
     if owner is not None and not isinstance(owner, types.ModuleType) and depth < 3:
         kind, reason = _judge_object(owner, depth + 1)
         if kind == "dangerous":
             return "dangerous", f"it is {describe(obj)}, and that object: {reason}"
-    return "callable", (f"it is {describe(obj)}, not a class: the pickle would call it with arguments of its choosing")
+    return "callable", (
+        f"it is {describe(obj)}, not a class: the pickle would call it with arguments of its choosing; "
+        + ESCAPE_HATCH.format(name=show_name(real) if real else "module.name")
+    )
 
 
 def _resolve_static(name: str) -> Any:
@@ -193,9 +228,13 @@ def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
         allowed = torch_allowlist()
     if name in allowed:
         return Verdict(name, "allowlisted", "torch allowlists it itself")
+    documented = _documented(name)
+    if documented is not None and _resolve_static(name) is documented:
+        kind = "class" if isinstance(documented, type) else "documented"
+        return Verdict(name, kind, ("a class; " if kind == "class" else "") + NUMPY_SCALAR_SOURCE)
     why = denylist_reason(name)
     if why:
-        return Verdict(name, "dangerous", why)
+        return Verdict(name, "dangerous", _callable_refusal(_resolve_static(name), why))
     worst: Optional[Verdict] = None
     for form in pickle_forms(name):
         found = _resolve_static(form)
@@ -243,9 +282,12 @@ def judge_global(obj: Any, name: Optional[str] = None, *, opt_in: bool = False) 
         return f"the name {show_name(name)} is not a dotted Python name ({problem})"
     if torch_allowlist_table().get(name, judge_global) is obj:
         return None  # torch vouches for it itself
+    documented = _documented(name)
+    if documented is not None and documented is obj and _resolve_static(name) is obj:
+        return None  # torch names it as the remedy itself
     why = denylist_reason(name)
     if why:
-        return why
+        return _callable_refusal(obj, why)
     kind, reason = _judge_object(obj)
     if kind == "dangerous":
         return reason
