@@ -51,6 +51,10 @@ class CheckpointInfo:
     opcodes_walked: int = 0
     bytes_scanned: int = 0
     memo_entries: int = 0
+    #: Every format torch may read the bytes as: one, or ``("tar", "legacy")`` for bytes that are both a
+    #: tar archive (what ``torch.load`` of a path reads) and a legacy stream (what it reads from
+    #: ``io.BytesIO``); the names and checks above are then those of both readings.
+    readings: tuple[str, ...] = ()
 
     @property
     def type_checks(self) -> tuple[str, ...]:
@@ -237,4 +241,5 @@ def _scan(f: IO[bytes], limits: ScanLimits) -> CheckpointInfo:
         opcodes_walked=state.opcodes,
         bytes_scanned=state.bytes_scanned,
         memo_entries=state.max_memo,
+        readings=state.readings or (fmt,),
     )

@@ -253,6 +253,26 @@ class ScanState:
     #: False once the weights-only unpickler would have stopped: no more weights-only checks.
     weights_only_live: bool = True
 
+    #: The formats torch may read these bytes as, depending on the source it is given (a polyglot: two).
+    readings: tuple[str, ...] = ()
+
+    def fork(self) -> "ScanState":
+        """A fresh state for another reading of the same bytes, its work counted on from this one's."""
+        return ScanState(self.limits, opcodes=self.opcodes, bytes_scanned=self.bytes_scanned, max_memo=self.max_memo)
+
+    def absorb(self, other: "ScanState") -> None:
+        """Add what the reading *other* (made by :meth:`fork`) found: its names and checks, its work."""
+        for c in other.checks:
+            self.check(c.kind, c.name, c.message, c.shape)
+        self.globals |= other.globals
+        for name, via in other.full_load_globals.items():
+            self.full_load_globals.setdefault(name, via)
+        self.refused_opcodes |= other.refused_opcodes
+        self.opcodes = max(self.opcodes, other.opcodes)
+        self.bytes_scanned = max(self.bytes_scanned, other.bytes_scanned)
+        self.max_memo = max(self.max_memo, other.max_memo)
+        self.weights_only_live = other.weights_only_live
+
     def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> None:
         key = (kind, name, message, shape)
         if key not in self.seen:
