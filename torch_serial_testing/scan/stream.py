@@ -19,6 +19,7 @@ __all__ = [
     "stream_error",
     "damaged",
     "need",
+    "underflow",
     "memo_error",
     "memo_index",
     "check_budget",
@@ -52,9 +53,14 @@ def damaged(what: str, pos: int) -> CheckpointFormatError:
     return CheckpointFormatError(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
 
 
-def need(stack: list[Any], k: int, at: int) -> None:
-    if len(stack) < k:
-        raise damaged(f"stack underflow (needs {k} values)", at)
+def need(stack: list[Any], k: int, at: int, floor: int = 0) -> None:
+    """*k* values above *floor* (the innermost open MARK's height), or the unpicklers' stack underflow."""
+    if len(stack) - floor < k:
+        raise underflow(k, at)
+
+
+def underflow(k: int, at: int) -> CheckpointFormatError:
+    return damaged(f"stack underflow (needs {k} value{'s' if k > 1 else ''} above the last MARK, if any)", at)
 
 
 def memo_error(limits: ScanLimits) -> CheckpointFormatError:

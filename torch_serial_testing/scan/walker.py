@@ -23,6 +23,7 @@ from .stream import (
     memo_error,
     memo_index,
     need,
+    underflow,
     read_argument,
     stream_error,
     text_int,
@@ -102,6 +103,9 @@ def scan_pickle(
     push = stack.append
     memo: dict[int, Any] = {}
     marks: list[int] = []  # stack heights at each open MARK
+    # The height of the innermost open MARK: no opcode reaches below it (pickle's and torch's
+    # unpicklers start a new stack at MARK, so TUPLE1 right after one raises IndexError in torch).
+    floor = 0
     n = proto = 0
     if torch_rules is None:
         renames_always, import_map, name_map, blocked = True, {}, {}, frozenset()
@@ -111,9 +115,11 @@ def scan_pickle(
         blocked = torch_rules.blocked_modules
 
     def pop_mark() -> list[Any]:
+        nonlocal floor
         if not marks:
             raise damaged("MARK missing", at)
         i = marks.pop()
+        floor = marks[-1] if marks else 0
         items = stack[i:]
         del stack[i:]
         return items
@@ -148,6 +154,8 @@ def scan_pickle(
                     refuse(torch_rules.unsupported.format(code=code), NAMES[code])
             # -- the opcodes torch.save writes most, their small arguments decoded here --------
             if code == 0x71:  # BINPUT (1-byte index)
+                if len(stack) <= floor:
+                    raise underflow(1, at)
                 memo[data[pos + 1]] = stack[-1]
                 pos += 2
                 continue
@@ -171,6 +179,8 @@ def scan_pickle(
                 push(data[p:pos].decode("utf-8", "surrogatepass") if length <= max_name else STR)
                 continue
             if code == 0x52:  # REDUCE
+                if len(stack) - floor < 2:
+                    raise underflow(2, at)
                 args = stack.pop()
                 func = stack[-1]
                 pos += 1
@@ -186,10 +196,13 @@ def scan_pickle(
                 pos += 1
                 continue
             if code == 0x28:  # MARK
-                marks.append(len(stack))
+                floor = len(stack)
+                marks.append(floor)
                 pos += 1
                 continue
             if code == 0x85:  # TUPLE1
+                if len(stack) <= floor:
+                    raise underflow(1, at)
                 stack[-1] = (stack[-1],)
                 pos += 1
                 continue
@@ -198,6 +211,8 @@ def scan_pickle(
                 push(tuple(pop_mark()))
                 continue
             if code == 0x72:  # LONG_BINPUT
+                if len(stack) <= floor:
+                    raise underflow(1, at)
                 memo[unpack(data[pos + 1 : pos + 5], "little")] = stack[-1]
                 pos += 5
                 if len(memo) > max_memo:
@@ -219,18 +234,18 @@ def scan_pickle(
             arg, pos = read_argument(data, pos + 1, spec, limits, at)
 
             if code == 0x70 or code == 0x94:  # PUT, MEMOIZE
-                if not stack:
-                    raise damaged(f"{'PUT' if code == 0x70 else 'MEMOIZE'} with an empty stack", at)
+                if len(stack) <= floor:
+                    raise underflow(1, at)
                 memo[len(memo) if code == 0x94 else memo_index(arg, "PUT", at)] = stack[-1]
                 if len(memo) > max_memo:
                     raise memo_error(limits)
             elif code == 0x67:  # GET
                 push(memo[memo_index(arg, "GET", at)])
             elif code == 0x86:  # TUPLE2
-                need(stack, 2, at)
+                need(stack, 2, at, floor)
                 stack[-2:] = [(stack[-2], stack[-1])]
             elif code == 0x87:  # TUPLE3
-                need(stack, 3, at)
+                need(stack, 3, at, floor)
                 stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
             elif code == 0x4D or code == 0x4A:  # BININT2, BININT
                 push(unpack(arg, "little", signed=code == 0x4A))
@@ -255,7 +270,7 @@ def scan_pickle(
                             check("global", wo_name, wo_attr)
                     push(Global(wo_name))
             elif code == 0x93:  # STACK_GLOBAL
-                need(stack, 2, at)
+                need(stack, 2, at, floor)
                 module, name = stack[-2], stack[-1]
                 del stack[-2:]
                 if isinstance(module, str) and isinstance(name, str):
@@ -265,7 +280,7 @@ def scan_pickle(
                     full[UNRESOLVED] = "STACK_GLOBAL"
                     push(UNKNOWN)
             elif code == 0x81 or code == 0x92:  # NEWOBJ, NEWOBJ_EX
-                need(stack, 3 if code == 0x92 else 2, at)
+                need(stack, 3 if code == 0x92 else 2, at, floor)
                 del stack[-2 if code == 0x92 else -1 :]
                 cls = stack[-1]
                 if isinstance(cls, Global):
@@ -275,7 +290,7 @@ def scan_pickle(
                         refuse(torch_rules.newobj_refusal + describe_value(cls))
                     stack[-1] = UNKNOWN
             elif code == 0x62:  # BUILD
-                need(stack, 2, at)
+                need(stack, 2, at, floor)
                 build = stack.pop()
                 if wo:
                     t = type_of(stack[-1])
@@ -286,19 +301,19 @@ def scan_pickle(
                         check("build", t, "", state_shape(build))
             elif code == 0x61 or code == 0x65 or code == 0x73 or code == 0x75:  # APPEND(S), SETITEM(S)
                 if code == 0x61:
-                    need(stack, 2, at)
+                    need(stack, 2, at, floor)
                     stack.pop()
                 elif code == 0x65:
                     pop_mark()
-                    need(stack, 1, at)
+                    need(stack, 1, at, floor)
                 else:
                     if code == 0x73:
-                        need(stack, 3, at)
+                        need(stack, 3, at, floor)
                         keys: Any = stack[-2:-1]
                         del stack[-2:]
                     else:
                         keys = pop_mark()[0::2]
-                        need(stack, 1, at)
+                        need(stack, 1, at, floor)
                     add_dict_keys(stack[-1], keys)  # a dict the pickle built: its keys, for BUILD states
                 if wo:
                     target = container_check(torch_rules, NAMES[code], stack[-1])
@@ -307,7 +322,7 @@ def scan_pickle(
                         wo = target.kind != "refused"
             elif code == 0x51 or code == 0x50:  # BINPERSID, PERSID
                 if code == 0x51:
-                    need(stack, 1, at)
+                    need(stack, 1, at, floor)
                     pid = stack.pop()
                 else:
                     pid = UNKNOWN
@@ -336,8 +351,8 @@ def scan_pickle(
             elif code == 0x95:  # FRAME
                 pass
             elif code == 0x2E:  # STOP
-                if not stack:
-                    raise damaged("STOP with an empty stack", at)
+                if len(stack) <= floor:
+                    raise damaged("STOP with no value above the last MARK" if marks else "STOP with an empty stack", at)
                 state.opcodes += n
                 state.bytes_scanned += pos - start
                 state.max_memo = max(state.max_memo, len(memo))
@@ -350,10 +365,10 @@ def scan_pickle(
                 value = text_value(code, arg, data, max_name)
                 push(STR if value is None else BYTES if type(value) is bytes else value)
             elif code == 0x98:  # READONLY_BUFFER
-                need(stack, 1, at)
+                need(stack, 1, at, floor)
             elif code == 0x90:  # ADDITEMS
                 pop_mark()
-                need(stack, 1, at)
+                need(stack, 1, at, floor)
             elif code == 0x91 or code == 0x6C:  # FROZENSET, LIST
                 pop_mark()
                 push(FROZENSET if code == 0x91 else LIST)
@@ -367,14 +382,14 @@ def scan_pickle(
                 push(Obj(cls.name) if isinstance(cls, Global) else UNKNOWN)
             elif code == 0x30:  # POP (of a MARK when one is on top, as pickle does)
                 if marks and marks[-1] == len(stack):
-                    marks.pop()
+                    pop_mark()
                 else:
-                    need(stack, 1, at)
+                    need(stack, 1, at, floor)
                     stack.pop()
             elif code == 0x31:  # POP_MARK
                 pop_mark()
             elif code == 0x32:  # DUP
-                need(stack, 1, at)
+                need(stack, 1, at, floor)
                 push(stack[-1])
             elif code in (0x82, 0x83, 0x84):  # EXT1, EXT2, EXT4
                 ext = f"<extension registry code {unpack(arg, 'little')}>"
