@@ -39,7 +39,7 @@ from .model import (
     INT,
     LIST,
     NONE,
-    PICKLEBUFFER,
+    PUSHES,
     SET,
     STORAGE,
     STR,
@@ -61,19 +61,6 @@ from .model import (
 from .walk_rules import WalkRules, walk_rules
 
 __all__ = ["scan_pickle", "walk_rules", "WalkRules"]
-
-#: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
-_PUSHES = {
-    0x8B: INT,
-    0x47: FLOAT,
-    0x46: FLOAT,
-    0x42: BYTES,
-    0x43: BYTES,
-    0x8E: BYTES,
-    0x96: BYTEARRAY,
-    0x97: PICKLEBUFFER,
-    0x8F: SET,
-}
 
 
 def scan_pickle(
@@ -98,7 +85,7 @@ def scan_pickle(
     globals_, full = state.globals, state.full_load_globals
     max_name, max_stack, max_memo = limits.max_name_length, limits.max_stack_depth, limits.max_memo_entries
     budget = limits.max_opcodes - state.opcodes
-    unpack, arg_table, pushes = int.from_bytes, ARG, _PUSHES
+    unpack, arg_table, pushes = int.from_bytes, ARG, PUSHES
     stack: list[Any] = []
     push = stack.append
     memo: dict[int, Any] = {}
@@ -108,7 +95,8 @@ def scan_pickle(
     floor = 0
     n = proto = 0
     if torch_rules is None:
-        renames_always, import_map, name_map, blocked = True, {}, {}, frozenset()
+        renames_always, import_map, name_map = True, {}, {}
+        blocked: frozenset[str] = frozenset()
     else:
         renames_always = torch_rules.renames == "always"
         import_map, name_map = torch_rules.import_mapping, torch_rules.name_mapping
