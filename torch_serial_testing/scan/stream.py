@@ -18,6 +18,8 @@ __all__ = [
     "checked_global_name",
     "stream_error",
     "damaged",
+    "truncated",
+    "TruncatedStream",
     "need",
     "underflow",
     "memo_error",
@@ -49,8 +51,17 @@ ARG: dict[int, tuple[int, int]] = {ord(op.code): _layout(op.arg) for op in pickl
 NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
 
 
+class TruncatedStream(CheckpointFormatError):
+    """The stream ends inside an opcode or before STOP: more bytes may complete it (a legacy stream is
+    read in chunks)."""
+
+
 def damaged(what: str, pos: int) -> CheckpointFormatError:
     return CheckpointFormatError(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
+
+
+def truncated(what: str, pos: int) -> TruncatedStream:
+    return TruncatedStream(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
 
 
 def need(stack: list[Any], k: int, at: int, floor: int = 0) -> None:
@@ -110,26 +121,29 @@ def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimi
         if not size:
             return None, pos
         if pos + size > end:
-            raise damaged("truncated argument", at)
+            raise truncated("truncated argument", at)
         return data[pos : pos + size], pos + size
     if kind == _COUNTED:
         if pos + size > end:
-            raise damaged("truncated length", at)
+            raise truncated("truncated length", at)
         length = int.from_bytes(data[pos : pos + size], "little")
         pos += size
         if length > end - pos:
-            raise damaged(f"a {length}-byte argument beyond the end of the stream", at)
+            raise truncated(f"a {length}-byte argument beyond the end of the stream", at)
         return (pos, length), pos + length
     max_name = limits.max_name_length
-    nl = data.find(b"\n", pos, min(end, pos + max_name + limits.max_int_digits + 2))
+    window = pos + max_name + limits.max_int_digits + 2
+    nl = data.find(b"\n", pos, min(end, window))
     if nl < 0:
-        raise damaged("a text argument without newline (or longer than the limits)", at)
+        what = "a text argument without newline (or longer than the limits)"
+        raise truncated(what, at) if window > end else damaged(what, at)
     arg: Any = data[pos:nl]
     pos = nl + 1
     if kind == _TWO_LINES:
         nl = data.find(b"\n", pos, min(end, pos + max_name + 2))
         if nl < 0:
-            raise damaged("a global name without newline (or longer than ScanLimits.max_name_length)", at)
+            what = "a global name without newline (or longer than ScanLimits.max_name_length)"
+            raise truncated(what, at) if pos + max_name + 2 > end else damaged(what, at)
         arg = (arg, data[pos:nl])
         pos = nl + 1
     return arg, pos
@@ -156,7 +170,9 @@ def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatE
     """What an exception escaping the walk of the opcode at *at* means (*end*: the stream's length)."""
     if isinstance(e, IndexError):
         if pos >= end:
-            return CheckpointFormatError("the pickle stream ended early (no STOP opcode): the checkpoint is truncated")
+            return TruncatedStream("the pickle stream ended early (no STOP opcode): the checkpoint is truncated")
+        if at + 9 >= end:  # an opcode's fixed argument (at most 8 bytes) past the end
+            return truncated("an argument past the end of the stream", at)
         return damaged("stack underflow, or an argument past the end of the stream", at)
     if isinstance(e, KeyError):
         return damaged(f"memo entry {e} read before it was written", at)

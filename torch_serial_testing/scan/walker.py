@@ -28,19 +28,18 @@ from .stream import (
     stream_error,
     text_int,
     text_value,
+    truncated,
+    TruncatedStream,
 )
 from .model import (
     BOOL,
     BUILD_FREE,
-    BYTEARRAY,
     BYTES,
-    FLOAT,
     FROZENSET,
     INT,
     LIST,
     NONE,
     PUSHES,
-    SET,
     STORAGE,
     STR,
     UNKNOWN,
@@ -72,7 +71,7 @@ def scan_pickle(
     limits = state.limits
     end = len(data)
     if pos >= end:
-        raise CheckpointFormatError("the pickle stream ended early: the checkpoint is truncated")
+        raise TruncatedStream("the pickle stream ended early: the checkpoint is truncated")
     start = at = pos
     torch_rules: Any = walk.rules  # not None while wo is True
     wo = state.weights_only_live
@@ -159,11 +158,11 @@ def scan_pickle(
                 width = 4 if code == 0x58 else (1 if code == 0x8C else 8)
                 p = pos + 1 + width
                 if p > end:
-                    raise damaged("truncated length", at)
+                    raise truncated("truncated length", at)
                 length = unpack(data[pos + 1 : p], "little")
                 pos = p + length
                 if pos > end:
-                    raise damaged("a string beyond the end of the stream", at)
+                    raise truncated("a string beyond the end of the stream", at)
                 push(data[p:pos].decode("utf-8", "surrogatepass") if length <= max_name else STR)
                 continue
             if code == 0x52:  # REDUCE
