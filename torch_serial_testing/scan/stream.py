@@ -23,6 +23,7 @@ __all__ = [
     "need",
     "underflow",
     "memo_error",
+    "globals_error",
     "memo_index",
     "check_budget",
     "text_int",
@@ -81,8 +82,15 @@ def memo_error(limits: ScanLimits) -> CheckpointFormatError:
     )
 
 
-def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> None:
-    """The caps that bound time and memory, checked every 1024 opcodes."""
+def globals_error(limits: ScanLimits) -> CheckpointFormatError:
+    return CheckpointFormatError(
+        f"the checkpoint names more than ScanLimits.max_globals={limits.max_globals} distinct globals; "
+        "raise it with scan_limits(max_globals=...) if the checkpoint is trusted to need them"
+    )
+
+
+def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> int:
+    """The caps that bound time and memory, checked every 1024 opcodes; returns *n*."""
     if n > budget:
         raise CheckpointFormatError(
             f"the pickle has more than ScanLimits.max_opcodes={limits.max_opcodes} opcodes; "
@@ -94,6 +102,7 @@ def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits)
         )
     if memo > limits.max_memo_entries:
         raise memo_error(limits)
+    return n
 
 
 def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:

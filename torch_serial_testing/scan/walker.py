@@ -1,10 +1,9 @@
 """The opcode walker: torch's weights-only unpickler replayed over pickle bytes, nothing executed.
 
-One pass collects every global a pickle names (as torch's weights-only unpickler spells it and as
-a full unpickle resolves it) and, in torch's order, the checks that unpickler makes
-(:class:`~.model.Check`) under this torch's rules (:mod:`.walk_rules`).  Only the arguments the
-model needs are decoded, the rest skipped by length; :class:`~..core.limits.ScanLimits` bound it.
-Each opcode is one branch of one chain, the ones ``torch.save`` writes most first.
+One pass collects every global a pickle names (as torch's weights-only unpickler spells it and as a
+full unpickle resolves it) and, in torch's order, the checks that unpickler makes (:class:`~.model.Check`)
+under this torch's rules (:mod:`.walk_rules`), bound by :class:`~..core.limits.ScanLimits`.  Each opcode
+is one branch of one chain, the ones ``torch.save`` writes most first.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from .stream import (
     damaged,
     memo_error,
     memo_index,
+    globals_error,
     need,
     underflow,
     read_argument,
@@ -79,20 +79,20 @@ def scan_pickle(
     if wo and torch_rules is None:
         check("unknown", "", f"this torch's weights-only rules could not be probed: {walk.failure}")
         wo = False
-    # Locals for the loop: attribute and global lookups cost more.
     supported, storage_names = walk.supported, walk.storage_names
     globals_, full = state.globals, state.full_load_globals
     max_name, max_stack, max_memo = limits.max_name_length, limits.max_stack_depth, limits.max_memo_entries
+    max_globals = limits.max_globals
     budget = limits.max_opcodes - state.opcodes
     unpack, arg_table, pushes = int.from_bytes, ARG, PUSHES
     stack: list[Any] = []
     push = stack.append
     memo: dict[int, Any] = {}
     marks: list[int] = []  # stack heights at each open MARK
-    # The height of the innermost open MARK: no opcode reaches below it (pickle's and torch's
-    # unpicklers start a new stack at MARK, so TUPLE1 right after one raises IndexError in torch).
-    floor = 0
-    n = proto = 0
+    named: dict[Any, tuple[int, str, str, str]] = {}  # GLOBAL's raw argument -> (proto, its weights-only name)
+    # The innermost open MARK's height: no opcode reaches below it (torch's unpickler starts a new stack at MARK).
+    floor = n = proto = 0
+    next_check = 1024
     if torch_rules is None:
         renames_always, import_map, name_map = True, {}, {}
         blocked: frozenset[str] = frozenset()
@@ -120,6 +120,8 @@ def scan_pickle(
         else:
             wo_module, wo_name = import_map.get(module, module), name
         globals_.add(f"{wo_module}.{wo_name}")
+        if len(globals_) > max_globals:
+            raise globals_error(limits)
         full.setdefault(full_load_name(module, name, proto, zip_format, storage_names), via)
         return wo_module, wo_name
 
@@ -132,8 +134,8 @@ def scan_pickle(
         while True:
             code = data[pos]
             n += 1
-            if not n & 1023:
-                check_budget(n, budget, len(stack) + len(marks), len(memo), limits)
+            if n >= next_check:  # every 1024 opcodes (a GLOBAL counts 4: it costs as much)
+                next_check = check_budget(n, budget, len(stack) + len(marks), len(memo), limits) + 1024
             at = pos
             if code not in supported:
                 state.refused_opcodes.add(NAMES.get(code, str(code)))
@@ -213,8 +215,7 @@ def scan_pickle(
                 push(memo[unpack(data[pos + 1 : pos + 5], "little")])
                 pos += 5
                 continue
-            # -- every other opcode: its argument by the stdlib's layout, then its effect ---------
-            # (each branch under 256 code units: a longer jump unspecialises the comparison before it)
+            # -- every other opcode: its argument by the stdlib's layout, then its effect (short branches) --
             spec = arg_table.get(code)
             if spec is None:
                 raise damaged(f"unknown opcode {code}", pos)
@@ -237,12 +238,16 @@ def scan_pickle(
             elif code == 0x4D or code == 0x4A:  # BININT2, BININT
                 push(unpack(arg, "little", signed=code == 0x4A))
             elif code == 0x63 or code == 0x69:  # GLOBAL, INST
-                try:
-                    module, name = arg[0].decode("utf-8"), arg[1].decode("utf-8")
-                except UnicodeDecodeError:
-                    raise damaged("a global name that is not UTF-8", at) from None
-                wo_module, wo_attr = add_global(module, name, "GLOBAL" if code == 0x63 else "INST")
-                wo_name = f"{wo_module}.{wo_attr}"
+                n += 3
+                known = named.get(arg)  # a name repeated (a GLOBAL flood): decoded and judged once
+                if known is None or known[0] != proto:
+                    try:
+                        module, name = arg[0].decode("utf-8"), arg[1].decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise damaged("a global name that is not UTF-8", at) from None
+                    wo_module, wo_attr = add_global(module, name, "GLOBAL" if code == 0x63 else "INST")
+                    named[arg] = known = (proto, wo_module, wo_attr, f"{wo_module}.{wo_attr}")
+                _, wo_module, wo_attr, wo_name = known
                 if code == 0x69:
                     pop_mark()
                     push(Obj(wo_name))
