@@ -21,6 +21,7 @@ from typing import IO, Any, Optional, Union
 from ..core.errors import CheckpointFormatError
 from ..core.limits import ScanLimits, default_scan_limits
 from .model import Check, ScanState
+from .stream import check_budget
 from .walker import walk_rules
 
 __all__ = ["Checkpoint", "CheckpointInfo", "Check", "scan_checkpoint", "open_regular_file", "FORMATS"]
@@ -291,6 +292,7 @@ def _scan(f: IO[bytes], limits: ScanLimits) -> CheckpointInfo:
         fmt = scan_archive(f, nbytes, state)
     finally:
         f.seek(0)
+    check_budget(state.opcodes, limits.max_opcodes, 0, 0, limits)  # the walk checks every 1024 opcodes only
     return CheckpointInfo(
         format=fmt,
         globals=tuple(sorted(state.globals)),
