@@ -91,12 +91,16 @@ def report() -> list[str]:
 
 
 def _process(cmd: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of a child process."""
+    """Wall seconds and peak RSS (MB) of a child process.  The RSS is read by ``/usr/bin/time`` when
+    present: a child forked from this process (torch imported) would inherit its peak otherwise."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    timer = ["/usr/bin/time", "-f", "%M"] if os.path.exists("/usr/bin/time") else []
     w = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
-    _, _, usage = os.wait4(proc.pid, 0)
-    return time.perf_counter() - w, usage.ru_maxrss / 1024
+    proc = subprocess.run(timer + cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    wall = time.perf_counter() - w
+    if timer:
+        return wall, int(proc.stderr.decode().strip().splitlines()[-1]) / 1024
+    return wall, float("nan")
 
 
 def size() -> list[str]:
