@@ -27,7 +27,7 @@ from ..core.errors import CheckpointFormatError
 from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.records import TAR_REFUSAL, is_torchscript, storage_element_size, torchscript_refusal, zip_reader
 from .model import Global, ScanState
-from .stream import TruncatedStream
+from .stream import TruncatedStream, is_truncated
 from .walker import scan_pickle
 
 __all__ = ["scan_archive", "ZIP_MAGIC", "LEGACY_MAGIC", "LEGACY_PROTOCOL_VERSION"]
@@ -245,7 +245,7 @@ def _walk_legacy(data: bytes, more: bool, state: ScanState) -> None:
     try:
         _walk_five(data, state)
     except CheckpointFormatError as e:
-        if more and isinstance(e, TruncatedStream):
+        if more and is_truncated(e):
             raise _NeedMore from None
         raise
 
@@ -257,7 +257,7 @@ def _walk_five(data: bytes, state: ScanState) -> None:
     except CheckpointFormatError as e:
         if head[:1] == b"\x80":  # a pickle (PROTO opcode), but damaged
             raise
-        raise (TruncatedStream if isinstance(e, TruncatedStream) else CheckpointFormatError)(
+        raise (TruncatedStream if is_truncated(e) else CheckpointFormatError)(
             f"not a torch checkpoint: the first bytes are {head!r}, neither a zip archive from torch.save "
             f"(b'PK\\x03\\x04') nor a legacy pickle stream ({e})"
         ) from None

@@ -20,6 +20,7 @@ __all__ = [
     "damaged",
     "truncated",
     "TruncatedStream",
+    "is_truncated",
     "need",
     "underflow",
     "memo_error",
@@ -52,16 +53,23 @@ ARG: dict[int, tuple[int, int]] = {ord(op.code): _layout(op.arg) for op in pickl
 NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
 
 
-class TruncatedStream(CheckpointFormatError):
-    """The stream ends inside an opcode or before STOP: more bytes may complete it (a legacy stream is
-    read in chunks)."""
+def TruncatedStream(message: str) -> CheckpointFormatError:  # noqa: N802 - raised like a class
+    """The error of a stream that ends inside an opcode or before STOP, marked (:func:`is_truncated`):
+    more bytes may complete it (a legacy stream is read in chunks).  A plain CheckpointFormatError."""
+    e = CheckpointFormatError(message)
+    e.truncated = True  # type: ignore[attr-defined]
+    return e
+
+
+def is_truncated(e: BaseException) -> bool:
+    return getattr(e, "truncated", False) is True
 
 
 def damaged(what: str, pos: int) -> CheckpointFormatError:
     return CheckpointFormatError(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
 
 
-def truncated(what: str, pos: int) -> TruncatedStream:
+def truncated(what: str, pos: int) -> CheckpointFormatError:
     return TruncatedStream(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
 
 
