@@ -2,8 +2,9 @@
 
 Going over one ends the scan with a ``CheckpointFormatError`` naming the limit and how to raise it.
 The defaults are far above what ``torch.save`` writes for real models (a state_dict of 10,000
-tensors needs ~1 MB of pickle and ~100,000 memo entries) and keep a worst-case scan to a few
-seconds and a few hundred MB.
+tensors needs ~1 MB of pickle, ~350,000 opcodes, ~100,000 memo entries and a dozen distinct
+globals) and keep a worst-case scan to a few seconds and a few hundred MB (``bench/scan_bounds.py``
+measures the worst input per cap).
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ class ScanLimits:
     max_pickle_bytes: int = 256 * 1024 * 1024
     #: Bytes of pickle read in total, over every pickle of the checkpoint.
     max_scan_bytes: int = 512 * 1024 * 1024
-    max_opcodes: int = 20_000_000
+    #: Opcodes walked in total (GLOBAL and INST count 4): the cap that bounds time, ~1 us each at worst.
+    max_opcodes: int = 3_000_000
     #: Memo entries (PUT/MEMOIZE) held at once by one pickle.
     max_memo_entries: int = 2_000_000
     #: Characters of one global name (``module.qualname``).
     max_name_length: int = 1024
+    #: Distinct global names over the checkpoint (torch's own allowlist has a few hundred).
+    max_globals: int = 10_000
     #: Digits of an integer written as text (protocol 0/1); Python itself refuses more than 4300.
     max_int_digits: int = 4300
     #: Stack depth (values plus MARK levels) of one pickle.

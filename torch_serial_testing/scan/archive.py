@@ -4,9 +4,14 @@
   ``torch._C.PyTorchFileReader`` (never ``zipfile``, which resolves duplicate, case-folded or
   zip64-relocated records differently); ``constants.pkl`` makes it TorchScript, else torch
   unpickles the bytes its reader returns for ``data.pkl``;
-* a tar archive (``storages``, ``tensors``, ``pickle``; torch < 0.4), read only from a real file;
-* else the legacy stream of five pickles (magic number, protocol version, sys_info, the object,
-  the storage keys).
+* a tar archive (``storages``, ``tensors``, ``pickle``; torch < 0.4), which torch tries only for a
+  real file (a path, an ``open()``-ed file); from any other file object (``io.BytesIO``) it reads
+* the legacy stream of five pickles (magic number, protocol version, sys_info, the object, the
+  storage keys) -- its pickles come first, so only they are read, never the storage bytes after them.
+
+Bytes can be both a tar and a legacy stream (a *polyglot*): the scan does not know which source
+torch will be given, so it walks both readings and reports the union of what they name
+(``CheckpointInfo.readings``).
 
 Every pickle torch would unpickle is walked (:func:`~.walker.scan_pickle`); sizes are checked
 against :class:`~..core.limits.ScanLimits` before anything is decompressed or copied.
@@ -16,12 +21,13 @@ from __future__ import annotations
 
 import struct
 import tarfile
-from typing import IO, Any
+from typing import IO, Any, Optional
 
 from ..core.errors import CheckpointFormatError
 from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.records import TAR_REFUSAL, is_torchscript, storage_element_size, torchscript_refusal, zip_reader
 from .model import Global, ScanState
+from .stream import TruncatedStream, is_truncated
 from .walker import scan_pickle
 
 __all__ = ["scan_archive", "ZIP_MAGIC", "LEGACY_MAGIC", "LEGACY_PROTOCOL_VERSION"]
@@ -36,12 +42,33 @@ def scan_archive(f: IO[bytes], nbytes: int, state: ScanState) -> str:
     """Walk every pickle torch would unpickle from *f* (at position 0); return the format name."""
     head = f.read(4)
     f.seek(0)
-    if head == ZIP_MAGIC:
+    if head == ZIP_MAGIC:  # torch reads a zip from every kind of source, never anything else
         return _scan_zip(f, state)
-    if _is_tar(f):
-        _scan_tar(f, state)
+    if not _is_tar(f):
+        _scan_legacy(f, nbytes, state)
+        return "legacy"
+    # A real file is read as a tar, any other file object as a legacy stream: walk both readings.
+    tar_state = state.fork()
+    try:
+        _scan_tar(f, tar_state)
+        tar_error: Optional[CheckpointFormatError] = None
+    except CheckpointFormatError as e:
+        tar_error = e
+    f.seek(0)
+    stream_state = tar_state.fork()
+    try:
+        _scan_legacy(f, nbytes, stream_state)
+    except CheckpointFormatError:
+        if tar_error is not None:
+            raise tar_error from None
+        state.absorb(tar_state)  # a plain tar: no stream reading
         return "tar"
-    _scan_legacy(f, nbytes, state)
+    if tar_error is None:
+        state.absorb(tar_state)
+        state.absorb(stream_state)
+        state.readings = ("tar", "legacy")
+        return "tar"
+    state.absorb(stream_state)  # torch.load of the file fails (a damaged tar): only the stream loads
     return "legacy"
 
 
@@ -184,15 +211,53 @@ def _member(tar: tarfile.TarFile, name: str, state: ScanState) -> bytes:
     return data
 
 
+#: The first read of a legacy stream; doubled until its five pickles are in (they precede the storages).
+_LEGACY_FIRST_READ = 64 * 1024
+
+
+class _NeedMore(Exception):
+    """A pickle of the legacy stream runs past the bytes read so far."""
+
+
 def _scan_legacy(f: IO[bytes], nbytes: int, state: ScanState) -> None:
-    data = f.read(min(nbytes, state.limits.max_scan_bytes - state.bytes_scanned))
+    cap = min(nbytes, state.limits.max_scan_bytes - state.bytes_scanned)
+    size = min(cap, _LEGACY_FIRST_READ)
+    while True:
+        f.seek(0)
+        data = f.read(size)
+        attempt = state.fork()
+        try:
+            _walk_legacy(data, len(data) < nbytes, attempt)
+        except _NeedMore:
+            if len(data) < cap:
+                size = min(cap, size * 2)  # read more: at most twice the work of one walk, in all
+                continue
+            raise CheckpointFormatError(
+                f"the legacy checkpoint's pickles run past ScanLimits.max_scan_bytes="
+                f"{state.limits.max_scan_bytes}; raise it with scan_limits(max_scan_bytes=...)"
+            ) from None
+        state.absorb(attempt)
+        return
+
+
+def _walk_legacy(data: bytes, more: bool, state: ScanState) -> None:
+    """The five pickles of a legacy stream in *data* (*more*: the file has bytes beyond it)."""
+    try:
+        _walk_five(data, state)
+    except CheckpointFormatError as e:
+        if more and is_truncated(e):
+            raise _NeedMore from None
+        raise
+
+
+def _walk_five(data: bytes, state: ScanState) -> None:
     head = data[:4]
     try:
         pos, magic = scan_pickle(data, 0, state, zip_format=False)
     except CheckpointFormatError as e:
         if head[:1] == b"\x80":  # a pickle (PROTO opcode), but damaged
             raise
-        raise CheckpointFormatError(
+        raise (TruncatedStream if is_truncated(e) else CheckpointFormatError)(
             f"not a torch checkpoint: the first bytes are {head!r}, neither a zip archive from torch.save "
             f"(b'PK\\x03\\x04') nor a legacy pickle stream ({e})"
         ) from None
@@ -201,19 +266,11 @@ def _scan_legacy(f: IO[bytes], nbytes: int, state: ScanState) -> None:
             "a pickle stream, but not a torch checkpoint (no torch magic number in its first pickle): "
             "torch.load would refuse it with 'Invalid magic number; corrupt file?'"
         )
-    try:
-        pos, version = scan_pickle(data, pos, state, zip_format=False)
-        if version != LEGACY_PROTOCOL_VERSION:
-            raise CheckpointFormatError(
-                f"the legacy checkpoint's protocol version is not {LEGACY_PROTOCOL_VERSION}: torch.load "
-                "would refuse it with 'Invalid protocol version'"
-            )
-        for _ in ("sys_info", "the object", "the storage keys"):
-            pos, _value = scan_pickle(data, pos, state, zip_format=False)
-    except CheckpointFormatError as e:
-        if len(data) < nbytes and "ended early" in str(e):
-            raise CheckpointFormatError(
-                f"the legacy checkpoint's pickles run past ScanLimits.max_scan_bytes="
-                f"{state.limits.max_scan_bytes}; raise it with scan_limits(max_scan_bytes=...)"
-            ) from None
-        raise
+    pos, version = scan_pickle(data, pos, state, zip_format=False)
+    if version != LEGACY_PROTOCOL_VERSION:
+        raise CheckpointFormatError(
+            f"the legacy checkpoint's protocol version is not {LEGACY_PROTOCOL_VERSION}: torch.load "
+            "would refuse it with 'Invalid protocol version'"
+        )
+    for _ in ("sys_info", "the object", "the storage keys"):
+        pos, _value = scan_pickle(data, pos, state, zip_format=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import sys
 import threading
 from dataclasses import dataclass
@@ -20,9 +21,10 @@ from typing import IO, Any, Optional, Union
 from ..core.errors import CheckpointFormatError
 from ..core.limits import ScanLimits, default_scan_limits
 from .model import Check, ScanState
+from .stream import check_budget
 from .walker import walk_rules
 
-__all__ = ["Checkpoint", "CheckpointInfo", "Check", "scan_checkpoint", "FORMATS"]
+__all__ = ["Checkpoint", "CheckpointInfo", "Check", "scan_checkpoint", "open_regular_file", "FORMATS"]
 
 #: Formats :func:`scan_checkpoint` recognises.
 FORMATS = ("zip", "torchscript", "legacy", "tar")
@@ -51,6 +53,10 @@ class CheckpointInfo:
     opcodes_walked: int = 0
     bytes_scanned: int = 0
     memo_entries: int = 0
+    #: Every format torch may read the bytes as: one, or ``("tar", "legacy")`` for bytes that are both a
+    #: tar archive (what ``torch.load`` of a path reads) and a legacy stream (what it reads from
+    #: ``io.BytesIO``); the names and checks above are then those of both readings.
+    readings: tuple[str, ...] = ()
 
     @property
     def type_checks(self) -> tuple[str, ...]:
@@ -69,7 +75,7 @@ class Checkpoint:
 
     __slots__ = ("_buffer", "_owned", "_info")
 
-    def __init__(self, buffer: io.BytesIO, *, _owned: bool = False) -> None:
+    def __init__(self, buffer: IO[bytes], *, _owned: bool = False) -> None:
         self._buffer = buffer
         self._owned = _owned
         self._info: Optional[CheckpointInfo] = None
@@ -103,12 +109,38 @@ class Checkpoint:
         if isinstance(f, (bytes, bytearray, memoryview)):
             return cls.from_bytes(f)
         if isinstance(f, (str, os.PathLike)):
-            with open(f, "rb") as fh:
+            with open_regular_file(f) as fh:
                 return cls(io.BytesIO(fh.read()))
         _require_binary_seekable(f)
         start = f.tell()
         data = f.read()
         f.seek(start)
+        return cls(io.BytesIO(data))
+
+    @classmethod
+    def from_path(cls, path: "Union[str, os.PathLike[str]]") -> "Checkpoint":
+        """A foreign checkpoint *file*, kept open and read by record when scanned (a zip's pickle
+        records, a legacy stream's pickles), never whole into memory.  Regular files only: a symlink
+        is resolved and its target judged; a device, FIFO, socket or directory raises
+        :class:`CheckpointFormatError` before anything is read."""
+        return cls(open_regular_file(path))
+
+    @classmethod
+    def from_stream(cls, stream: IO[bytes], *, limits: Optional[ScanLimits] = None) -> "Checkpoint":
+        """A foreign checkpoint read from *stream* (stdin): a regular file behind it is used in place,
+        anything else is read up to ``ScanLimits.max_pickle_bytes`` (more raises)."""
+        try:
+            regular = stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+        except (AttributeError, OSError, ValueError):
+            regular = False
+        if regular and stream.seekable():
+            return cls(stream)
+        cap = (limits or default_scan_limits()).max_pickle_bytes
+        data = stream.read(cap + 1)
+        if len(data) > cap:
+            raise CheckpointFormatError(
+                f"the stream gave more than ScanLimits.max_pickle_bytes={cap} bytes; pass the checkpoint's path instead"
+            )
         return cls(io.BytesIO(data))
 
     @property
@@ -118,7 +150,9 @@ class Checkpoint:
 
     @property
     def nbytes(self) -> int:
-        return self._buffer.getbuffer().nbytes
+        if isinstance(self._buffer, io.BytesIO):
+            return self._buffer.getbuffer().nbytes
+        return os.fstat(self._buffer.fileno()).st_size
 
     @property
     def info(self) -> CheckpointInfo:
@@ -131,15 +165,15 @@ class Checkpoint:
     def format(self) -> str:
         """``zip``, ``torchscript``, ``legacy`` or ``tar``.  Known without a scan for a zip archive
         :meth:`save` wrote (``torch.save`` writes no ``constants.pkl``): a full load needs no scan."""
-        if self._info is None and self._owned:
+        if self._info is None and self._owned and isinstance(self._buffer, io.BytesIO):
             with self._buffer.getbuffer() as view:
                 head = bytes(view[:4])
             if head == b"PK\x03\x04":
                 return "zip"
         return self.info.format
 
-    def rewound(self) -> io.BytesIO:
-        """The underlying buffer at position 0 (for ``torch.load``)."""
+    def rewound(self) -> IO[bytes]:
+        """The underlying buffer (or file, :meth:`from_path`) at position 0 (for ``torch.load``)."""
         self._buffer.seek(0)
         return self._buffer
 
@@ -159,9 +193,11 @@ _small_infos: dict[tuple[Any, ...], tuple[bytes, ScanLimits, Any, CheckpointInfo
 _small_lock = threading.Lock()
 
 
-def _small_checkpoint_info(buffer: io.BytesIO) -> Optional[CheckpointInfo]:
-    """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones."""
-    if len(buffer.getbuffer()) > _SMALL_CHECKPOINT:  # the view is released at once (no reference kept)
+def _small_checkpoint_info(buffer: IO[bytes]) -> Optional[CheckpointInfo]:
+    """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones (and files)."""
+    if (
+        not isinstance(buffer, io.BytesIO) or len(buffer.getbuffer()) > _SMALL_CHECKPOINT
+    ):  # the view is released at once (no reference kept)
         return None
     limits = default_scan_limits()
     rules = walk_rules()
@@ -177,6 +213,33 @@ def _small_checkpoint_info(buffer: io.BytesIO) -> Optional[CheckpointInfo]:
                 _small_infos.pop(next(iter(_small_infos)), None)
             _small_infos[key] = (data, limits, rules, info)  # kept alive: their ids stay theirs
     return info
+
+
+_KINDS = [(stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
+_KINDS += [(stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket")]
+
+
+def open_regular_file(path: "Union[str, os.PathLike[str]]") -> IO[bytes]:
+    """*path* opened for reading if it is (or links to) a regular file, else :class:`CheckpointFormatError`
+    (OSError when it cannot be opened).  Opened non-blocking and judged by ``fstat`` of what was opened,
+    so a FIFO without a writer never hangs and a file swapped after the check is still judged."""
+    target = os.path.realpath(path)
+    fd = os.open(target, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+            via = f" (a symlink to {target!r})" if target != os.path.abspath(path) else ""
+            raise CheckpointFormatError(
+                f"{os.fspath(path)!r}{via} is {kind}, not a regular file: only regular files are read; "
+                "copy the checkpoint into a file first"
+            )
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _require_binary_seekable(f: Any) -> None:
@@ -204,7 +267,10 @@ def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> Ch
     limits = default_scan_limits() if limits is None else limits
     if isinstance(f, Checkpoint):
         return f.info if limits == default_scan_limits() else _scan(f.rewound(), limits)
-    if isinstance(f, (bytes, bytearray, memoryview, str, os.PathLike)):
+    if isinstance(f, (str, os.PathLike)):
+        with open_regular_file(f) as fh:
+            return _scan(fh, limits)
+    if isinstance(f, (bytes, bytearray, memoryview)):
         return _scan(Checkpoint.from_buffer(f).rewound(), limits)
     _require_binary_seekable(f)
     start = f.tell()
@@ -228,6 +294,7 @@ def _scan(f: IO[bytes], limits: ScanLimits) -> CheckpointInfo:
         fmt = scan_archive(f, nbytes, state)
     finally:
         f.seek(0)
+    check_budget(state.opcodes, limits.max_opcodes, 0, 0, limits)  # the walk checks every 1024 opcodes only
     return CheckpointInfo(
         format=fmt,
         globals=tuple(sorted(state.globals)),
@@ -239,4 +306,5 @@ def _scan(f: IO[bytes], limits: ScanLimits) -> CheckpointInfo:
         opcodes_walked=state.opcodes,
         bytes_scanned=state.bytes_scanned,
         memo_entries=state.max_memo,
+        readings=state.readings or (fmt,),
     )

@@ -39,6 +39,7 @@ __all__ = [
     "add_dict_keys",
     "loaded_class",
     "BUILD_FREE",
+    "PUSHES",
 ]
 
 UNRESOLVED = "<unresolved STACK_GLOBAL>"
@@ -145,6 +146,19 @@ STR = Obj("builtins.str")  # a str too long to keep
 PICKLEBUFFER = Obj("pickle.PickleBuffer")
 UNKNOWN = Obj(None)
 STORAGE = Obj("torch.storage.TypedStorage")
+
+#: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
+PUSHES = {
+    0x8B: INT,
+    0x47: FLOAT,
+    0x46: FLOAT,
+    0x42: BYTES,
+    0x43: BYTES,
+    0x8E: BYTES,
+    0x96: BYTEARRAY,
+    0x97: PICKLEBUFFER,
+    0x8F: SET,
+}
 
 TENSOR = "torch.Tensor"
 PARAMETER = "torch.nn.parameter.Parameter"
@@ -253,6 +267,24 @@ class ScanState:
     #: False once the weights-only unpickler would have stopped: no more weights-only checks.
     weights_only_live: bool = True
 
+    #: The formats torch may read these bytes as, depending on the source it is given (a polyglot: two).
+    readings: tuple[str, ...] = ()
+
+    def fork(self) -> "ScanState":
+        """A fresh state for another reading of the same bytes (its work counted on from this one's)."""
+        return ScanState(self.limits, opcodes=self.opcodes, bytes_scanned=self.bytes_scanned, max_memo=self.max_memo)
+
+    def absorb(self, other: "ScanState") -> None:
+        """Add what the reading *other* (made by :meth:`fork`) found: its names and checks, its work."""
+        for c in other.checks:
+            self.check(c.kind, c.name, c.message, c.shape)
+        self.globals |= other.globals
+        self.full_load_globals = {**other.full_load_globals, **self.full_load_globals}
+        self.refused_opcodes |= other.refused_opcodes
+        self.opcodes, self.bytes_scanned = other.opcodes, other.bytes_scanned  # forked: counted on from ours
+        self.max_memo = max(self.max_memo, other.max_memo)
+        self.weights_only_live = other.weights_only_live
+
     def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> None:
         key = (kind, name, message, shape)
         if key not in self.seen:
@@ -315,7 +347,9 @@ def container_check(rules: UnpicklerRules, opcode: str, target: Any) -> Optional
     whatever is allowlisted (or its type is unknown), ``"refused"`` when it never does (a deque), else
     one the allowlist decides at load time (torch 2.14.1 lets an allowlisted list subclass through)."""
     type_name = type_of(target)
-    rule = None if type_name is None else rules.container(opcode)
+    if type_name is None:
+        return None
+    rule = rules.container(opcode)
     if rule is None:
         return None
     refused = [kind in rule.refused for kind in _target_kinds(opcode, type_name)]

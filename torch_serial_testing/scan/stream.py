@@ -18,8 +18,13 @@ __all__ = [
     "checked_global_name",
     "stream_error",
     "damaged",
+    "truncated",
+    "TruncatedStream",
+    "is_truncated",
     "need",
+    "underflow",
     "memo_error",
+    "globals_error",
     "memo_index",
     "check_budget",
     "text_int",
@@ -48,13 +53,34 @@ ARG: dict[int, tuple[int, int]] = {ord(op.code): _layout(op.arg) for op in pickl
 NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
 
 
+def TruncatedStream(message: str) -> CheckpointFormatError:  # noqa: N802 - raised like a class
+    """The error of a stream that ends inside an opcode or before STOP, marked (:func:`is_truncated`):
+    more bytes may complete it (a legacy stream is read in chunks).  A plain CheckpointFormatError."""
+    e = CheckpointFormatError(message)
+    e.truncated = True  # type: ignore[attr-defined]
+    return e
+
+
+def is_truncated(e: BaseException) -> bool:
+    return getattr(e, "truncated", False) is True
+
+
 def damaged(what: str, pos: int) -> CheckpointFormatError:
     return CheckpointFormatError(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
 
 
-def need(stack: list[Any], k: int, at: int) -> None:
-    if len(stack) < k:
-        raise damaged(f"stack underflow (needs {k} values)", at)
+def truncated(what: str, pos: int) -> CheckpointFormatError:
+    return TruncatedStream(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
+
+
+def need(stack: list[Any], k: int, at: int, floor: int = 0) -> None:
+    """*k* values above *floor* (the innermost open MARK's height), or the unpicklers' stack underflow."""
+    if len(stack) - floor < k:
+        raise underflow(k, at)
+
+
+def underflow(k: int, at: int) -> CheckpointFormatError:
+    return damaged(f"stack underflow (needs {k} value{'s' if k > 1 else ''} above the last MARK, if any)", at)
 
 
 def memo_error(limits: ScanLimits) -> CheckpointFormatError:
@@ -64,8 +90,15 @@ def memo_error(limits: ScanLimits) -> CheckpointFormatError:
     )
 
 
-def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> None:
-    """The caps that bound time and memory, checked every 1024 opcodes."""
+def globals_error(limits: ScanLimits) -> CheckpointFormatError:
+    return CheckpointFormatError(
+        f"the checkpoint names more than ScanLimits.max_globals={limits.max_globals} distinct globals; "
+        "raise it with scan_limits(max_globals=...) if the checkpoint is trusted to need them"
+    )
+
+
+def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> int:
+    """The caps that bound time and memory, checked every 1024 opcodes; returns *n*."""
     if n > budget:
         raise CheckpointFormatError(
             f"the pickle has more than ScanLimits.max_opcodes={limits.max_opcodes} opcodes; "
@@ -77,6 +110,7 @@ def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits)
         )
     if memo > limits.max_memo_entries:
         raise memo_error(limits)
+    return n
 
 
 def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:
@@ -104,26 +138,29 @@ def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimi
         if not size:
             return None, pos
         if pos + size > end:
-            raise damaged("truncated argument", at)
+            raise truncated("truncated argument", at)
         return data[pos : pos + size], pos + size
     if kind == _COUNTED:
         if pos + size > end:
-            raise damaged("truncated length", at)
+            raise truncated("truncated length", at)
         length = int.from_bytes(data[pos : pos + size], "little")
         pos += size
         if length > end - pos:
-            raise damaged(f"a {length}-byte argument beyond the end of the stream", at)
+            raise truncated(f"a {length}-byte argument beyond the end of the stream", at)
         return (pos, length), pos + length
     max_name = limits.max_name_length
-    nl = data.find(b"\n", pos, min(end, pos + max_name + limits.max_int_digits + 2))
+    window = pos + max_name + limits.max_int_digits + 2
+    nl = data.find(b"\n", pos, min(end, window))
     if nl < 0:
-        raise damaged("a text argument without newline (or longer than the limits)", at)
+        what = "a text argument without newline (or longer than the limits)"
+        raise truncated(what, at) if window > end else damaged(what, at)
     arg: Any = data[pos:nl]
     pos = nl + 1
     if kind == _TWO_LINES:
         nl = data.find(b"\n", pos, min(end, pos + max_name + 2))
         if nl < 0:
-            raise damaged("a global name without newline (or longer than ScanLimits.max_name_length)", at)
+            what = "a global name without newline (or longer than ScanLimits.max_name_length)"
+            raise truncated(what, at) if pos + max_name + 2 > end else damaged(what, at)
         arg = (arg, data[pos:nl])
         pos = nl + 1
     return arg, pos
@@ -150,7 +187,9 @@ def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatE
     """What an exception escaping the walk of the opcode at *at* means (*end*: the stream's length)."""
     if isinstance(e, IndexError):
         if pos >= end:
-            return CheckpointFormatError("the pickle stream ended early (no STOP opcode): the checkpoint is truncated")
+            return TruncatedStream("the pickle stream ended early (no STOP opcode): the checkpoint is truncated")
+        if at + 9 >= end:  # an opcode's fixed argument (at most 8 bytes) past the end
+            return truncated("an argument past the end of the stream", at)
         return damaged("stack underflow, or an argument past the end of the stream", at)
     if isinstance(e, KeyError):
         return damaged(f"memo entry {e} read before it was written", at)

@@ -1,10 +1,9 @@
 """The opcode walker: torch's weights-only unpickler replayed over pickle bytes, nothing executed.
 
-One pass collects every global a pickle names (as torch's weights-only unpickler spells it and as
-a full unpickle resolves it) and, in torch's order, the checks that unpickler makes
-(:class:`~.model.Check`) under this torch's rules (:mod:`.walk_rules`).  Only the arguments the
-model needs are decoded, the rest skipped by length; :class:`~..core.limits.ScanLimits` bound it.
-Each opcode is one branch of one chain, the ones ``torch.save`` writes most first.
+One pass collects every global a pickle names (as torch's weights-only unpickler spells it and as a
+full unpickle resolves it) and, in torch's order, the checks that unpickler makes (:class:`~.model.Check`)
+under this torch's rules (:mod:`.walk_rules`), bound by :class:`~..core.limits.ScanLimits`.  Each opcode
+is one branch of one chain, the ones ``torch.save`` writes most first.
 """
 
 from __future__ import annotations
@@ -22,24 +21,25 @@ from .stream import (
     damaged,
     memo_error,
     memo_index,
+    globals_error,
     need,
+    underflow,
     read_argument,
     stream_error,
     text_int,
     text_value,
+    truncated,
+    TruncatedStream,
 )
 from .model import (
     BOOL,
     BUILD_FREE,
-    BYTEARRAY,
     BYTES,
-    FLOAT,
     FROZENSET,
     INT,
     LIST,
     NONE,
-    PICKLEBUFFER,
-    SET,
+    PUSHES,
     STORAGE,
     STR,
     UNKNOWN,
@@ -61,19 +61,6 @@ from .walk_rules import WalkRules, walk_rules
 
 __all__ = ["scan_pickle", "walk_rules", "WalkRules"]
 
-#: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
-_PUSHES = {
-    0x8B: INT,
-    0x47: FLOAT,
-    0x46: FLOAT,
-    0x42: BYTES,
-    0x43: BYTES,
-    0x8E: BYTES,
-    0x96: BYTEARRAY,
-    0x97: PICKLEBUFFER,
-    0x8F: SET,
-}
-
 
 def scan_pickle(
     data: bytes, pos: int, state: ScanState, *, zip_format: bool, rules: Optional[WalkRules] = None
@@ -84,7 +71,7 @@ def scan_pickle(
     limits = state.limits
     end = len(data)
     if pos >= end:
-        raise CheckpointFormatError("the pickle stream ended early: the checkpoint is truncated")
+        raise TruncatedStream("the pickle stream ended early: the checkpoint is truncated")
     start = at = pos
     torch_rules: Any = walk.rules  # not None while wo is True
     wo = state.weights_only_live
@@ -92,28 +79,34 @@ def scan_pickle(
     if wo and torch_rules is None:
         check("unknown", "", f"this torch's weights-only rules could not be probed: {walk.failure}")
         wo = False
-    # Locals for the loop: attribute and global lookups cost more.
     supported, storage_names = walk.supported, walk.storage_names
     globals_, full = state.globals, state.full_load_globals
     max_name, max_stack, max_memo = limits.max_name_length, limits.max_stack_depth, limits.max_memo_entries
+    max_globals = limits.max_globals
     budget = limits.max_opcodes - state.opcodes
-    unpack, arg_table, pushes = int.from_bytes, ARG, _PUSHES
+    unpack, arg_table, pushes = int.from_bytes, ARG, PUSHES
     stack: list[Any] = []
     push = stack.append
     memo: dict[int, Any] = {}
     marks: list[int] = []  # stack heights at each open MARK
-    n = proto = 0
+    named: dict[Any, tuple[int, str, str, str]] = {}  # GLOBAL's raw argument -> (proto, its weights-only name)
+    # The innermost open MARK's height: no opcode reaches below it (torch's unpickler starts a new stack at MARK).
+    floor = n = proto = 0
+    next_check = 1024
     if torch_rules is None:
-        renames_always, import_map, name_map, blocked = True, {}, {}, frozenset()
+        renames_always, import_map, name_map = True, {}, {}
+        blocked: frozenset[str] = frozenset()
     else:
         renames_always = torch_rules.renames == "always"
         import_map, name_map = torch_rules.import_mapping, torch_rules.name_mapping
         blocked = torch_rules.blocked_modules
 
     def pop_mark() -> list[Any]:
+        nonlocal floor
         if not marks:
             raise damaged("MARK missing", at)
         i = marks.pop()
+        floor = marks[-1] if marks else 0
         items = stack[i:]
         del stack[i:]
         return items
@@ -127,6 +120,8 @@ def scan_pickle(
         else:
             wo_module, wo_name = import_map.get(module, module), name
         globals_.add(f"{wo_module}.{wo_name}")
+        if len(globals_) > max_globals:
+            raise globals_error(limits)
         full.setdefault(full_load_name(module, name, proto, zip_format, storage_names), via)
         return wo_module, wo_name
 
@@ -139,8 +134,8 @@ def scan_pickle(
         while True:
             code = data[pos]
             n += 1
-            if not n & 1023:
-                check_budget(n, budget, len(stack) + len(marks), len(memo), limits)
+            if n >= next_check:  # every 1024 opcodes (a GLOBAL counts 4: it costs as much)
+                next_check = check_budget(n, budget, len(stack) + len(marks), len(memo), limits) + 1024
             at = pos
             if code not in supported:
                 state.refused_opcodes.add(NAMES.get(code, str(code)))
@@ -148,6 +143,8 @@ def scan_pickle(
                     refuse(torch_rules.unsupported.format(code=code), NAMES[code])
             # -- the opcodes torch.save writes most, their small arguments decoded here --------
             if code == 0x71:  # BINPUT (1-byte index)
+                if len(stack) <= floor:
+                    raise underflow(1, at)
                 memo[data[pos + 1]] = stack[-1]
                 pos += 2
                 continue
@@ -163,14 +160,16 @@ def scan_pickle(
                 width = 4 if code == 0x58 else (1 if code == 0x8C else 8)
                 p = pos + 1 + width
                 if p > end:
-                    raise damaged("truncated length", at)
+                    raise truncated("truncated length", at)
                 length = unpack(data[pos + 1 : p], "little")
                 pos = p + length
                 if pos > end:
-                    raise damaged("a string beyond the end of the stream", at)
+                    raise truncated("a string beyond the end of the stream", at)
                 push(data[p:pos].decode("utf-8", "surrogatepass") if length <= max_name else STR)
                 continue
             if code == 0x52:  # REDUCE
+                if len(stack) - floor < 2:
+                    raise underflow(2, at)
                 args = stack.pop()
                 func = stack[-1]
                 pos += 1
@@ -186,10 +185,13 @@ def scan_pickle(
                 pos += 1
                 continue
             if code == 0x28:  # MARK
-                marks.append(len(stack))
+                floor = len(stack)
+                marks.append(floor)
                 pos += 1
                 continue
             if code == 0x85:  # TUPLE1
+                if len(stack) <= floor:
+                    raise underflow(1, at)
                 stack[-1] = (stack[-1],)
                 pos += 1
                 continue
@@ -198,6 +200,8 @@ def scan_pickle(
                 push(tuple(pop_mark()))
                 continue
             if code == 0x72:  # LONG_BINPUT
+                if len(stack) <= floor:
+                    raise underflow(1, at)
                 memo[unpack(data[pos + 1 : pos + 5], "little")] = stack[-1]
                 pos += 5
                 if len(memo) > max_memo:
@@ -211,36 +215,39 @@ def scan_pickle(
                 push(memo[unpack(data[pos + 1 : pos + 5], "little")])
                 pos += 5
                 continue
-            # -- every other opcode: its argument by the stdlib's layout, then its effect ---------
-            # (each branch under 256 code units: a longer jump unspecialises the comparison before it)
+            # -- every other opcode: its argument by the stdlib's layout, then its effect (short branches) --
             spec = arg_table.get(code)
             if spec is None:
                 raise damaged(f"unknown opcode {code}", pos)
             arg, pos = read_argument(data, pos + 1, spec, limits, at)
 
             if code == 0x70 or code == 0x94:  # PUT, MEMOIZE
-                if not stack:
-                    raise damaged(f"{'PUT' if code == 0x70 else 'MEMOIZE'} with an empty stack", at)
+                if len(stack) <= floor:
+                    raise underflow(1, at)
                 memo[len(memo) if code == 0x94 else memo_index(arg, "PUT", at)] = stack[-1]
                 if len(memo) > max_memo:
                     raise memo_error(limits)
             elif code == 0x67:  # GET
                 push(memo[memo_index(arg, "GET", at)])
             elif code == 0x86:  # TUPLE2
-                need(stack, 2, at)
+                need(stack, 2, at, floor)
                 stack[-2:] = [(stack[-2], stack[-1])]
             elif code == 0x87:  # TUPLE3
-                need(stack, 3, at)
+                need(stack, 3, at, floor)
                 stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
             elif code == 0x4D or code == 0x4A:  # BININT2, BININT
                 push(unpack(arg, "little", signed=code == 0x4A))
             elif code == 0x63 or code == 0x69:  # GLOBAL, INST
-                try:
-                    module, name = arg[0].decode("utf-8"), arg[1].decode("utf-8")
-                except UnicodeDecodeError:
-                    raise damaged("a global name that is not UTF-8", at) from None
-                wo_module, wo_attr = add_global(module, name, "GLOBAL" if code == 0x63 else "INST")
-                wo_name = f"{wo_module}.{wo_attr}"
+                n += 3
+                known = named.get(arg)  # a name repeated (a GLOBAL flood): decoded and judged once
+                if known is None or known[0] != proto:
+                    try:
+                        module, name = arg[0].decode("utf-8"), arg[1].decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise damaged("a global name that is not UTF-8", at) from None
+                    wo_module, wo_attr = add_global(module, name, "GLOBAL" if code == 0x63 else "INST")
+                    named[arg] = known = (proto, wo_module, wo_attr, f"{wo_module}.{wo_attr}")
+                _, wo_module, wo_attr, wo_name = known
                 if code == 0x69:
                     pop_mark()
                     push(Obj(wo_name))
@@ -255,7 +262,7 @@ def scan_pickle(
                             check("global", wo_name, wo_attr)
                     push(Global(wo_name))
             elif code == 0x93:  # STACK_GLOBAL
-                need(stack, 2, at)
+                need(stack, 2, at, floor)
                 module, name = stack[-2], stack[-1]
                 del stack[-2:]
                 if isinstance(module, str) and isinstance(name, str):
@@ -265,7 +272,7 @@ def scan_pickle(
                     full[UNRESOLVED] = "STACK_GLOBAL"
                     push(UNKNOWN)
             elif code == 0x81 or code == 0x92:  # NEWOBJ, NEWOBJ_EX
-                need(stack, 3 if code == 0x92 else 2, at)
+                need(stack, 3 if code == 0x92 else 2, at, floor)
                 del stack[-2 if code == 0x92 else -1 :]
                 cls = stack[-1]
                 if isinstance(cls, Global):
@@ -275,7 +282,7 @@ def scan_pickle(
                         refuse(torch_rules.newobj_refusal + describe_value(cls))
                     stack[-1] = UNKNOWN
             elif code == 0x62:  # BUILD
-                need(stack, 2, at)
+                need(stack, 2, at, floor)
                 build = stack.pop()
                 if wo:
                     t = type_of(stack[-1])
@@ -286,19 +293,19 @@ def scan_pickle(
                         check("build", t, "", state_shape(build))
             elif code == 0x61 or code == 0x65 or code == 0x73 or code == 0x75:  # APPEND(S), SETITEM(S)
                 if code == 0x61:
-                    need(stack, 2, at)
+                    need(stack, 2, at, floor)
                     stack.pop()
                 elif code == 0x65:
                     pop_mark()
-                    need(stack, 1, at)
+                    need(stack, 1, at, floor)
                 else:
                     if code == 0x73:
-                        need(stack, 3, at)
+                        need(stack, 3, at, floor)
                         keys: Any = stack[-2:-1]
                         del stack[-2:]
                     else:
                         keys = pop_mark()[0::2]
-                        need(stack, 1, at)
+                        need(stack, 1, at, floor)
                     add_dict_keys(stack[-1], keys)  # a dict the pickle built: its keys, for BUILD states
                 if wo:
                     target = container_check(torch_rules, NAMES[code], stack[-1])
@@ -307,7 +314,7 @@ def scan_pickle(
                         wo = target.kind != "refused"
             elif code == 0x51 or code == 0x50:  # BINPERSID, PERSID
                 if code == 0x51:
-                    need(stack, 1, at)
+                    need(stack, 1, at, floor)
                     pid = stack.pop()
                 else:
                     pid = UNKNOWN
@@ -336,8 +343,8 @@ def scan_pickle(
             elif code == 0x95:  # FRAME
                 pass
             elif code == 0x2E:  # STOP
-                if not stack:
-                    raise damaged("STOP with an empty stack", at)
+                if len(stack) <= floor:
+                    raise damaged("STOP with no value above the last MARK" if marks else "STOP with an empty stack", at)
                 state.opcodes += n
                 state.bytes_scanned += pos - start
                 state.max_memo = max(state.max_memo, len(memo))
@@ -350,10 +357,10 @@ def scan_pickle(
                 value = text_value(code, arg, data, max_name)
                 push(STR if value is None else BYTES if type(value) is bytes else value)
             elif code == 0x98:  # READONLY_BUFFER
-                need(stack, 1, at)
+                need(stack, 1, at, floor)
             elif code == 0x90:  # ADDITEMS
                 pop_mark()
-                need(stack, 1, at)
+                need(stack, 1, at, floor)
             elif code == 0x91 or code == 0x6C:  # FROZENSET, LIST
                 pop_mark()
                 push(FROZENSET if code == 0x91 else LIST)
@@ -367,14 +374,14 @@ def scan_pickle(
                 push(Obj(cls.name) if isinstance(cls, Global) else UNKNOWN)
             elif code == 0x30:  # POP (of a MARK when one is on top, as pickle does)
                 if marks and marks[-1] == len(stack):
-                    marks.pop()
+                    pop_mark()
                 else:
-                    need(stack, 1, at)
+                    need(stack, 1, at, floor)
                     stack.pop()
             elif code == 0x31:  # POP_MARK
                 pop_mark()
             elif code == 0x32:  # DUP
-                need(stack, 1, at)
+                need(stack, 1, at, floor)
                 push(stack[-1])
             elif code in (0x82, 0x83, 0x84):  # EXT1, EXT2, EXT4
                 ext = f"<extension registry code {unpack(arg, 'little')}>"
