@@ -6,7 +6,7 @@
 
 Every command runs in a fresh interpreter in a temporary folder (so paths are short), at a fixed
 width (``COLUMNS=100``), without the TORCH_FORCE_* switches unless the command sets them.
-``test/test_cli_transcript.py`` checks that the file shows exactly the commands listed here.
+``test/cli/test_transcript.py`` checks that the file shows exactly the commands listed here.
 """
 
 from __future__ import annotations
@@ -71,10 +71,15 @@ def shown(command: str, env: dict[str, str]) -> str:
     return "$ " + " ".join(f"{k}={v}" for k, v in env.items()) + (" " if env else "") + command
 
 
+def commands() -> list[tuple[str, dict[str, str], str | None]]:
+    """:data:`COMMANDS` with numpy's module spelled as this numpy spells it (``numpy.core`` before 2)."""
+    np_module = "numpy._core" if hasattr(__import__("numpy"), "_core") else "numpy.core"
+    return [(command.replace("numpy._core", np_module), env, note) for command, env, note in COMMANDS]
+
+
 def transcript() -> str:
     import torch
 
-    np_module = "numpy._core" if hasattr(__import__("numpy"), "_core") else "numpy.core"
     lines = [
         f"# Real output: torch {torch.__version__}, Python {platform.python_version()}, "
         f"{platform.system()} {platform.machine()}; COLUMNS={WIDTH}; written by tools/cli_transcript.py.",
@@ -89,8 +94,7 @@ def transcript() -> str:
         base = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
         base.update(COLUMNS=WIDTH, PYTHONPATH=os.pathsep.join(p for p in (ROOT, base.get("PYTHONPATH", "")) if p))
         subprocess.run([sys.executable, "-c", MAKE], cwd=cwd, env=base, check=True)
-        for command, extra, note in COMMANDS:
-            command = command.replace("numpy._core", np_module)
+        for command, extra, note in commands():
             argv = [sys.executable, *shlex.split(command)[1:]]
             proc = subprocess.run(argv, cwd=cwd, env=dict(base, **extra), capture_output=True, text=True)
             if note:
