@@ -54,15 +54,16 @@ class Row(NamedTuple):
     size: int
     tool: str
     wall: Optional[float]
+    cpu: Optional[float]
     rss_mib: Optional[float]
     found: str
 
 
 def _inspect_found(out: str, code: int) -> str:
     r = json.loads(out)
-    flagged = [f"{d['name']} ({key})" for key in ("dangerous", "unverified", "needs_opt_in") for d in r[key]]
-    return f"exit {code}, {r['status']}: {len(r['required_globals'])} needed" + (
-        f"; {', '.join(flagged)}" if flagged else ""
+    flagged = {key: len(r[key]) for key in ("dangerous", "unverified", "needs_opt_in") if r[key]}
+    return f"exit {code}, {r['status']}: {len(r['required_globals'])} needed" + "".join(
+        f", {n} {key}" for key, n in flagged.items()
     )
 
 
@@ -70,7 +71,7 @@ def _torch_found(out: str, code: int) -> str:
     if code:
         return f"exit {code}"
     names = json.loads(out.strip().splitlines()[-1])
-    return f"{len(names)} unsafe globals" + (f": {', '.join(names)}" if len(names) <= 3 else "")
+    return f"{len(names)} unsafe globals" + (f": {', '.join(names)}" if 0 < len(names) <= 2 else "")
 
 
 def _picklescan_found(out: str, code: int) -> str:
@@ -101,8 +102,8 @@ def tools(py: str) -> list[Tool]:
     ]
 
 
-def run_once(argv: Sequence[str], cwd: str, env: dict[str, str]) -> tuple[float, float, str, int]:
-    """(wall seconds, peak RSS MiB, stdout, exit code) of one child process."""
+def run_once(argv: Sequence[str], cwd: str, env: dict[str, str]) -> tuple[float, float, float, str, int]:
+    """(wall seconds, CPU seconds (user + system), peak RSS MiB, stdout, exit code) of one child process."""
     start = time.perf_counter()
     proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
@@ -110,7 +111,8 @@ def run_once(argv: Sequence[str], cwd: str, env: dict[str, str]) -> tuple[float,
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return wall, usage.ru_maxrss / 1024, out.decode(errors="replace"), proc.returncode
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024, out.decode(errors="replace"), proc.returncode
 
 
 def measure(rounds: int, env: dict[str, str], log: Callable[[str], None] = print) -> list[Row]:
@@ -122,7 +124,7 @@ def measure(rounds: int, env: dict[str, str], log: Callable[[str], None] = print
         child_env = dict(env, PYTHONPATH=os.pathsep.join(p for p in (cwd, env.get("PYTHONPATH", "")) if p))
         subprocess.run([py, "-c", MAKE], cwd=cwd, env=child_env, check=True)
         all_tools = tools(py)
-        samples: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        samples: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
         found: dict[tuple[str, str], str] = {}
         for i in range(rounds):  # interleaved: drift hits every tool alike
             log(f"[scanners] round {i + 1}/{rounds} ...")
@@ -130,23 +132,24 @@ def measure(rounds: int, env: dict[str, str], log: Callable[[str], None] = print
                 for tool in all_tools:
                     if tool.missing:
                         continue
-                    wall, rss, out, code = run_once(tool.argv(f), cwd, child_env)
-                    samples.setdefault((f, tool.name), []).append((wall, rss))
+                    wall, cpu, rss, out, code = run_once(tool.argv(f), cwd, child_env)
+                    samples.setdefault((f, tool.name), []).append((wall, cpu, rss))
                     found[(f, tool.name)] = tool.found(out, code)
         for f in FILES:
             size = os.path.getsize(os.path.join(cwd, f))
             for tool in all_tools:
                 got = samples.get((f, tool.name))
                 if not got:
-                    rows.append(Row(f, size, tool.name, None, None, tool.missing or "not run"))
+                    rows.append(Row(f, size, tool.name, None, None, None, tool.missing or "not run"))
                     continue
                 rows.append(
                     Row(
                         f,
                         size,
                         tool.name,
-                        statistics.median(w for w, _ in got),
-                        statistics.median(r for _, r in got),
+                        statistics.median(w for w, _, _ in got),
+                        statistics.median(c for _, c, _ in got),
+                        statistics.median(r for _, _, r in got),
                         found[(f, tool.name)],
                     )
                 )
@@ -159,21 +162,23 @@ def _size(n: int) -> str:
 
 def table(rows: Sequence[Row], rounds: int) -> str:
     """The RST table (``tabulate``), or plain columns when tabulate is not installed."""
-    head = ["File", "Tool", "Wall (median)", "Peak RSS", "Reported"]
+    head = ["File", "Tool", "Wall", "CPU", "Peak RSS", "Reported"]
     body = [
         [
             f"{r.file} ({_size(r.size)})",
             r.tool,
             f"{r.wall:.2f} s" if r.wall is not None else "n/a",
+            f"{r.cpu:.2f} s" if r.cpu is not None else "n/a",
             f"{r.rss_mib:.0f} MiB" if r.rss_mib is not None else "n/a",
             r.found,
         ]
         for r in rows
     ]
     note = (
-        f"Whole processes, median of {rounds} interleaved rounds; peak RSS of each child "
-        "(``os.wait4``).  Each tool's cost beyond the interpreter is its time over the "
-        "``import torch`` floor (picklescan does not import torch)."
+        f"Whole processes, medians of {rounds} interleaved rounds: wall time, CPU time (user + system) "
+        "and peak RSS of each child (``os.wait4``); CPU time is disturbed much less by other jobs "
+        "than wall time.  A torch-side tool's own cost is its figure over the ``import torch`` floor "
+        "(picklescan does not import torch)."
     )
     try:
         from tabulate import tabulate

@@ -119,7 +119,12 @@ def _inspect_lines(r: dict[str, Any], verbose: bool) -> list[Line]:
             (
                 f"  - answer: a bare torch.load here is {default['summary'].split('; ')[0][len('rejected: ') :]}, "
                 f"and this checkpoint needs {len(req)} global(s) beyond torch's allowlist: "
-                "allowlist them as above if you trust them, or pass weights_only=False for a trusted file only",
+                "allowlist them as above if you trust them"
+                + (
+                    ", or pass weights_only=False for a trusted file only"
+                    if modes["weights_only_false"]["outcome"] == "unsafe"
+                    else ""
+                ),
                 4,
             )
         )

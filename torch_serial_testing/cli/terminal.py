@@ -13,6 +13,7 @@ __all__ = ["terminal_width", "wrap_lines", "plain"]
 #: Narrower than this, wrapping helps nobody: lines are wrapped at this width at least.
 MIN_WIDTH = 40
 _RST_LITERAL = re.compile(r"``([^`]+)``")
+_OPTION = re.compile(r"(--[a-z][\w-]*) (?=[\w.])")
 
 #: A line to print: text (wrapped, continuation lines indented like its own indent plus 2), or
 #: (text, hang) with the continuation indent, or (text, None) for a line never wrapped (code).
@@ -40,9 +41,11 @@ def wrap_lines(lines: Sequence[Line], width: int) -> list[str]:
         indent = len(text) - len(text.lstrip(" "))
         if hang < 0:
             hang = indent + 2
+        glued = _OPTION.sub("\\1\0", text[indent:])  # "--import mymodels" stays on one line
         out.extend(
-            textwrap.wrap(
-                text[indent:],
+            part.replace("\0", " ")
+            for part in textwrap.wrap(
+                glued,
                 width,
                 initial_indent=" " * indent,  # kept even before a word longer than the width
                 subsequent_indent=" " * hang,

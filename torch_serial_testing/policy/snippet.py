@@ -49,7 +49,7 @@ def snippet_parts(names: Sequence[str], opt_in: Sequence[str] = ()) -> tuple[lis
             imports.append(
                 f"from {module} import {head}"
                 + (f" as {local}" if local != head else "")
-                + ("  # not a class: the pickle calls it; allowed only because you named it" if name in chosen else "")
+                + ("  # not a class: the pickle calls it (you named it)" if name in chosen else "")
             )
         refs.append(local + (f".{rest}" if rest else ""))
     return sorted(imports), refs
