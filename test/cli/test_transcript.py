@@ -23,8 +23,10 @@ class TestTranscript(unittest.TestCase):
         self.assertEqual(text.count("\n[exit "), len(commands()))
         self.assertRegex(text, r"COLUMNS=100")
         self.assertNotIn("``", text)
-        for block in re.split(r"\n\$ ", text):
-            self.assertRegex(block.rstrip(), r"\[exit \d\]$|^# Real output")
+        blocks = re.split(r"\n(?:# [^\n]*\n)*\$ ", text)  # a command, with the notes above it
+        self.assertEqual(len(blocks), len(commands()) + 1)
+        for block in blocks[1:]:
+            self.assertRegex(block.rstrip(), r"\[exit \d\]$")
 
 
 if __name__ == "__main__":
