@@ -9,6 +9,9 @@
 ``flagship``    ``python -m unittest test_qlinear_packed_params`` vs ``python -m unittest`` of an
                 empty pytorch ``TestCase`` file (whole processes), and vs its plain-torch twin
                 (:mod:`flagship_plain`, the same tests without the library: the library's share).
+``scanners``    ``inspect`` next to ``torch.serialization.get_unsafe_globals_in_checkpoint`` and
+                picklescan (optional) on the same files, whole processes: wall time, peak RSS
+                and what each reported (:mod:`scanners`).
 ``instructions`` the same three files in instructions executed (``valgrind --tool=callgrind``,
                 :mod:`instructions`), which machine load does not change; skipped without valgrind.
 
@@ -22,6 +25,7 @@ test asserts a time::
     python bench/run.py --readme           # also copy the results into README's Benchmarks section
     python bench/run.py --profile-flagship # where the flagship file's time goes (cProfile)
     python bench/run.py --only instructions  # the test files in instructions (valgrind), seconds
+    python bench/run.py --only scanners    # inspect vs torch's and picklescan's scans (or bench/scanners.py)
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ sys.path.insert(1, os.path.dirname(HERE))  # the checkout's library, pip-install
 
 import instructions  # noqa: E402
 import report  # noqa: E402
+import scanners  # noqa: E402
 import timing  # noqa: E402
 
-BENCHMARKS = ("import", "round_trip", "flagship", "instructions")
+BENCHMARKS = ("import", "round_trip", "flagship", "scanners", "instructions")
 RESULTS = os.path.join(HERE, "RESULTS.rst")
 README = os.path.join(os.path.dirname(HERE), "README.rst")
 START, END = ".. bench-results-start", ".. bench-results-end"
@@ -152,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             'scan of the identical bytes (as a test file\'s modes and engines do); the "first scan" row '
             "clears that memory before every round trip (informational, no target)."
         )
+    if "scanners" in only:
+        scan_rounds = max(3, rounds // 2)
+        log(f"[scanners] {scan_rounds} interleaved rounds of every tool on every file ...")
+        rows = scanners.measure(scan_rounds, timing.process_env(), log)
+        notes.append("Scanners side by side (``bench/scanners.py``):\n\n" + scanners.table(rows, scan_rounds))
     load_end = report.loadavg()
     if "instructions" in only:  # after the timings: valgrind's load would disturb them, not its own counts
         notes.append(count_instructions())

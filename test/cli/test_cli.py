@@ -105,9 +105,11 @@ INSPECT_KEYS = {
     "dangerous",
     "malformed",
     "unknown",
+    "unverified",
     "needs_opt_in",
     "notes",
     "safe_globals",
+    "imported",
     "modes",
     "snippet",
     "torch",
@@ -124,18 +126,18 @@ EXPECTED_EXIT_CODES = {
     },
     EXIT_ATTENTION: {
         "inspect": "needs action first: allowlisting the listed classes, an explicit UnsafeCallable opt-in "
-        "for a needed global that is not a class, or (TorchScript, legacy .tar) a loader only "
-        "for trusted files",
+        "for a needed global that is not a class, --import of the module of an UNVERIFIED class, or "
+        "(TorchScript, legacy .tar) a loader only for trusted files",
         "doctor": "attention: a TORCH_FORCE_* switch is active or set to a spelling torch ignores, a "
         "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
         "not weights-only, or backend autoload is off for installed backends or set to "
-        "something other than 0 or 1",
+        "neither '0' nor '1'",
         "vendor": "--check: the copy is not current (listed)",
     },
     EXIT_DANGEROUS: {
         "inspect": "dangerous or unloadable input: a DANGEROUS or malformed global, a global this torch "
-        "lacks, unreadable / truncated / not a checkpoint, both TORCH_FORCE_* switches set "
-        "(every torch.load fails), or this torch cannot be asked what torch.load does",
+        "lacks, unreadable / truncated / not a checkpoint, a failed --import, both TORCH_FORCE_* "
+        "switches set (every torch.load fails), or this torch cannot be asked what torch.load does",
         "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError), or this "
         "torch cannot be asked what torch.load does",
         "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
@@ -248,6 +250,8 @@ class CLITestBase(unittest.TestCase):
 
     def env(self, **switches: str) -> dict[str, str]:
         env = child_env(drop=ENV_SWITCHES)
+        # Content is checked on unwrapped lines; wrapping to the terminal is TestReading's.
+        env["COLUMNS"] = "10000"
         env.update(switches)
         return env
 
@@ -285,7 +289,7 @@ class CLITestBase(unittest.TestCase):
 
 class TestInspect(CLITestBase):
     def test_seed_module_text(self):
-        out = self.text_of(self.run_cli("inspect", self.seed), EXIT_ATTENTION)
+        out = self.text_of(self.run_cli("inspect", self.seed, "-v"), EXIT_ATTENTION)
         self.assertIn("format zip", out)
         for name in SEED_GLOBALS:
             self.assertIn(f"  {name}\n", out)
@@ -367,7 +371,7 @@ class TestInspect(CLITestBase):
     def test_two_of_three_safe_globals(self):
         # All but the last needed global (two of three where torch allowlists builtins.set).
         args = [a for name in SEED_GLOBALS[:-1] for a in ("--safe-global", name)]
-        out = self.text_of(self.run_cli("inspect", self.seed, *args), EXIT_ATTENTION)
+        out = self.text_of(self.run_cli("inspect", self.seed, "-v", *args), EXIT_ATTENTION)
         self.assertRegex(
             out, rf"safe_globals +rejected: weights_only=True explicit; not allowlisted: {SEED_GLOBALS[-1]} "
         )

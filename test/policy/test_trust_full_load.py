@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402,F401
 
 from torch_serial_testing import Checkpoint  # noqa: E402
-from torch_serial_testing.cli.contract import EXIT_DANGEROUS  # noqa: E402
+from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS  # noqa: E402
 from torch_serial_testing.cli.inspection import inspect_report  # noqa: E402
 from torch_serial_testing.core.names import pickle_forms  # noqa: E402
 from torch_serial_testing.policy.trust import judge_name  # noqa: E402
@@ -144,15 +144,23 @@ class TestCannotTellIsDangerous(unittest.TestCase):
         self.assertIn("__getattr__", verdict.reason)
 
     def test_inspect_treats_cannot_tell_as_dangerous(self) -> None:
-        for module, name in (
-            ("tst_lazy_pkg.sub", "run"),
-            ("tst_never_imported", "Safe"),
-            ("numpy.distutils.cpuinfo", "getstatusoutput"),
-            ("torch", "not_an_attribute"),
+        # The library's verdict stays "dangerous" (judge_name above); inspect says *unverified* when only
+        # a module not imported stands in the way (exit 1, the fix --import), never suggesting it.
+        for module, name, status in (
+            ("tst_lazy_pkg.sub", "run", "unverified"),
+            ("tst_never_imported", "Safe", "unverified"),
+            ("numpy.distutils.cpuinfo", "getstatusoutput", "dangerous"),
+            ("torch", "not_an_attribute", "dangerous"),
         ):
             with self.subTest(module=module):
                 r = inspect_report("f.pt", [], data=_call_checkpoint(module, name))
-                self.assertEqual((r["status"], r["exit_code"]), ("dangerous", EXIT_DANGEROUS))
+                code = EXIT_ATTENTION if status == "unverified" else EXIT_DANGEROUS
+                self.assertEqual((r["status"], r["exit_code"]), (status, code))
+                if status == "unverified":
+                    self.assertEqual(
+                        r["unverified"], [dict(r["unverified"][0], name=f"{module}.{name}", module=module)]
+                    )
+                    self.assertEqual(r["dangerous"], [])
                 self.assertIsNone(r["snippet"])
                 self.assertNothingImported()
 
@@ -169,9 +177,33 @@ class TestCannotTellIsDangerous(unittest.TestCase):
             sys.exit(rc)
         """)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        self.assertEqual(proc.returncode, EXIT_DANGEROUS, proc.stderr[-2000:])
+        self.assertEqual(proc.returncode, EXIT_ATTENTION, proc.stderr[-2000:])
         self.assertIn("cannot tell", proc.stdout)
+        self.assertIn('"status": "unverified"', proc.stdout)
         self.assertNothingImported()
+
+    def test_import_reveals_what_an_unverified_name_is(self) -> None:
+        # tst_lazy_pkg.sub.run is subprocess.getoutput: unverified until the user imports the module,
+        # then DANGEROUS by identity (a child process: the import writes the sentinel).
+        path = os.path.join(self.tmp, "run.pt")
+        with open(path, "wb") as fh:
+            fh.write(_call_checkpoint("tst_lazy_pkg.sub", "run"))
+        self.addCleanup(os.remove, path)
+        code = textwrap.dedent(f"""
+            import json, sys
+            sys.path.insert(0, {self.tmp!r})
+            from torch_serial_testing.cli.inspection import inspect_report
+            r = inspect_report({path!r}, [], imports=["tst_lazy_pkg.sub"])
+            print(json.dumps([r["status"], r["exit_code"], [d["reason"] for d in r["dangerous"]], r["unverified"]]))
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        self.addCleanup(lambda: os.path.exists(self.sentinel) and os.remove(self.sentinel))
+        self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+        import json
+
+        status, code_, reasons, unverified = json.loads(proc.stdout)
+        self.assertEqual((status, code_, unverified), ("dangerous", EXIT_DANGEROUS, []))
+        self.assertIn("subprocess", reasons[0])
 
 
 if __name__ == "__main__":

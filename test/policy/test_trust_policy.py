@@ -226,12 +226,20 @@ class TestClassesOnly(unittest.TestCase):
             [d["name"] for d in r["needs_opt_in"]],
             ["_codecs.encode", RECONSTRUCT_NAME] if codecs_needed else [RECONSTRUCT_NAME],
         )
-        self.assertNotIn("_reconstruct", r["snippet"])
-        self.assertIn("from numpy import ndarray", r["snippet"])
+        # no snippet without the opt-in: one of the classes alone would not load the file
+        self.assertIsNone(r["snippet"])
         self.assertIn(f"UnsafeCallable('{RECONSTRUCT_NAME}'", "\n".join(r["notes"]))
         text = format_inspect(r)
         self.assertIn("NOT A CLASS", text)
         self.assertIn("status: NEEDS_OPT_IN (exit 1)", text)
+        self.assertIn("no snippet: loading it also needs", text)
+        # named with --safe-global, the functions join the snippet, marked; classes still verified ones
+        opted = [d["name"] for d in r["needs_opt_in"]]
+        r = inspect_report("np.pt", opted, data=data)
+        self.assertIn("from numpy import ndarray", r["snippet"])
+        for name in opted:
+            module, _, attr = name.rpartition(".")
+            self.assertIn(f"from {module} import {attr}  # not a class", r["snippet"])
 
     def test_opt_in_loads_a_numpy_checkpoint(self) -> None:
         if SAFE_GLOBALS_SKIP:

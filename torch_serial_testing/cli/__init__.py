@@ -9,37 +9,48 @@ subcommand runs, so ``--help`` and usage errors are instant.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 import textwrap
-from typing import NoReturn, Optional, Sequence
+from typing import Callable, NoReturn, Optional, Sequence
 
+from ..core.names import escape_text
 from .contract import EXIT_USAGE, exit_codes_help
+from .terminal import terminal_width
 
 __all__ = ["main", "build_parser"]
 
-_DOCTOR_JSON_HELP = """\
---json keys (schema 1): schema, command, status (ok|attention|error), exit_code, problems,
-  torch{version,cuda,hip,git_version,debug}, torch_load_replaced_by,
-  default_weights_only{value,reason,warns,torch_default,torch_default_reason},
-  environment{TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD,
-  TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD: {raw,value,effect}},
-  backend_entry_points, safe_globals, quantized_engines{supported,current},
-  devices{available,privateuse1_backend}
-"""
+_DOCTOR_JSON_HELP = (
+    "--json keys (schema 1): schema, command, status (ok | attention | error), exit_code, problems, "
+    "torch{version,cuda,hip,git_version,debug}, torch_load_replaced_by, "
+    "default_weights_only{value,reason,warns,torch_default,torch_default_reason}, "
+    "environment{TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD, "
+    "TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD: {raw,value,effect}}, "
+    "backend_entry_points, safe_globals, quantized_engines{supported,current}, "
+    "devices{available,privateuse1_backend}"
+)
 
-_INSPECT_JSON_HELP = """\
---json keys (schema 1): schema, command, status (loads|needs_allowlist|needs_opt_in|
-  needs_trusted_loader|dangerous|unloadable|unreadable|environment_error), exit_code, checkpoint,
-  nbytes, format, error, globals, required_globals, dangerous[{name,reason}],
-  malformed[{name,reason}], unknown[{name,reason}], needs_opt_in[{name,reason}], notes,
-  safe_globals{given,unused}, modes{weights_only_false,safe_globals,default:
-  {weights_only,outcome (loads|rejected|unsafe|error),missing,summary}}, snippet,
-  torch{version,cuda,hip,git_version,debug}, torch_load_replaced_by
+_INSPECT_JSON_HELP = (
+    "--json keys (schema 1): schema, command, status (loads | needs_allowlist | needs_opt_in | "
+    "needs_trusted_loader | unverified | dangerous | unloadable | unreadable | import_failed | "
+    "environment_error), "
+    "exit_code, checkpoint, nbytes, format, error, globals, required_globals, dangerous[{name,reason}], "
+    "malformed[{name,reason}], unknown[{name,reason}], unverified[{name,reason,module}], "
+    "needs_opt_in[{name,reason}], notes, safe_globals{given,unused}, imported, "
+    "modes{weights_only_false,safe_globals,default: "
+    "{weights_only, outcome (loads | rejected | unsafe | error), missing, summary}}, snippet, "
+    "torch{version,cuda,hip,git_version,debug}, torch_load_replaced_by\n\n"
+    "Never unpickles the input and never calls torch.load on it."
+)
 
-Never unpickles the input and never calls torch.load on it.
-"""
+
+def _paragraphs(text: str, width: int) -> str:
+    return "\n\n".join(
+        textwrap.fill(p, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False)
+        for p in text.split("\n\n")
+    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,12 +66,17 @@ def _prog() -> str:
     return "python -m torch_serial_testing" if argv0 in ("-c", "") or argv0.endswith(".py") else argv0
 
 
+def _help_width() -> int:
+    """--help's text width: the terminal's (80 in a pipe), at most 100 (argparse's own margin: 2)."""
+    return min(100, terminal_width() - 2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(
         prog=_prog(),
         description="Triage torch.load: why does it accept or reject a checkpoint here?",
-        epilog=exit_codes_help(["doctor", "inspect", "vendor"]),
+        epilog=exit_codes_help(["doctor", "inspect", "vendor"], _help_width()),
         formatter_class=fmt,
     )
     from .. import __version__
@@ -77,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(
             name,
             help=summary,
-            description=textwrap.fill(description, 88),
-            epilog=exit_codes_help([name]) + (f"\n{json_help}" if json_help else ""),
+            description=textwrap.fill(description, _help_width()),
+            epilog=exit_codes_help([name], _help_width())
+            + (f"\n{_paragraphs(json_help, _help_width())}\n" if json_help else ""),
             formatter_class=fmt,
         )
 
@@ -109,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="a 'module.Name' you would allowlist (repeatable); matched as a string, never imported",
     )
+    ins.add_argument(
+        "--import",
+        dest="imports",
+        metavar="MODULE",
+        action="append",
+        default=[],
+        help="import MODULE first (repeatable), so that the classes it defines can be verified; only "
+        "what you name is imported, never what the checkpoint names; a failed import exits 2",
+    )
+    ins.add_argument("-v", "--verbose", action="store_true", help="every reason, torch's error text and note")
     ins.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
     from .vendor import AGGREGATOR, FLAGSHIP
 
@@ -148,20 +175,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from .vendor import run as run_vendor
 
         return run_vendor(args)
+    text: Callable[[dict], str]
     if args.command == "doctor":
-        from .doctor import doctor_report, format_doctor as text
+        from .doctor import doctor_report, format_doctor
 
-        report = doctor_report()
+        report, text = doctor_report(), format_doctor
     else:
-        from .inspection import format_inspect as text, inspect_report
+        from .inspection import format_inspect, inspect_report
 
-        report = inspect_report(args.checkpoint, args.safe_globals)
+        report = inspect_report(args.checkpoint, args.safe_globals, imports=args.imports)
+        text = functools.partial(format_inspect, verbose=args.verbose)
     try:
         if args.json:
             sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        elif report["command"] == "inspect" and report["status"] == "import_failed":
+            sys.stderr.write(f"{parser.prog} inspect: {escape_text(report['error'])}\n")  # one line
         else:  # an unreadable input's report is only its error: to stderr (stdout stays empty)
             unreadable = report["command"] == "inspect" and report["status"] == "unreadable"
-            (sys.stderr if unreadable else sys.stdout).write(text(report) + "\n")
+            out = sys.stderr if unreadable else sys.stdout
+            out.write(text(report) + "\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `... | head`
         pass

@@ -14,20 +14,31 @@ TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD: {``raw``, ``v
 target" of group ``torch.backends``); ``safe_globals`` (registered process-wide, sorted);
 ``quantized_engines`` ({``supported``, ``current``}); ``devices`` ({``available``, ``privateuse1_backend``}).
 
-inspect: ``status`` "loads" | "needs_allowlist" | "needs_opt_in" | "needs_trusted_loader" | "dangerous"
-| "unloadable" | "unreadable" | "environment_error"; ``checkpoint`` (the argument); ``nbytes``;
+inspect: ``status`` "loads" | "needs_allowlist" | "needs_opt_in" | "needs_trusted_loader" | "unverified"
+| "dangerous" | "unloadable" | "unreadable" | "import_failed" | "environment_error"; ``checkpoint`` (the
+argument); ``nbytes``;
 ``format`` ("zip" | "torchscript" | "legacy" | "tar" | null); ``error`` (why it is unreadable, every
 load fails, or torch.load cannot be predicted here: status "environment_error", outcome "error");
 ``globals`` (all the pickle names); ``required_globals`` (beyond torch's allowlist); ``dangerous``
 (denylisted, or the policy cannot tell), ``malformed`` (not a dotted name), ``unknown`` (absent here),
-``needs_opt_in`` (verified, not a class): lists of {``name``, ``reason``}; ``notes`` (a line per global
+``needs_opt_in`` (verified, not a class): lists of {``name``, ``reason``}; ``unverified`` (its module is
+not imported here, so it cannot be judged -- not a verdict of danger: {``name``, ``reason``, ``module``
+to pass to ``--import``}); ``imported`` (the ``--import`` modules, imported before judging; a failed
+one: status "import_failed", exit 2, ``error`` its one line); ``notes`` (a line per global
 the snippet leaves out); ``safe_globals`` ({``given``, ``unused``}); ``modes`` (per weights_only_false,
 safe_globals, default: {``weights_only`` (bool or null), ``outcome`` "loads" | "rejected" | "unsafe" |
-"error", ``missing``, ``summary`` (the text line)}); ``snippet`` (string or null).
+"error", ``missing``, ``summary`` (the text line)}); ``snippet`` (string or null: printed only when it
+holds every global the file needs, so that it loads it -- verified classes and the functions named with
+``--safe-global``).
+
+Exit code of "unverified": 1 (needs action first: ``--import``), not 2: a name this process cannot
+judge is not known to be dangerous.  It was 2 (DANGEROUS) before ``--import`` existed; a script that
+treats every nonzero code as "do not load" is unaffected, and a DANGEROUS verdict is still 2.
 """
 
 from __future__ import annotations
 
+import re
 import textwrap
 from typing import Any, Sequence
 
@@ -57,18 +68,18 @@ EXIT_CODES: dict[int, dict[str, str]] = {
     },
     EXIT_ATTENTION: {
         "inspect": "needs action first: allowlisting the listed classes, an explicit UnsafeCallable opt-in "
-        "for a needed global that is not a class, or (TorchScript, legacy .tar) a loader only "
-        "for trusted files",
+        "for a needed global that is not a class, --import of the module of an UNVERIFIED class, or "
+        "(TorchScript, legacy .tar) a loader only for trusted files",
         "doctor": "attention: a TORCH_FORCE_* switch is active or set to a spelling torch ignores, a "
         "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
         "not weights-only, or backend autoload is off for installed backends or set to "
-        "something other than 0 or 1",
+        "neither '0' nor '1'",
         "vendor": "--check: the copy is not current (listed)",
     },
     EXIT_DANGEROUS: {
         "inspect": "dangerous or unloadable input: a DANGEROUS or malformed global, a global this torch "
-        "lacks, unreadable / truncated / not a checkpoint, both TORCH_FORCE_* switches set "
-        "(every torch.load fails), or this torch cannot be asked what torch.load does",
+        "lacks, unreadable / truncated / not a checkpoint, a failed --import, both TORCH_FORCE_* "
+        "switches set (every torch.load fails), or this torch cannot be asked what torch.load does",
         "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError), or this "
         "torch cannot be asked what torch.load does",
         "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
@@ -78,14 +89,19 @@ EXIT_CODES: dict[int, dict[str, str]] = {
 
 
 def exit_codes_help(commands: Sequence[str], width: int = 100) -> str:
-    """The ``exit codes:`` block of ``--help`` for *commands*, from :data:`EXIT_CODES`."""
+    """The ``exit codes:`` block of ``--help`` for *commands*, from :data:`EXIT_CODES`, wrapped at *width*:
+    each code once, at the start of its first line; a continuation line never starts with a digit."""
     label = max(len(c) for c in commands) + 2
     lines = ["exit codes:"]
     for code, meanings in EXIT_CODES.items():
         shown = [(c, text) for c, text in meanings.items() if c == "all" or c in commands]
         for i, (command, text) in enumerate(shown):
             prefix = (f"  {code}  " if i == 0 else " " * 5) + ("" if command == "all" else f"{command + ':':<{label}}")
-            lines.extend(textwrap.wrap(text, width, initial_indent=prefix, subsequent_indent=" " * len(prefix)))
+            glued = re.sub(r" (?=\d)", "\0", text)  # a number stays on its word's line: never read as a code
+            wrapped = textwrap.wrap(
+                glued, width, initial_indent=prefix, subsequent_indent=" " * max(7, len(prefix)), break_on_hyphens=False
+            )
+            lines.extend(line.replace("\0", " ") for line in wrapped)
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,7 @@ from ..torch_facts.load_call import (
 )
 from ..torch_facts.probes import ProbeFailed
 from .contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, SCHEMA_VERSION, torch_info
+from .terminal import terminal_width, wrap_lines
 
 __all__ = ["doctor_report", "format_doctor"]
 
@@ -290,4 +291,5 @@ def format_doctor(r: dict[str, Any]) -> str:
         f"status: {r['status'].upper()} (exit {r['exit_code']})",
         *(f"  - {p}" for p in r["problems"]),
     ]
-    return "\n".join(escape_text(line) for line in lines)  # no byte of a name or variable can repaint it
+    # no byte of a name or variable can repaint it; wrapped to the terminal (80 in a pipe)
+    return "\n".join(wrap_lines([escape_text(line) for line in lines], terminal_width()))

@@ -1,7 +1,10 @@
 """``inspect``: what ``torch.load`` would do with a checkpoint here, without unpickling it.
 
 Names a checkpoint holds are data: judged by :mod:`..policy.trust` (which never imports them),
-shown escaped, and suggested in a snippet only when verified classes.
+shown escaped, and suggested in a snippet only when verified classes.  A name whose module is not
+imported is *unverified* (not dangerous): ``--import MODULE`` imports what the user names, never what
+the checkpoint names.  A snippet is printed only when it holds everything the file needs (so it
+loads it); the text form is :mod:`.inspect_text`.
 """
 
 from __future__ import annotations
@@ -9,14 +12,29 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional, Sequence
 
-from ..core.names import escape_text, show_name
+from ..core.names import show_name
 from .contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, SCHEMA_VERSION, torch_info
 
 MODES = ("weights_only_false", "safe_globals", "default")
 #: loading.prediction.undecided's reason: torch could not be asked what weights_only the call gets.
 _UNDECIDED = "what torch.load decides here is unknown"
 
-__all__ = ["inspect_report", "format_inspect"]
+__all__ = ["inspect_report", "format_inspect", "import_modules"]
+
+
+def import_modules(modules: Sequence[str]) -> Optional[str]:
+    """Import the modules the user named with ``--import`` (never a name from a checkpoint), in
+    order; the one-line error of the first that fails, or None."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's module: any failure is one line
+            detail = str(e).splitlines()[0] if str(e) else ""
+            hint = " (is its folder on PYTHONPATH, or the current directory?)" if isinstance(e, ImportError) else ""
+            return f"--import {module} failed: {type(e).__name__}" + (f": {detail}" if detail else "") + hint
+    return None
 
 
 def inspect_report(
@@ -24,12 +42,15 @@ def inspect_report(
     safe_globals: Sequence[str] = (),
     data: Optional[bytes] = None,
     environ: Optional[dict[str, str]] = None,
+    imports: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The facts ``inspect`` prints, as the documented JSON object (never unpickles *data*)."""
+    """The facts ``inspect`` prints, as the documented JSON object (never unpickles *data*).
+    *imports*: modules to import first (``--import``), so that their classes can be verified."""
     from ..core.errors import CheckpointFormatError, ConflictingEnvironmentError
     from ..core.modes import LoadMode
     from ..loading.load import mode_skip_reason
     from ..loading.prediction import predict
+    from ..loading.required import needed_globals
     from ..policy.declared import SafeGlobal
     from ..policy.snippet import refusal_notes, safe_globals_snippet
     from ..policy.trust import judge_name
@@ -52,14 +73,20 @@ def inspect_report(
         "dangerous": [],
         "malformed": [],
         "unknown": [],
+        "unverified": [],
         "needs_opt_in": [],
         "notes": [],
         "safe_globals": {"given": given, "unused": []},
+        "imported": list(dict.fromkeys(imports)),
         "modes": {},
         "snippet": None,
         "torch": torch_info(),
         "torch_load_replaced_by": torch_load_replacement(),
     }
+    failed = import_modules(report["imported"])
+    if failed:
+        report.update(status="import_failed", error=failed)
+        return report
     try:  # foreign bytes, only ever scanned here; a file is read by record, never whole
         if data is not None:
             ckpt = Checkpoint.from_bytes(data)
@@ -83,13 +110,18 @@ def inspect_report(
         report["error"] = f"cannot scan it ({type(e).__name__}: {e})"
         return report
     allowed = torch_allowlist()
-    required = [g for g in info.globals if g not in allowed]
+    required = needed_globals(info, allowed)  # GLOBALs and BUILD's types: what required_globals() says
     verdicts = {g: judge_name(g, allowed) for g in required}
 
-    def listed(kind: str) -> list[dict[str, str]]:
-        return [{"name": g, "reason": v.reason} for g, v in verdicts.items() if v.kind == kind]
+    def listed(kind: str, not_imported: bool = False) -> list[dict[str, str]]:
+        return [
+            {"name": g, "reason": v.reason}
+            for g, v in verdicts.items()
+            if v.kind == kind and v.not_imported == not_imported
+        ]
 
     dangerous, malformed, opt_in = listed("dangerous"), listed("malformed"), listed("callable")
+    unverified = [dict(d, module=d["name"].rpartition(".")[0]) for d in listed("dangerous", not_imported=True)]
     unknown = listed("absent") + listed("alias")
     flagged = {g for g, v in verdicts.items() if v.kind in ("dangerous", "malformed", "absent", "alias")}
     # A gadget behind a rename of a *full* unpickle (pickle's _compat_pickle, torch's load_module_mapping)
@@ -97,7 +129,7 @@ def inspect_report(
     for full in info.full_load_globals:  # sorted
         if full not in verdicts and full not in allowed:
             verdict = judge_name(full, allowed)
-            if verdict.kind in ("dangerous", "malformed"):
+            if verdict.kind in ("dangerous", "malformed") and not verdict.not_imported:
                 dangerous.append(
                     {
                         "name": full,
@@ -115,6 +147,7 @@ def inspect_report(
         dangerous=dangerous,
         malformed=malformed,
         unknown=unknown,
+        unverified=unverified,
         needs_opt_in=opt_in,
     )
     report["safe_globals"]["unused"] = [n for n in given if n not in required]
@@ -162,6 +195,7 @@ def inspect_report(
             (unpredictable, "environment_error"),
             (info.format in ("torchscript", "tar"), "needs_trusted_loader"),  # never weights-only: trusted files only
             (unknown or blocker, "unloadable"),
+            (unverified, "unverified"),
             (opt_in, "needs_opt_in"),
             (modes["safe_globals"]["outcome"] == "loads", "loads"),
             (True, "needs_allowlist"),
@@ -174,10 +208,14 @@ def inspect_report(
         "needs_allowlist": EXIT_ATTENTION,
         "needs_opt_in": EXIT_ATTENTION,
         "needs_trusted_loader": EXIT_ATTENTION,
+        "unverified": EXIT_ATTENTION,
     }.get(status, EXIT_DANGEROUS)
     suggest = [g for g, v in verdicts.items() if v.suggestible]
-    if status in ("needs_allowlist", "loads", "needs_opt_in") and suggest:
-        report["snippet"] = safe_globals_snippet(suggest)
+    # A snippet only when it holds every needed global, so that it loads the file: verified classes,
+    # and the verified functions the user named with --safe-global (never suggested otherwise).
+    complete = all(v.suggestible or g in callable_given for g, v in verdicts.items())
+    if status in ("needs_allowlist", "loads", "needs_opt_in") and (suggest or callable_given) and complete:
+        report["snippet"] = safe_globals_snippet(suggest, opt_in=callable_given)
     report["notes"] = refusal_notes(required, allowed) if required else []
     return report
 
@@ -210,7 +248,7 @@ def _outcome(mode: str, exp: Any, fmt: str, refused_given: list[str], callable_g
         if risky:
             return "unsafe", (
                 f"unsafe: {why}; it would load only because --safe-global allowlists "
-                f"{', '.join(risky)}: DANGEROUS, never allowlist it"
+                f"{', '.join(risky)}: DANGEROUS or unverified, never allowlist it"
             )
         return "loads", f"loads ({why})" + (
             f"; only because --safe-global allowlists {', '.join(calls)}, which is not a class: the pickle "
@@ -227,77 +265,8 @@ def _outcome(mode: str, exp: Any, fmt: str, refused_given: list[str], callable_g
     return "rejected", f"rejected: {why}; not allowlisted: {names} (torch raises _pickle.UnpicklingError: {raised})"
 
 
-def format_inspect(r: dict[str, Any]) -> str:
-    """The text report: names through :func:`show_name`, other fields through :func:`escape_text`, every
-    line escaped once more, so no byte of the input can add a line, move the cursor or recolour the terminal."""
-    return "\n".join(escape_text(line) for line in _inspect_lines(r))
+def format_inspect(r: dict[str, Any], verbose: bool = False, width: Optional[int] = None) -> str:
+    """The text report (see :func:`.inspect_text.format_inspect`)."""
+    from .inspect_text import format_inspect as text
 
-
-def _inspect_lines(r: dict[str, Any]) -> list[str]:
-    where = escape_text(r["checkpoint"])
-    status = f"status: {r['status'].upper()} (exit {r['exit_code']})"
-    if r["format"] is None:
-        return [
-            f"checkpoint: {where}" + (f" ({r['nbytes']} bytes)" if r["nbytes"] is not None else ""),
-            f"UNREADABLE: {escape_text(r['error'])}",
-            status,
-        ]
-    replaced = r["torch_load_replaced_by"]
-    lines = [
-        f"checkpoint: {where} ({r['nbytes']} bytes, format {r['format']})",
-        f"torch {r['torch']['version']}; torch.load is "
-        + (
-            f"REPLACED by {escape_text(replaced)} (predictions follow torch's own rules)" if replaced else "torch's own"
-        ),
-    ]
-    req = r["required_globals"]
-    labels = (
-        ("dangerous", "DANGEROUS"),
-        ("malformed", "MALFORMED"),
-        ("unknown", "UNKNOWN"),
-        ("needs_opt_in", "NOT A CLASS"),
-    )
-    flagged = {d["name"]: f"{label}: {d['reason']}" for key, label in labels for d in r.get(key, [])}
-    if r["format"] == "torchscript":
-        lines.append("a TorchScript archive: its code is not a pickle of globals; weights_only does not apply")
-    else:
-        lines.append(
-            f"globals beyond torch's allowlist ({len(req)}), found without unpickling:" + ("" if req else " none")
-        )
-        for g in req:
-            lines.append(f"  {show_name(g)}" + (f"    <-- {escape_text(flagged[g])}" if g in flagged else ""))
-    sg = r["safe_globals"]
-    if sg["given"]:
-        lines.append(
-            f"--safe-global: {', '.join(map(show_name, sg['given']))}"
-            + (f" (not needed: {', '.join(map(show_name, sg['unused']))})" if sg["unused"] else "")
-        )
-    lines.append("load modes here:")
-    lines += [f"  {name:<19} {escape_text(r['modes'][name]['summary'])}" for name in MODES]
-    if r["snippet"]:
-        lines.append("to load it weights-only, only if you trust these classes:")
-        lines.extend(f"    {line}" if line else "" for line in r["snippet"].splitlines())
-    lines.append(status)
-    default = r["modes"]["default"]
-    if r["status"] == "needs_allowlist" and default["outcome"] == "rejected":
-        lines.append(
-            f"  - answer: a bare torch.load here is {default['summary'].split('; ')[0][len('rejected: ') :]}, "
-            f"and this checkpoint needs {len(r['required_globals'])} global(s) beyond torch's allowlist: "
-            "allowlist them as above if you trust them, or pass weights_only=False for a trusted file only"
-        )
-    if r["status"] == "needs_opt_in":
-        lines.append(
-            "  - it needs globals that are not classes (NOT A CLASS above): the pickle calls them with "
-            "arguments of its choosing; they are never suggested, and a test may allow one only "
-            "explicitly, with UnsafeCallable('module.name', reason=...), if you trust it"
-        )
-    if r["error"]:
-        lines.append(f"  - {escape_text(r['error'])}")
-    refused = [show_name(d["name"]) for d in r["dangerous"] + r.get("malformed", [])]
-    if refused:
-        lines.append(
-            "  - DANGEROUS: do not load this file with weights_only=False, and never allowlist " + ", ".join(refused)
-        )
-    said = tuple(f"{name}:" for name in refused)  # made once: per note it made the report quadratic
-    lines.extend(f"  - {escape_text(note)}" for note in r.get("notes", []) if not note.startswith(said))
-    return lines
+    return text(r, verbose=verbose, width=width)

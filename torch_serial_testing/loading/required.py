@@ -8,7 +8,7 @@ from typing import Any
 from ..core.errors import CheckpointFormatError
 from ..torch_facts.registry import torch_allowed_type_names, torch_allowlist
 
-__all__ = ["required_globals"]
+__all__ = ["required_globals", "needed_globals"]
 
 _NOT_GIVEN: Any = object()
 
@@ -34,7 +34,6 @@ def required_globals(
         )
     ((kind, value),) = given.items()
     from ..scan.checkpoint import Checkpoint, scan_checkpoint  # the scan, imported where one is made
-    from ..torch_facts.unpickler import unpickler_rules
 
     if kind == "obj":
         info = Checkpoint.save(value).info
@@ -58,13 +57,23 @@ def required_globals(
         raise CheckpointFormatError(
             "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply"
         )
-    allowed = torch_allowlist()
+    return needed_globals(info)
+
+
+def needed_globals(info: Any, allowed: Any = None) -> list[str]:
+    """Sorted globals the scanned checkpoint *info* needs beyond torch's allowlist (*allowed*, default
+    asked): its GLOBALs and the types BUILD is applied to.  The one place this is computed
+    (:func:`required_globals`, the CLI's ``required_globals`` and snippets)."""
+    from ..torch_facts.unpickler import unpickler_rules
+
+    if allowed is None:
+        allowed = torch_allowlist()
     needed = {g for g in info.globals if g not in allowed}
     # Types BUILD is applied to count too (numpy.dtypes.Float64DType is never a GLOBAL); those on
     # torch's own allowlist only where this torch's BUILD does not build them (2.4, 2.5).
     types = set(info.type_checks)
     if types and unpickler_rules().build.torch_types_buildable:
-        types -= allowed | torch_allowed_type_names()
+        types -= set(allowed) | torch_allowed_type_names()
     return sorted(needed | types)
 
 

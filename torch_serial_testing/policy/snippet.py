@@ -20,14 +20,16 @@ def suggestible(names: Sequence[str], allowed: Optional[frozenset[str]] = None) 
     return sorted({n for n in names if judge_name(n, allowed).suggestible})
 
 
-def snippet_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
+def snippet_parts(names: Sequence[str], opt_in: Sequence[str] = ()) -> tuple[list[str], list[str]]:
     """(import lines, allowlist references) for the suggestible *names*: builtins by their bare name,
-    ``torch.X`` through ``torch``, others imported (aliased when two share a name)."""
+    ``torch.X`` through ``torch``, others imported (aliased when two share a name).  *opt_in*: verified
+    functions the user named explicitly (never suggested otherwise), imported with a comment saying so."""
     imports: list[str] = []
     refs: list[str] = []
     bound: dict[str, str] = {"torch": "torch"}  # local name -> the dotted thing it is bound to
     # builtins first, so that no import can shadow the bare names they are referred to by
-    ordered = sorted(suggestible(names), key=lambda n: (not n.startswith("builtins."), n))
+    chosen = {n for n in opt_in if judge_name(n).kind == "callable"}
+    ordered = sorted(set(suggestible(names)) | chosen, key=lambda n: (not n.startswith("builtins."), n))
     for name in ordered:
         if name.startswith("torch.") and name.count(".") == 1:
             refs.append(name)  # torch.ScriptObject, torch.Size: reachable as torch.<attr>
@@ -44,19 +46,24 @@ def snippet_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
             local = f"{head}_{n}"
         if local not in bound:
             bound[local] = target
-            imports.append(f"from {module} import {head}" + (f" as {local}" if local != head else ""))
+            imports.append(
+                f"from {module} import {head}"
+                + (f" as {local}" if local != head else "")
+                + ("  # not a class: the pickle calls it (you named it)" if name in chosen else "")
+            )
         refs.append(local + (f".{rest}" if rest else ""))
     return sorted(imports), refs
 
 
-def safe_globals_snippet(names: Sequence[str], *, context: Optional[bool] = None) -> str:
-    """A ``with torch.serialization.safe_globals([...]):`` block of the verified classes among *names*,
-    with its imports; ``add_safe_globals`` where torch has no such context (< 2.5; *context* None: detect)."""
+def safe_globals_snippet(names: Sequence[str], *, context: Optional[bool] = None, opt_in: Sequence[str] = ()) -> str:
+    """A ``with torch.serialization.safe_globals([...]):`` block of the verified classes among *names*
+    (and the verified functions in *opt_in*), with its imports; ``add_safe_globals`` where torch has no
+    such context (< 2.5; *context* None: detect)."""
     if context is None:
         import torch
 
         context = hasattr(torch.serialization, "safe_globals")
-    imports, refs = snippet_parts(names)
+    imports, refs = snippet_parts(names, opt_in)
     listed = ", ".join(refs)
     if context:
         code = [f"with torch.serialization.safe_globals([{listed}]):", "    obj = torch.load(f, weights_only=True)"]

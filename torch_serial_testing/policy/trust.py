@@ -67,6 +67,9 @@ class Verdict:
     name: str
     kind: str
     reason: str
+    #: ``dangerous`` only because a module it names is not imported here (judging never imports one):
+    #: whoever trusts that module may import it and judge again.
+    not_imported: bool = False
 
     @property
     def suggestible(self) -> bool:
@@ -75,7 +78,15 @@ class Verdict:
 
 
 class _CannotTell(str):
-    """Why what a name refers to cannot be told statically."""
+    """Why what a name refers to cannot be told statically (*not_imported*: because a module is not imported)."""
+
+    not_imported = False
+
+    @classmethod
+    def module_missing(cls, reason: str) -> "_CannotTell":
+        told = cls(reason)
+        told.not_imported = True
+        return told
 
 
 class _Absent(str):
@@ -174,7 +185,7 @@ def _resolve_static(name: str) -> Any:
     parts = name.split(".")
     cut = imported_prefix(name)
     if cut == 0:
-        return _CannotTell(
+        return _CannotTell.module_missing(
             f"module {parts[0]} is not imported in this process, and judging never imports what a checkpoint names"
         )
     path = ".".join(parts[:cut])
@@ -199,7 +210,7 @@ def _resolve_static(name: str) -> Any:
                 except (ImportError, ValueError, TypeError):
                     found = True  # an unusual package: do not guess
                 if found:
-                    return _CannotTell(f"{path}.{attr} is a submodule that is not imported here")
+                    return _CannotTell.module_missing(f"{path}.{attr} is a submodule that is not imported here")
                 return _Absent(
                     f"{path} (imported) has no attribute {attr!r}: a forged name or one from "
                     "another version; no load mode can load it here"
@@ -236,11 +247,13 @@ def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
     if why:
         return Verdict(name, "dangerous", _callable_refusal(_resolve_static(name), why))
     worst: Optional[Verdict] = None
+    untold = []  # per dangerous form: only because a module is not imported?
     for form in pickle_forms(name):
         found = _resolve_static(form)
         prefix = "" if form == name else f"a full unpickle resolves it as {form}: "
         if isinstance(found, _CannotTell):
             verdict = Verdict(name, "dangerous", f"{prefix}cannot tell what it is ({found}); treated as dangerous")
+            untold.append(found.not_imported)
         elif isinstance(found, _Absent):
             verdict = Verdict(name, "absent", f"{prefix}{found}")
         else:
@@ -255,9 +268,12 @@ def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
                     ),
                 )
             verdict = Verdict(name, kind, prefix + reason)
+            untold.append(kind != "dangerous")
         if worst is None or KINDS.index(verdict.kind) < KINDS.index(worst.kind):
             worst = verdict
     assert worst is not None
+    if worst.kind == "dangerous" and all(untold):
+        return Verdict(worst.name, worst.kind, worst.reason, not_imported=True)
     return worst
 
 
