@@ -21,6 +21,7 @@ from ..policy.declared import SafeGlobal, as_safe_globals, normalize_safe_global
 from ..torch_facts.engines import override_qengine, validate_qengines
 from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejection, load_in_test, save
 from .declarations import Declaration, refuse_local
+from .generated import author_class, with_dims
 from .isolation import GlobalState, start_ignoring, stop_ignoring
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class SerializationRoundTripTestCase:
             raise RoundTripConfigError(f"{cls.__name__}.make_module must be a method returning a torch.nn.Module")
         for name, value in list(cls.__dict__.items()):
             if name.startswith("test") and callable(value):
-                setattr(cls, name, ends_on_rejection(value))
+                setattr(cls, name, with_dims(ends_on_rejection(value)))
 
     def setUp(self) -> None:
         getattr(super(), "setUp", lambda: None)()
@@ -289,9 +290,9 @@ class SerializationRoundTripTestCase:
     ) -> tuple[Sequence[SafeGlobal], Declaration]:
         """The globals a load trusts (the class's *attribute*, or *given* to *method*) and where they come from."""
         if given is None:
-            return getattr(self, f"_tst_{attribute}"), Declaration(type(self).__name__, attribute, method)
+            return getattr(self, f"_tst_{attribute}"), Declaration(author_class(type(self), attribute), attribute, method)
         refuse_local(given, "safe_globals=")  # checked like a class declaration
-        return as_safe_globals(given), Declaration(type(self).__name__, None, method)
+        return as_safe_globals(given), Declaration(author_class(type(self), attribute), None, method)
 
     def round_trip_state_dict(
         self,
