@@ -21,7 +21,7 @@ from ..policy.declared import SafeGlobal, as_safe_globals, normalize_safe_global
 from ..torch_facts.engines import override_qengine, validate_qengines
 from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejection, load_in_test, save
 from .declarations import Declaration, refuse_local
-from .generated import author_class, with_dims
+from .generated import author_class, resolvable, with_dims
 from .isolation import GlobalState, start_ignoring, stop_ignoring
 
 if TYPE_CHECKING:
@@ -124,8 +124,12 @@ class SerializationRoundTripTestCase:
         # Bad declarations fail here, at class creation, not in the middle of a run.
         refuse_local(cls.safe_globals, f"{cls.__name__}.safe_globals")
         refuse_local(cls.state_dict_safe_globals, f"{cls.__name__}.state_dict_safe_globals")
-        cls._tst_safe_globals = normalize_safe_globals(cls.safe_globals)
-        cls._tst_state_dict_safe_globals = normalize_safe_globals(cls.state_dict_safe_globals)
+        for attribute in ("safe_globals", "state_dict_safe_globals"):
+            declared = getattr(cls, attribute)
+            if getattr(cls, f"_tst_{attribute}_source", None) is not declared:  # else judged for a base already
+                with resolvable(cls, declared):
+                    setattr(cls, f"_tst_{attribute}", normalize_safe_globals(declared))
+                setattr(cls, f"_tst_{attribute}_source", declared)
         if isinstance(cls.ignore_warnings, (str, bytes)):
             raise RoundTripConfigError(
                 f"{cls.__name__}.ignore_warnings must be a tuple of message regexes, e.g. (r'TypedStorage',)"
@@ -290,7 +294,9 @@ class SerializationRoundTripTestCase:
     ) -> tuple[Sequence[SafeGlobal], Declaration]:
         """The globals a load trusts (the class's *attribute*, or *given* to *method*) and where they come from."""
         if given is None:
-            return getattr(self, f"_tst_{attribute}"), Declaration(author_class(type(self), attribute), attribute, method)
+            return getattr(self, f"_tst_{attribute}"), Declaration(
+                author_class(type(self), attribute), attribute, method
+            )
         refuse_local(given, "safe_globals=")  # checked like a class declaration
         return as_safe_globals(given), Declaration(author_class(type(self), attribute), None, method)
 

@@ -117,7 +117,6 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
                 f"{len(fn_engines or ())} qengine(s); declare at least two"
             )
     module_name = scope.get("__name__", generic_cls.__module__)
-    own = {n: f for n, f in tests.items() if n in vars(generic_cls) or n in vars(generic_cls).get("_tst_tests", {})}
 
     generated = []
     for device in devices:
@@ -132,8 +131,6 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
             class_name,
             (generic_cls,),
             {
-                # generic tests still inherited (from a base, once the generic class's own are removed): masked
-                **dict.fromkeys(n for n in tests if n not in own or any(hasattr(b, n) for b in generic_cls.__bases__)),
                 "device_type": device,
                 "_tst_generic": generic_cls,
                 "__module__": module_name,
@@ -145,16 +142,15 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
             setattr(cls, method_name, method)
         scope[class_name] = cls
         generated.append(cls)
-    # As pytorch does: the generic tests leave the generic class (kept aside for another instantiation).
-    generic_cls._tst_tests = own  # type: ignore[attr-defined]
-    for name in own:
-        if name in vars(generic_cls):
-            delattr(generic_cls, name)
-    for klass in (generic_cls, *bases):  # a shared generic base in this module is generic too: never collected
+    # The generic class stays in the module under its name, so what it holds resolves there (a nested
+    # helper class pickles as ``getattr(TestFoo, 'Net')``), but with no test (each kept aside for
+    # another instantiation, every one masked by None), so no runner collects a generic test.
+    generic_cls._tst_tests = tests  # type: ignore[attr-defined]
+    for name in tests:
+        setattr(generic_cls, name, None)
+    for klass in bases:  # a shared generic base in this module is generic too: never collected
         if scope.get(klass.__name__) is klass:
-            # ... but what it holds stays reachable under its name: a nested helper class pickled as
-            # TestFoo.Net, a class attribute a test body reads through the module global
-            scope[klass.__name__] = _GenericStandIn(klass)
+            del scope[klass.__name__]
     _GENERATED.setdefault(module_name, {})[generic_cls.__name__] = tuple(c.__name__ for c in generated)
     return generated
 
@@ -216,32 +212,6 @@ def _bound(
     return generated
 
 
-class _GenericStandIn:
-    """What the module name of a generic class holds after instantiation: its nested classes and other
-    non-test attributes (pickle finds ``TestFoo.Net`` through it), but no class, so neither unittest nor
-    pytest collects the generic tests."""
-
-    def __init__(self, generic: type) -> None:
-        vars(self).update(
-            {k: v for k, v in vars(generic).items() if not k.startswith(("_", "test")) and isinstance(v, type)}
-        )
-        object.__setattr__(self, "_tst_generic_cls", generic)
-
-    def __getattr__(self, name: str) -> Any:
-        generic = vars(self)["_tst_generic_cls"]
-        if name.startswith("_") or name.startswith("test"):
-            raise AttributeError(
-                f"{generic.__name__} is a generic round-trip test class: instantiate_round_trip_tests replaced it "
-                f"by {', '.join(_GENERATED.get(generic.__module__, {}).get(generic.__name__, ())) or 'its device classes'}"
-                f"; it has no attribute {name!r} here"
-            )
-        return getattr(generic, name)
-
-    def __repr__(self) -> str:
-        generic = vars(self)["_tst_generic_cls"]
-        return f"<generic round-trip test class {generic.__module__}.{generic.__qualname__}, instantiated>"
-
-
 def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], list[type]]:
     """The class's test methods, own and inherited (nearest wins), and the ``TestCase`` bases defining some."""
     tests: dict[str, Callable[..., Any]] = {}
@@ -253,7 +223,7 @@ def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], lis
         if framework or klass in (SerializationRoundTripTestCase, unittest.TestCase, object):
             continue
         own = False
-        for name, value in {**vars(klass).get("_tst_tests", {}), **vars(klass)}.items():
+        for name, value in {**vars(klass), **vars(klass).get("_tst_tests", {})}.items():
             if not name.startswith("test") or name in seen:
                 continue
             seen.add(name)  # a subclass's "test_x = None" hides the base's test_x
@@ -293,7 +263,10 @@ def import_round_trip_tests(
         classes = [
             obj
             for obj in vars(module).values()
-            if inspect.isclass(obj) and issubclass(obj, unittest.TestCase) and obj.__module__ == module.__name__
+            if inspect.isclass(obj)
+            and issubclass(obj, unittest.TestCase)
+            and obj.__module__ == module.__name__
+            and "_tst_tests" not in vars(obj)  # an instantiated generic class: no tests of its own
         ]
         if not classes and not generated:
             raise RoundTripConfigError(

@@ -24,6 +24,7 @@ from ..torch_facts.engines import describe_engine_change, engine_state, override
 from ..torch_facts.registry import safe_globals_context_missing
 from .case import CaseSpec
 from .checked_loads import ends_on_rejection
+from .generated import keep_reachable
 
 __all__ = ["specs", "case_test", "dims_parametrize_fn", "user_parametrize_fn", "refuse_unhonoured", "dtype_variants"]
 
@@ -135,6 +136,8 @@ def dims_parametrize_fn(test: Callable[..., Any], generic_cls: Any, device_cls: 
     """pytorch's protocol for the library's dimensions: one variant per case of *generic_cls*'s declaration
     on *device_cls*'s device type (cpu without one), suffix ``<engine>_<load_mode>[_to_cpu]``."""
     modes, engines = _class_dims(generic_cls if generic_cls is not None else device_cls)
+    if generic_cls is not None and getattr(device_cls, "_tst_generic", None) is not generic_cls:
+        keep_reachable(generic_cls)  # pytorch's instantiation removed it from its module
     device = getattr(device_cls, "device_type", None)
     device = device if isinstance(device, str) else "cpu"
     for spec in specs(test, modes, engines, device):
