@@ -22,7 +22,7 @@ from ..core.modes import LoadMode
 from ..torch_facts.devices import class_suffix, is_device_type, resolve_devices
 from ..torch_facts.engines import validate_qengines
 from .case import SerializationRoundTripTestCase
-from .variants import case_test, dtype_variants, refuse_unhonoured, specs, user_parametrize_fn
+from .variants import case_test, dtype_suffix, dtype_variants, refuse_unhonoured, specs, user_parametrize_fn
 
 __all__ = [
     "instantiate_round_trip_tests",
@@ -174,17 +174,18 @@ def _methods(
             case = case_test(fn, spec)
             variants = user(case, generic_cls, cls) if user is not None else [(case, "", {}, _no_decorators)]
             for test, suffix, kwargs, decorator_fn in variants:
-                for dtype_suffix, dtype_kwargs in dtype_variants(fn, device):
+                for dtype_kwargs in dtype_variants(fn, device):
                     params = {**kwargs, **dtype_kwargs}
+                    decorated = test
                     for decorator in decorator_fn(params):
-                        test = decorator(test)
-                    method_name = spec.method_name(f"{name}_{suffix}" if suffix else name, part) + dtype_suffix
+                        decorated = decorator(decorated)
+                    method_name = spec.method_name(f"{name}_{suffix}" if suffix else name, part) + dtype_suffix(params)
                     if method_name in methods or (method_name not in tests and hasattr(generic_cls, method_name)):
                         raise RoundTripConfigError(
                             f"{generic_cls.__name__}.{name} generates {method_name}, which another test or "
                             "attribute of the class already names; rename one of them"
                         )
-                    methods[method_name] = _bound(test, params, fn, cls.__name__, method_name)
+                    methods[method_name] = _bound(decorated, params, fn, cls.__name__, method_name)
     return methods
 
 

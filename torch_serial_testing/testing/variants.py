@@ -26,7 +26,15 @@ from .case import CaseSpec
 from .checked_loads import ends_on_rejection
 from .generated import keep_reachable
 
-__all__ = ["specs", "case_test", "dims_parametrize_fn", "user_parametrize_fn", "refuse_unhonoured", "dtype_variants"]
+__all__ = [
+    "specs",
+    "case_test",
+    "dims_parametrize_fn",
+    "user_parametrize_fn",
+    "refuse_unhonoured",
+    "dtype_variants",
+    "dtype_suffix",
+]
 
 Variant = tuple[Callable[..., Any], str, dict[str, Any], Callable[[dict[str, Any]], list[Any]]]
 
@@ -188,12 +196,12 @@ def _dtype_part(dtype: Any) -> str:
     return str(dtype).split(".")[-1]
 
 
-def dtype_variants(fn: Callable[..., Any], device: str) -> list[tuple[str, dict[str, Any]]]:
-    """pytorch's ``@dtypes`` (``fn.dtypes``: device type or ``'all'`` -> dtypes): one ``(name suffix,
-    {'dtype': ...})`` per dtype for *device*, the suffix after the device as pytorch names it."""
+def dtype_variants(fn: Callable[..., Any], device: str) -> list[dict[str, Any]]:
+    """pytorch's ``@dtypes`` (``fn.dtypes``: device type or ``'all'`` -> dtypes): the keyword arguments,
+    ``{'dtype': ...}`` (or ``{'dtypes': (...)}``), of one variant per dtype for *device*."""
     table = getattr(fn, "dtypes", None)
     if table is None:
-        return [("", {})]
+        return [{}]
     if not isinstance(table, dict):
         raise RoundTripConfigError(f"{fn.__name__}.dtypes is {table!r}, not the table pytorch's @dtypes sets")
     chosen = next((table[k] for k in (*sorted(aliases(device)), "all") if k in table), None)
@@ -202,10 +210,13 @@ def dtype_variants(fn: Callable[..., Any], device: str) -> list[tuple[str, dict[
             f"{fn.__name__} is decorated with @dtypes for {', '.join(sorted(table))} only, not for {device} "
             "(nor 'all'); add @dtypes(...) for every device type the class runs on"
         )
-    out = []
-    for dtype in chosen:
-        if isinstance(dtype, (list, tuple)):
-            out.append(("_" + "_".join(map(_dtype_part, dtype)), {"dtypes": dtype}))
-        else:
-            out.append(("_" + _dtype_part(dtype), {"dtype": dtype}))
-    return out
+    return [{"dtypes": d} if isinstance(d, (list, tuple)) else {"dtype": d} for d in chosen]
+
+
+def dtype_suffix(params: dict[str, Any]) -> str:
+    """The name part after the device for a ``dtype``/``dtypes`` argument, as pytorch names it
+    (``_float32``, ``_float32_int64``), whichever decorator (``@dtypes``, ``@optims``) set it."""
+    given = params.get("dtypes", params.get("dtype"))
+    if given is None:
+        return ""
+    return "_" + "_".join(_dtype_part(d) for d in (given if isinstance(given, (list, tuple)) else (given,)))
