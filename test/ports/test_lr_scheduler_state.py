@@ -37,7 +37,9 @@ class TestLRSchedulerState(SerializationRoundTripTestCase, TestCase):
         self.net = TestLRSchedulerState.SchedulerTestNet()
 
     def _optimizer(self, optim_cls=SGD):
-        return optim_cls([{"params": self.net.conv1.parameters()}, {"params": self.net.conv2.parameters(), "lr": 0.5}], lr=0.05)
+        return optim_cls(
+            [{"params": self.net.conv1.parameters()}, {"params": self.net.conv2.parameters(), "lr": 0.5}], lr=0.05
+        )
 
     def _step(self, optimizer, scheduler, steps):
         for _ in range(steps):

@@ -19,7 +19,7 @@ from ..core.modes import LoadMode
 from ..core.names import qualified_name, show_name
 from ..policy.declared import SafeGlobal, as_safe_globals, normalize_safe_globals
 from ..torch_facts.engines import override_qengine, validate_qengines
-from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejection, load_in_test, save
+from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejection, load_each_mode, load_in_test, save
 from .declarations import Declaration, refuse_local
 from .generated import author_class, resolvable, with_dims
 from .isolation import GlobalState, start_ignoring, stop_ignoring
@@ -289,16 +289,22 @@ class SerializationRoundTripTestCase:
             self, save(obj), mode, *self._declared(safe_globals, "safe_globals", "round_trip"), map_location, obj
         )
 
+    def round_trip_each_mode(self, obj: Any, check: Any = None, *, safe_globals: Any = None) -> dict[LoadMode, Any]:
+        """Save *obj* once, load it in each of the class's modes (a ``subTest`` each: a rejection ends only its
+        mode's), ``check(loaded, mode)``: one build per case, in a ``round_trip_dims(load_modes=())`` test."""
+        return load_each_mode(
+            self, save(obj), self._declared(safe_globals, "safe_globals", "round_trip_each_mode"), obj, check
+        )
+
     def _declared(
         self, given: Optional[Sequence[Any]], attribute: str, method: str
     ) -> tuple[Sequence[SafeGlobal], Declaration]:
         """The globals a load trusts (the class's *attribute*, or *given* to *method*) and where they come from."""
+        owner = author_class(type(self), attribute)  # never a generated TestFooCPU
         if given is None:
-            return getattr(self, f"_tst_{attribute}"), Declaration(
-                author_class(type(self), attribute), attribute, method
-            )
+            return getattr(self, f"_tst_{attribute}"), Declaration(owner, attribute, method)
         refuse_local(given, "safe_globals=")  # checked like a class declaration
-        return as_safe_globals(given), Declaration(author_class(type(self), attribute), None, method)
+        return as_safe_globals(given), Declaration(owner, None, method)
 
     def round_trip_state_dict(
         self,

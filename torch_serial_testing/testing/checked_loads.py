@@ -24,7 +24,7 @@ from .declarations import Declaration, check_declared, local_class_message
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
 
-__all__ = ["REPORT_ENV", "MISSING", "ExpectedRejection", "ends_on_rejection", "save", "load_in_test"]
+__all__ = ["REPORT_ENV", "MISSING", "ExpectedRejection", "ends_on_rejection", "save", "load_in_test", "load_each_mode"]
 
 #: Set to a file path to get one JSON line per round trip (test id, mode, outcome).
 REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
@@ -163,3 +163,29 @@ def load_in_test(
         test._tst_in_flight = rejection
         raise rejection
     return result.value
+
+
+def load_each_mode(
+    test: Any,
+    checkpoint: Checkpoint,
+    declared: tuple[Sequence[SafeGlobal], Declaration],
+    saved: Any,
+    check: Optional[Callable[[Any, LoadMode], None]],
+) -> dict[LoadMode, Any]:
+    """*checkpoint*, saved once, loaded in each of the class's load modes in its own ``subTest(load_mode=...)``
+    (an expected rejection, a skip or a failed *check* ends only that mode's); ``{mode: loaded}`` of those that loaded."""
+    if test.load_mode is not None:
+        raise RoundTripConfigError(
+            f"round_trip_each_mode loads in every load mode itself, but {test.id()} is generated per load mode "
+            f"({test.load_mode.value}): every mode would be loaded once per mode.  Decorate the test with "
+            "@round_trip_dims(load_modes=()) (it keeps its engine and device dimensions)"
+        )
+    modes = type(test).load_modes
+    loaded: dict[LoadMode, Any] = {}
+    for mode in tuple(modes) if modes is not None else tuple(LoadMode):
+        with test.subTest(load_mode=mode.value):
+            value = load_in_test(test, checkpoint, mode, *declared, MISSING, saved)
+            loaded[mode] = value
+            if check is not None:
+                check(value, mode)
+    return loaded
