@@ -45,6 +45,10 @@ class Declaration:
         from ..policy.snippet import safe_globals_snippet, snippet_parts  # a failing test's message only
 
         imports, refs = snippet_parts(sorted(names))
+        # a declared global torch allowlists (now or later: set) stays where the author put it
+        refs = [
+            n.split(".", 1)[1] for n in sorted(set(names) & LATER_ALLOWLISTED) if n.split(".", 1)[1] not in refs
+        ] + refs
         snippet = safe_globals_snippet(sorted(names), context=True)
         tuple_text = "(" + ", ".join(refs) + ("," if len(refs) == 1 else "") + ")"
         where = (
@@ -88,7 +92,7 @@ def check_declared(
     if missing:
         from ..policy.snippet import refusal_notes, suggestible  # a failing test's message only
 
-        keep = sorted(needed | (names & used))
+        keep = sorted(needed | (names & (used | harmless)))  # what the author declared stays, unless over-trust
         notes = "".join(f"\n{note}" for note in refusal_notes(keep))
         example = (
             "Declare them (only if you trust them):\n\n" + where.fix(keep)
