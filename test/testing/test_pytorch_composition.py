@@ -111,6 +111,31 @@ class TestRefusedDecorators(unittest.TestCase):
             instantiate_round_trip_tests(TestPrecise, {"__name__": __name__})
 
 
+class TestOneDeclarationForTwoModuleTypes(unittest.TestCase):
+    def test_over_trust_is_judged_on_all_the_tests_round_trips(self):
+        from test.helpers.roundtrip_fixtures import TinyNet
+
+        class Both(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (TinyNet, torch.nn.Linear, set)
+
+            def test_two_types(self):  # each checkpoint needs one of the two: together, both
+                self.round_trip(TinyNet(), mode="safe_globals")
+                self.round_trip(torch.nn.Linear(2, 1), mode="safe_globals")
+
+            def test_one_type(self):  # Linear is never needed: over-trust, once the test is over
+                self.round_trip(TinyNet(), mode="safe_globals")
+
+        result = unittest.TextTestRunner(stream=io.StringIO()).run(
+            unittest.defaultTestLoader.loadTestsFromTestCase(Both)
+        )
+        self.assertEqual(result.testsRun, 2)
+        problems = [(test.id().rsplit(".", 1)[1], text) for test, text in result.failures + result.errors]
+        self.assertEqual([name for name, _ in problems], ["test_one_type"], problems)
+        self.assertIn(
+            "Both.safe_globals over-trusts: the checkpoint does not need torch.nn.modules.linear.Linear", problems[0][1]
+        )
+
+
 class TestUnderPytorchsInstantiation(unittest.TestCase):
     def test_dimensions_and_parametrizations_are_generated_by_pytorch(self):
         class TestPytorchStyle(SerializationRoundTripTestCase, TestCase):

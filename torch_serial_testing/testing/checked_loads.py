@@ -19,7 +19,7 @@ from ..core.errors import ConflictingEnvironmentError, RoundTripConfigError
 from ..core.modes import LoadMode
 from ..policy.declared import SafeGlobal
 from ..torch_facts.registry import safe_globals_context_missing
-from .declarations import Declaration, check_declared, local_class_message
+from .declarations import Declaration, check_declared, local_class_message, refuse_over_trust
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
@@ -132,13 +132,18 @@ def load_in_test(
     if resolved is LoadMode.SAFE_GLOBALS:
         torch = sys.modules.get("torch")
         module = saved is MISSING or (torch is not None and isinstance(saved, torch.nn.Module))
-        check_declared(
+        saved_type = None if module else type(saved).__name__
+        # A class declaration serves every round trip of the test: over-trust is judged on all of them, after it
+        deferred = where.attribute is not None and not test.allow_unneeded_safe_globals
+        used = check_declared(
             checkpoint,
             declared,
             where,
-            allow_unneeded=test.allow_unneeded_safe_globals,
-            saved_type=None if module else type(saved).__name__,
+            allow_unneeded=deferred or test.allow_unneeded_safe_globals,
+            saved_type=saved_type,
         )
+        if deferred:
+            _note_use(test, declared, where, used, saved_type)
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None
     with test.loading_engine():
@@ -189,3 +194,20 @@ def load_each_mode(
             if check is not None:
                 check(value, mode)
     return loaded
+
+
+def _note_use(
+    test: Any, declared: Sequence[SafeGlobal], where: Declaration, used: frozenset[str], saved_type: Optional[str]
+) -> None:
+    """Remember what a load under a class declaration used; the first one schedules the over-trust check."""
+    uses = test.__dict__.setdefault("_tst_declaration_uses", {})
+    if not uses:
+        test.addCleanup(_check_over_trust, test)
+    _names, seen, types, _where = uses.setdefault(where.label, ({sg.name for sg in declared}, set(), [], where))
+    seen.update(used)
+    types.append(saved_type)
+
+
+def _check_over_trust(test: Any) -> None:
+    for names, used, types, where in test.__dict__.pop("_tst_declaration_uses", {}).values():
+        refuse_over_trust(names, used, where, types)
