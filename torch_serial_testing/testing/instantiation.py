@@ -126,7 +126,7 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
                 f"{class_name} already exists in the module; rename {generic_cls.__name__} or the existing {class_name}"
             )
         # A subclass of the author's class (as pytorch's instantiate_device_type_tests makes): super(),
-        # nested classes and class attributes work; the generic tests are masked by None (never collected).
+        # nested classes and class attributes work; the generic tests leave the generic class below.
         cls = type(
             class_name,
             (generic_cls,),
@@ -144,10 +144,13 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
         generated.append(cls)
     # The generic class stays in the module under its name, so what it holds resolves there (a nested
     # helper class pickles as ``getattr(TestFoo, 'Net')``), but with no test (each kept aside for
-    # another instantiation, every one masked by None), so no runner collects a generic test.
+    # another instantiation, an inherited one masked by None), so no runner collects a generic test.
     generic_cls._tst_tests = tests  # type: ignore[attr-defined]
     for name in tests:
-        setattr(generic_cls, name, None)
+        if name in vars(generic_cls):
+            delattr(generic_cls, name)  # as pytorch does
+        if hasattr(generic_cls, name):  # still inherited from a base
+            setattr(generic_cls, name, None)
     for klass in bases:  # a shared generic base in this module is generic too: never collected
         if scope.get(klass.__name__) is klass:
             del scope[klass.__name__]
