@@ -64,7 +64,10 @@ class TestNames(unittest.TestCase):
         generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu", "cuda"), body={"test_cross": test_cross})
         scope = {"__name__": "fake_module", "TestThing": generic}
         classes = instantiate_round_trip_tests(generic, scope)
-        self.assertEqual(sorted(scope), ["TestThingCPU", "TestThingCUDA", "__name__"])
+        # The generic class stays (what it holds resolves under its name) with no test left to collect
+        self.assertEqual(sorted(scope), ["TestThing", "TestThingCPU", "TestThingCUDA", "__name__"])
+        self.assertIs(scope["TestThing"], generic)
+        self.assertEqual(unittest.defaultTestLoader.loadTestsFromTestCase(generic).countTestCases(), 0)
         self.assertEqual([c.__name__ for c in classes], ["TestThingCPU", "TestThingCUDA"])
         cpu = sorted(n for n in dir(scope["TestThingCPU"]) if n.startswith("test"))
         expected_cpu = sorted(
@@ -488,7 +491,9 @@ class TestInheritedTests(unittest.TestCase):
 
         scope = {"Mixin": Mixin, "Base": Base, "TestA": TestA, "__name__": "m"}
         (cls,) = instantiate_round_trip_tests(TestA, scope)
-        self.assertEqual(sorted(scope), ["Mixin", "TestACPU", "__name__"])  # Mixin: not a TestCase
+        self.assertEqual(sorted(scope), ["Mixin", "TestA", "TestACPU", "__name__"])  # Mixin: not a TestCase
+        # the generic class stays (what it holds resolves under its name), with no test left to collect
+        self.assertEqual(unittest.defaultTestLoader.loadTestsFromTestCase(TestA).countTestCases(), 0)
         names = sorted(n for n in dir(cls) if n.startswith("test") and callable(getattr(cls, n)))
         self.assertEqual(names, ["test_b_default_cpu", "test_m_default_cpu"])
 

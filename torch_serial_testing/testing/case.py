@@ -19,8 +19,9 @@ from ..core.modes import LoadMode
 from ..core.names import qualified_name, show_name
 from ..policy.declared import SafeGlobal, as_safe_globals, normalize_safe_globals
 from ..torch_facts.engines import override_qengine, validate_qengines
-from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejection, load_in_test, save
+from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejection, load_each_mode, load_in_test, save
 from .declarations import Declaration, refuse_local
+from .generated import author_class, resolvable, with_dims
 from .isolation import GlobalState, start_ignoring, stop_ignoring
 
 if TYPE_CHECKING:
@@ -123,8 +124,12 @@ class SerializationRoundTripTestCase:
         # Bad declarations fail here, at class creation, not in the middle of a run.
         refuse_local(cls.safe_globals, f"{cls.__name__}.safe_globals")
         refuse_local(cls.state_dict_safe_globals, f"{cls.__name__}.state_dict_safe_globals")
-        cls._tst_safe_globals = normalize_safe_globals(cls.safe_globals)
-        cls._tst_state_dict_safe_globals = normalize_safe_globals(cls.state_dict_safe_globals)
+        for attribute in ("safe_globals", "state_dict_safe_globals"):
+            declared = getattr(cls, attribute)
+            if getattr(cls, f"_tst_{attribute}_source", None) is not declared:  # else judged for a base already
+                with resolvable(cls, declared):
+                    setattr(cls, f"_tst_{attribute}", normalize_safe_globals(declared))
+                setattr(cls, f"_tst_{attribute}_source", declared)
         if isinstance(cls.ignore_warnings, (str, bytes)):
             raise RoundTripConfigError(
                 f"{cls.__name__}.ignore_warnings must be a tuple of message regexes, e.g. (r'TypedStorage',)"
@@ -138,7 +143,7 @@ class SerializationRoundTripTestCase:
             raise RoundTripConfigError(f"{cls.__name__}.make_module must be a method returning a torch.nn.Module")
         for name, value in list(cls.__dict__.items()):
             if name.startswith("test") and callable(value):
-                setattr(cls, name, ends_on_rejection(value))
+                setattr(cls, name, with_dims(ends_on_rejection(value)))
 
     def setUp(self) -> None:
         getattr(super(), "setUp", lambda: None)()
@@ -182,11 +187,11 @@ class SerializationRoundTripTestCase:
             return
         leaks = [*self.__dict__.pop("_tst_noted_leaks", []), *state.restore()]
         imports = state.import_registrations
-        if imports.kept:
-            self._tst_say(
-                "kept safe globals registered at import time: "
-                + ", ".join(sorted(qualified_name(g) for g in imports.kept))
-            )
+        kept = sorted(
+            n for n in map(qualified_name, imports.kept) if not n.startswith("torch.")
+        )  # torch's own: not news
+        if kept:
+            self._tst_say("kept safe globals registered at import time: " + ", ".join(kept))
         if imports.refused:  # never registered: always a failure (the module does not get what it asked for)
             raise LeakedGlobalStateError(
                 f"{self.id()}: refused safe globals registered by modules imported during the test: "  # type: ignore
@@ -284,14 +289,22 @@ class SerializationRoundTripTestCase:
             self, save(obj), mode, *self._declared(safe_globals, "safe_globals", "round_trip"), map_location, obj
         )
 
+    def round_trip_each_mode(self, obj: Any, check: Any = None, *, safe_globals: Any = None) -> dict[LoadMode, Any]:
+        """Save *obj* once, load it in each of the class's modes (a ``subTest`` each: a rejection ends only its
+        mode's), ``check(loaded, mode)``: one build per case, in a ``round_trip_dims(load_modes=())`` test."""
+        return load_each_mode(
+            self, save(obj), self._declared(safe_globals, "safe_globals", "round_trip_each_mode"), obj, check
+        )
+
     def _declared(
         self, given: Optional[Sequence[Any]], attribute: str, method: str
     ) -> tuple[Sequence[SafeGlobal], Declaration]:
         """The globals a load trusts (the class's *attribute*, or *given* to *method*) and where they come from."""
+        owner = author_class(type(self), attribute)  # never a generated TestFooCPU
         if given is None:
-            return getattr(self, f"_tst_{attribute}"), Declaration(type(self).__name__, attribute, method)
+            return getattr(self, f"_tst_{attribute}"), Declaration(owner, attribute, method)
         refuse_local(given, "safe_globals=")  # checked like a class declaration
-        return as_safe_globals(given), Declaration(type(self).__name__, None, method)
+        return as_safe_globals(given), Declaration(owner, None, method)
 
     def round_trip_state_dict(
         self,

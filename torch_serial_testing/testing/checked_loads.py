@@ -19,12 +19,12 @@ from ..core.errors import ConflictingEnvironmentError, RoundTripConfigError
 from ..core.modes import LoadMode
 from ..policy.declared import SafeGlobal
 from ..torch_facts.registry import safe_globals_context_missing
-from .declarations import Declaration, check_declared, local_class_message
+from .declarations import Declaration, check_declared, local_class_message, refuse_over_trust
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
 
-__all__ = ["REPORT_ENV", "MISSING", "ExpectedRejection", "ends_on_rejection", "save", "load_in_test"]
+__all__ = ["REPORT_ENV", "MISSING", "ExpectedRejection", "ends_on_rejection", "save", "load_in_test", "load_each_mode"]
 
 #: Set to a file path to get one JSON line per round trip (test id, mode, outcome).
 REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
@@ -132,13 +132,18 @@ def load_in_test(
     if resolved is LoadMode.SAFE_GLOBALS:
         torch = sys.modules.get("torch")
         module = saved is MISSING or (torch is not None and isinstance(saved, torch.nn.Module))
-        check_declared(
+        saved_type = None if module else type(saved).__name__
+        # A class declaration serves every round trip of the test: over-trust is judged on all of them, after it
+        deferred = where.attribute is not None and not test.allow_unneeded_safe_globals
+        used = check_declared(
             checkpoint,
             declared,
             where,
-            allow_unneeded=test.allow_unneeded_safe_globals,
-            saved_type=None if module else type(saved).__name__,
+            allow_unneeded=deferred or test.allow_unneeded_safe_globals,
+            saved_type=saved_type,
         )
+        if deferred:
+            _note_use(test, declared, where, used, saved_type)
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None
     with test.loading_engine():
@@ -163,3 +168,46 @@ def load_in_test(
         test._tst_in_flight = rejection
         raise rejection
     return result.value
+
+
+def load_each_mode(
+    test: Any,
+    checkpoint: Checkpoint,
+    declared: tuple[Sequence[SafeGlobal], Declaration],
+    saved: Any,
+    check: Optional[Callable[[Any, LoadMode], None]],
+) -> dict[LoadMode, Any]:
+    """*checkpoint*, saved once, loaded in each of the class's load modes in its own ``subTest(load_mode=...)``
+    (an expected rejection, a skip or a failed *check* ends only that mode's); ``{mode: loaded}`` of those that loaded."""
+    if test.load_mode is not None:
+        raise RoundTripConfigError(
+            f"round_trip_each_mode loads in every load mode itself, but {test.id()} is generated per load mode "
+            f"({test.load_mode.value}): every mode would be loaded once per mode.  Decorate the test with "
+            "@round_trip_dims(load_modes=()) (it keeps its engine and device dimensions)"
+        )
+    modes = type(test).load_modes
+    loaded: dict[LoadMode, Any] = {}
+    for mode in tuple(modes) if modes is not None else tuple(LoadMode):
+        with test.subTest(load_mode=mode.value):
+            value = load_in_test(test, checkpoint, mode, *declared, MISSING, saved)
+            loaded[mode] = value
+            if check is not None:
+                check(value, mode)
+    return loaded
+
+
+def _note_use(
+    test: Any, declared: Sequence[SafeGlobal], where: Declaration, used: frozenset[str], saved_type: Optional[str]
+) -> None:
+    """Remember what a load under a class declaration used; the first one schedules the over-trust check."""
+    uses = test.__dict__.setdefault("_tst_declaration_uses", {})
+    if not uses:
+        test.addCleanup(_check_over_trust, test)
+    _names, seen, types, _where = uses.setdefault(where.label, ({sg.name for sg in declared}, set(), [], where))
+    seen.update(used)
+    types.append(saved_type)
+
+
+def _check_over_trust(test: Any) -> None:
+    for names, used, types, where in test.__dict__.pop("_tst_declaration_uses", {}).values():
+        refuse_over_trust(names, used, where, types)

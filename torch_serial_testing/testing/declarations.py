@@ -18,7 +18,14 @@ from ..torch_facts.registry import torch_allowlist
 if TYPE_CHECKING:  # the round-trip machinery is imported on the first round trip
     from ..scan.checkpoint import Checkpoint
 
-__all__ = ["Declaration", "check_declared", "refuse_local", "LATER_ALLOWLISTED", "local_class_message"]
+__all__ = [
+    "Declaration",
+    "check_declared",
+    "refuse_over_trust",
+    "refuse_local",
+    "LATER_ALLOWLISTED",
+    "local_class_message",
+]
 
 #: Globals a later torch put on its own allowlist (``builtins.set``: torch 2.6).  Declaring one is
 #: never over-trust, so one declaration serves every torch and module, whether or not its
@@ -45,6 +52,10 @@ class Declaration:
         from ..policy.snippet import safe_globals_snippet, snippet_parts  # a failing test's message only
 
         imports, refs = snippet_parts(sorted(names))
+        # a declared global torch allowlists (now or later: set) stays where the author put it
+        refs = [
+            n.split(".", 1)[1] for n in sorted(set(names) & LATER_ALLOWLISTED) if n.split(".", 1)[1] not in refs
+        ] + refs
         snippet = safe_globals_snippet(sorted(names), context=True)
         tuple_text = "(" + ", ".join(refs) + ("," if len(refs) == 1 else "") + ")"
         where = (
@@ -63,10 +74,11 @@ def check_declared(
     *,
     allow_unneeded: bool = False,
     saved_type: Optional[str] = None,
-) -> None:
+) -> frozenset[str]:
     """Raise :class:`AllowlistError` when *declared* misses or over-trusts what *checkpoint* needs (not
     over-trust: a global it uses although torch allows it, or one on torch's allowlist now or later,
-    :data:`LATER_ALLOWLISTED`).  *saved_type*: the saved object's type when it is not a module."""
+    :data:`LATER_ALLOWLISTED`).  *saved_type*: the saved object's type when it is not a module.  The
+    globals the checkpoint needs or uses (a test's several checkpoints share a class declaration)."""
     from ..loading.required import required_globals
 
     blocker = checkpoint.info.weights_only_blocker
@@ -84,11 +96,10 @@ def check_declared(
     missing = sorted(needed - names)
     used = set(checkpoint.info.globals)
     harmless = torch_allowlist() | LATER_ALLOWLISTED
-    unneeded = sorted(n for n in names - needed if n not in used and n not in harmless)
     if missing:
         from ..policy.snippet import refusal_notes, suggestible  # a failing test's message only
 
-        keep = sorted(needed | (names & used))
+        keep = sorted(needed | (names & (used | harmless)))  # what the author declared stays, unless over-trust
         notes = "".join(f"\n{note}" for note in refusal_notes(keep))
         example = (
             "Declare them (only if you trust them):\n\n" + where.fix(keep)
@@ -99,20 +110,34 @@ def check_declared(
             f"{where.label} misses {len(missing)} global(s) the checkpoint needs: "
             f"{', '.join(map(show_name, missing))}\n" + example + notes
         )
-    if unneeded and not allow_unneeded:
-        keep = sorted(names - set(unneeded))
-        hint = (
-            f"\nClass-level safe_globals apply to every round_trip in the class; this one saves a "
-            f"{saved_type}, not a module: pass safe_globals=() (or the globals it needs) to this "
-            "call, or use round_trip_state_dict (which uses state_dict_safe_globals)."
-            if where.attribute == "safe_globals" and saved_type is not None
-            else ""
-        )
-        raise AllowlistError(
-            f"{where.label} over-trusts: the checkpoint does not need {', '.join(map(show_name, unneeded))}. Remove "
-            f"them, or set allow_unneeded_safe_globals = True on the class.{hint}\nThe exact declaration:\n\n"
-            + where.fix(keep)
-        )
+    if not allow_unneeded:
+        refuse_over_trust(names, needed | used, where, [saved_type])
+    return frozenset(needed | used)
+
+
+def refuse_over_trust(
+    names: set[str], used: set[str], where: Declaration, saved_types: Sequence[Optional[str]]
+) -> None:
+    """Raise :class:`AllowlistError` when declared *names* hold globals none of the checkpoints loaded
+    under the declaration needed or used (*used*); *saved_types*: theirs, None for a module."""
+    harmless = torch_allowlist() | LATER_ALLOWLISTED
+    unneeded = sorted(n for n in names - used if n not in harmless)
+    if not unneeded:
+        return
+    keep = sorted(names - set(unneeded))
+    saved_type = next((t for t in saved_types if t is not None), None)
+    hint = (
+        f"\nClass-level safe_globals apply to every round_trip in the class; this one saves a "
+        f"{saved_type}, not a module: pass safe_globals=() (or the globals it needs) to this "
+        "call, or use round_trip_state_dict (which uses state_dict_safe_globals)."
+        if where.attribute == "safe_globals" and saved_type is not None
+        else ""
+    )
+    raise AllowlistError(
+        f"{where.label} over-trusts: the checkpoint does not need {', '.join(map(show_name, unneeded))}. Remove "
+        f"them, or set allow_unneeded_safe_globals = True on the class.{hint}\nThe exact declaration:\n\n"
+        + where.fix(keep)
+    )
 
 
 def local_class_message(name: str) -> str:

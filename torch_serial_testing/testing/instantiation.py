@@ -11,27 +11,18 @@ wrapper, cut the author's lines).  ``import_round_trip_tests`` binds the classes
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
-import itertools
 import types
 import unittest
 from typing import Any, Callable, MutableMapping, Optional, TypeVar, Union
 
 from ..core.errors import RoundTripConfigError, dimension
 from ..core.modes import LoadMode
-from ..torch_facts.devices import aliases, class_suffix, device_skip_reason, is_device_type, resolve_devices
-from ..torch_facts.engines import (
-    describe_engine_change,
-    engine_state,
-    override_qengine,
-    qengine_skip_reason,
-    validate_qengines,
-)
-from ..torch_facts.registry import safe_globals_context_missing
-from .case import CaseSpec, SerializationRoundTripTestCase
-from .checked_loads import ends_on_rejection
+from ..torch_facts.devices import class_suffix, is_device_type, resolve_devices
+from ..torch_facts.engines import validate_qengines
+from .case import SerializationRoundTripTestCase
+from .variants import case_test, dtype_suffix, dtype_variants, refuse_unhonoured, specs, user_parametrize_fn
 
 __all__ = [
     "instantiate_round_trip_tests",
@@ -96,70 +87,6 @@ def no_round_trip_dims(fn: F) -> F:
     return round_trip_dims(load_modes=(), qengines=None)(fn)
 
 
-def _specs(
-    fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optional[tuple[str, ...]], device: str
-) -> list[CaseSpec]:
-    dims = getattr(fn, "_tst_dims", {})
-    modes, engines = dims.get("load_modes", modes), dims.get("qengines", engines)
-    if engines is None:
-        pairs: list[tuple[Optional[str], Optional[str]]] = [(None, None)]
-    elif getattr(fn, "_tst_cross_engine", False):
-        pairs = list(itertools.permutations(engines, 2))
-    else:
-        pairs = [(e, e) for e in engines]
-    targets = [False] if device == "cpu" or not modes else [False, True]  # the to_cpu twin only for tests that load
-    return [
-        CaseSpec(mode, device, save, load, to_cpu)
-        for save, load in pairs
-        for mode in (modes or (None,))
-        for to_cpu in targets
-    ]
-
-
-def _skip_reason(fn: Callable[..., Any], spec: CaseSpec) -> Optional[str]:
-    """Why this case cannot run here (``round_trip_dims(devices=...)``, engine, device, mode), or None."""
-    only = getattr(fn, "_tst_dims", {}).get("devices")
-    if only is not None and not aliases(spec.device_type) & set(only):
-        return f"{fn.__name__} runs only on {', '.join(only)} (round_trip_dims(devices=...))"
-    engines = dict.fromkeys(e for e in (spec.save_qengine, spec.load_qengine) if e)
-    return (
-        next(filter(None, map(qengine_skip_reason, engines)), None)
-        or device_skip_reason(spec.device_type)
-        or (safe_globals_context_missing() if spec.mode is LoadMode.SAFE_GLOBALS else None)
-    )
-
-
-def _runner(fn: Callable[..., Any]) -> Callable[..., Any]:
-    takes_device = len(inspect.signature(fn).parameters) >= 2
-    fn = ends_on_rejection(fn)  # methods inherited from a plain mixin were never wrapped
-
-    def run_case(self: Any, spec: CaseSpec) -> Any:
-        reason = _skip_reason(fn, spec)
-        if reason:
-            raise unittest.SkipTest(reason)
-        self._tst_case = spec
-        device = class_suffix(spec.device_type).lower() if spec.device_type == "privateuse1" else spec.device_type
-        args = (device,) if takes_device else ()
-        if not spec.save_qengine:
-            return fn(self, *args)
-        with override_qengine(spec.save_qengine):
-            # As without an engine dimension: the body must leave the engine and allocator as it got
-            # them, else that is reported as leaked state (and restored).
-            given = engine_state()
-            try:
-                return fn(self, *args)
-            finally:
-                self._tst_note_leaks(
-                    [
-                        f"{line}, set for this {spec.save_qengine} test"
-                        for line in describe_engine_change(given, engine_state())
-                    ]
-                )
-
-    # __wrapped__: pytest follows it to the author's def
-    return functools.update_wrapper(run_case, fn, ("__module__", "__name__", "__qualname__", "__doc__"), ())
-
-
 def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, Any]) -> list[type]:
     """Replace *generic_cls* in *scope* (usually ``globals()``) by one class per device type; the classes."""
     if not (
@@ -171,8 +98,6 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
             f"{generic_cls!r} must subclass SerializationRoundTripTestCase and unittest.TestCase "
             "(class TestFoo(SerializationRoundTripTestCase, TestCase))"
         )
-    from parameterized import param, parameterized  # imported on use: it pulls in unittest.mock
-
     modes = tuple(generic_cls.load_modes) if generic_cls.load_modes is not None else tuple(LoadMode)
     engines = validate_qengines(generic_cls.qengines)
     devices = resolve_devices(generic_cls.devices)
@@ -182,6 +107,7 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
             f"{generic_cls.__name__} has no test methods; define at least one 'def test_...(self, device)'"
         )
     for name, fn in tests.items():
+        refuse_unhonoured(generic_cls.__name__, name, fn)
         dims = getattr(fn, "_tst_dims", {})
         fn_engines = dims.get("qengines", engines)
         if getattr(fn, "_tst_cross_engine", False) and (fn_engines is None or len(fn_engines) < 2):
@@ -191,11 +117,6 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
                 f"{len(fn_engines or ())} qengine(s); declare at least two"
             )
     module_name = scope.get("__name__", generic_cls.__module__)
-    # The generated classes' base: the generic class minus its test methods, inherited ones masked
-    # by None (no runner collects it).
-    base_dict = {k: v for k, v in vars(generic_cls).items() if k not in tests and k not in ("__dict__", "__weakref__")}
-    base_dict.update({name: None for name in tests if any(hasattr(b, name) for b in generic_cls.__bases__)})
-    base = type(generic_cls.__name__, generic_cls.__bases__, base_dict)
 
     generated = []
     for device in devices:
@@ -204,37 +125,94 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
             raise RoundTripConfigError(
                 f"{class_name} already exists in the module; rename {generic_cls.__name__} or the existing {class_name}"
             )
-        methods: dict[str, Any] = {}
-        part = class_suffix(device).lower()
-        for name, fn in tests.items():
-            specs = _specs(fn, modes, engines, device)
-            for spec in specs:
-                method_name = spec.method_name(name, part)
-                if method_name in methods or method_name in base_dict:
-                    raise RoundTripConfigError(
-                        f"{generic_cls.__name__}.{name} generates {method_name}, which another test or "
-                        "attribute of the class already names; rename one of them"
-                    )
-                methods[method_name] = None  # reserved; parameterized fills it in below
-            parameterized.expand(
-                [param(spec) for spec in specs],
-                name_func=lambda f, num, p, part=part: p.args[0].method_name(f.__name__, part),
-                doc_func=lambda f, num, p: f.__doc__,
-                namespace=methods,
-            )(_runner(fn))
-        for method in methods.values():
-            # parameterized drops __wrapped__ and points pytest at place_as: point both at the author's
-            # def (unittest classes take no fixtures, so its signature is harmless); never wrap again.
-            method.__wrapped__ = method.place_as
-            method.place_as = inspect.unwrap(method.place_as)
-            method._tst_wrapped = True
-        cls = type(class_name, (base,), {**methods, "__module__": module_name, "__qualname__": class_name})
+        # A subclass of the author's class (as pytorch's instantiate_device_type_tests makes): super(),
+        # nested classes and class attributes work; the generic tests leave the generic class below.
+        cls = type(
+            class_name,
+            (generic_cls,),
+            {
+                "device_type": device,
+                "_tst_generic": generic_cls,
+                "__module__": module_name,
+                "__qualname__": class_name,
+                "__doc__": generic_cls.__doc__,
+            },
+        )
+        for method_name, method in _methods(generic_cls, cls, tests, modes, engines, device).items():
+            setattr(cls, method_name, method)
         scope[class_name] = cls
         generated.append(cls)
-    for klass in (generic_cls, *bases):  # a shared generic base in this module is generic too: never collected
+    # The generic class stays in the module under its name, so what it holds resolves there (a nested
+    # helper class pickles as ``getattr(TestFoo, 'Net')``), but with no test (each kept aside for
+    # another instantiation, an inherited one masked by None), so no runner collects a generic test.
+    generic_cls._tst_tests = tests  # type: ignore[attr-defined]
+    for name in tests:
+        if name in vars(generic_cls):
+            delattr(generic_cls, name)  # as pytorch does
+        if hasattr(generic_cls, name):  # still inherited from a base
+            setattr(generic_cls, name, None)
+    for klass in bases:  # a shared generic base in this module is generic too: never collected
         if scope.get(klass.__name__) is klass:
             del scope[klass.__name__]
     _GENERATED.setdefault(module_name, {})[generic_cls.__name__] = tuple(c.__name__ for c in generated)
+    return generated
+
+
+def _methods(
+    generic_cls: type,
+    cls: type,
+    tests: dict[str, Callable[..., Any]],
+    modes: tuple[LoadMode, ...],
+    engines: Optional[tuple[str, ...]],
+    device: str,
+) -> dict[str, Callable[..., Any]]:
+    """The generated test methods of device class *cls*: per test, case, the author's parametrizations
+    (pytorch's ``parametrize_fn`` protocol) and ``@dtypes``; named ``test_<name>[_<params>][_<engine>]
+    [_<load_mode>]_<device>[_to_cpu][_<dtype>]``."""
+    methods: dict[str, Callable[..., Any]] = {}
+    part = class_suffix(device).lower()
+    for name, fn in tests.items():
+        user = user_parametrize_fn(fn)
+        for spec in specs(fn, modes, engines, device):
+            case = case_test(fn, spec)
+            variants = user(case, generic_cls, cls) if user is not None else [(case, "", {}, _no_decorators)]
+            for test, suffix, kwargs, decorator_fn in variants:
+                for dtype_kwargs in dtype_variants(fn, device):
+                    params = {**kwargs, **dtype_kwargs}
+                    decorated = test
+                    for decorator in decorator_fn(params):
+                        decorated = decorator(decorated)
+                    method_name = spec.method_name(f"{name}_{suffix}" if suffix else name, part) + dtype_suffix(params)
+                    if method_name in methods or (method_name not in tests and hasattr(generic_cls, method_name)):
+                        raise RoundTripConfigError(
+                            f"{generic_cls.__name__}.{name} generates {method_name}, which another test or "
+                            "attribute of the class already names; rename one of them"
+                        )
+                    methods[method_name] = _bound(decorated, params, fn, cls.__name__, method_name)
+    return methods
+
+
+def _no_decorators(_kwargs: dict[str, Any]) -> list[Any]:
+    return []
+
+
+def _bound(
+    test: Callable[..., Any], params: dict[str, Any], fn: Callable[..., Any], class_name: str, name: str
+) -> Callable[..., Any]:
+    def generated(self: Any) -> Any:
+        return test(self, **params)
+
+    generated.__name__, generated.__qualname__ = name, f"{class_name}.{name}"
+    generated.__module__, generated.__doc__ = fn.__module__, fn.__doc__
+    # pytest reports the author's def (``__wrapped__``, ``place_as``); unittest classes take no fixtures,
+    # so its signature is harmless.  Never wrapped again.
+    author = inspect.unwrap(fn)
+    generated.__wrapped__ = author  # type: ignore[attr-defined]
+    generated.place_as = author  # type: ignore[attr-defined]
+    generated._tst_wrapped = True  # type: ignore[attr-defined]
+    for attr in ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__"):
+        if hasattr(test, attr):
+            setattr(generated, attr, getattr(test, attr))
     return generated
 
 
@@ -249,7 +227,7 @@ def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], lis
         if framework or klass in (SerializationRoundTripTestCase, unittest.TestCase, object):
             continue
         own = False
-        for name, value in vars(klass).items():
+        for name, value in {**vars(klass), **vars(klass).get("_tst_tests", {})}.items():
             if not name.startswith("test") or name in seen:
                 continue
             seen.add(name)  # a subclass's "test_x = None" hides the base's test_x
@@ -289,7 +267,10 @@ def import_round_trip_tests(
         classes = [
             obj
             for obj in vars(module).values()
-            if inspect.isclass(obj) and issubclass(obj, unittest.TestCase) and obj.__module__ == module.__name__
+            if inspect.isclass(obj)
+            and issubclass(obj, unittest.TestCase)
+            and obj.__module__ == module.__name__
+            and "_tst_tests" not in vars(obj)  # an instantiated generic class: no tests of its own
         ]
         if not classes and not generated:
             raise RoundTripConfigError(

@@ -1,0 +1,74 @@
+"""The ports run under pytorch's ``instantiate_device_type_tests`` (as this suite collects them) and
+under the library's ``instantiate_round_trip_tests``: the same test ids, every variant run, under
+unittest and pytest."""
+
+import os
+import re
+import subprocess
+import sys
+import unittest
+
+from test.helpers.subprocess_env import child_env
+from test.ports._instantiate import ENV
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PORTS = ("test_pruning_serialization", "test_lr_scheduler_state", "test_observer_serialization")
+FILES = [f"test/ports/{name}.py" for name in PORTS]
+
+
+def _run(args, instantiation):
+    env = child_env({ENV: instantiation, "PYTHONDONTWRITEBYTECODE": "1"}, path_first=(ROOT,))
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False
+    )
+    return proc
+
+
+class TestBothInstantiations(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.ids = {}
+        for instantiation in ("pytorch", "library"):
+            proc = _run(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *FILES], instantiation)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            cls.ids[instantiation] = sorted(line for line in proc.stdout.splitlines() if "::" in line)
+
+    def test_same_ids_both_ways(self):
+        self.assertEqual(self.ids["pytorch"], self.ids["library"])
+        names = [i.rsplit("::", 1)[1] for i in self.ids["library"]]
+        # every variant exists: @swap's both, @parametrize's each, @optims' optimizers, engines, modes
+        for expected in (
+            "test_nested_helper_state_dict_swap_True_default_cpu",
+            "test_nested_helper_state_dict_swap_False_safe_globals_cpu",
+            "test_pruning_serialization_state_dict_amount_0_3_weights_only_false_cpu",
+            "test_optimizer_and_scheduler_resume_Adam_safe_globals_cpu_float32",
+            "test_scheduler_state_dict_kind_multistep_default_cpu",
+            "test_observer_state_dict_kind_histogram_qnnpack_cpu",
+            "test_fq_serializable_per_channel_True_fbgemm_default_cpu",
+        ):
+            self.assertIn(expected, names)
+        self.assertEqual(len(names), 2 * 3 + 3 * 2 + 3 + 3 * 3 + 2 * 3 + 3 * 2 + 2 * 2 * 3)
+
+    def test_every_variant_runs_under_unittest_with_the_library(self):
+        proc = _run(["-m", "unittest", "-v", *(f"test.ports.{name}" for name in PORTS)], "library")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        ran = re.findall(r"^(test_\w+) \(.*?\) \.\.\. .*?(ok|skipped.*)$", proc.stderr, re.MULTILINE)
+        self.assertEqual(sorted(n for n, _ in ran), sorted(i.rsplit("::", 1)[1] for i in self.ids["library"]))
+        skipped = [n for n, status in ran if status != "ok"]
+        self.assertEqual(skipped, [], "skipped here: " + ", ".join(skipped))
+
+    def test_every_variant_runs_under_pytest_with_the_library(self):
+        proc = _run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", "0", *FILES], "library")
+        self.assertEqual(proc.returncode, 0, proc.stdout[-3000:])
+        passed = sorted(re.findall(r"^PASSED (\S+::\S+)$", proc.stdout, re.MULTILINE))
+        self.assertEqual(passed, self.ids["library"])
+
+    def test_every_variant_runs_under_unittest_with_pytorch(self):
+        proc = _run(["-m", "unittest", *(f"test.ports.{name}" for name in PORTS)], "pytorch")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertIn(f"Ran {len(self.ids['pytorch'])} tests", proc.stderr)
+        self.assertNotIn("skipped", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
