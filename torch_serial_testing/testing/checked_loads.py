@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
-import os
 import pickle
 import sys
 import unittest
@@ -20,14 +18,13 @@ from ..core.modes import LoadMode
 from ..policy.declared import SafeGlobal
 from ..torch_facts.registry import safe_globals_context_missing
 from .declarations import Declaration, check_declared, local_class_message
+from .outcomes import REPORT_ENV, RoundTripRecord, current_subtest, note
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
 
 __all__ = ["REPORT_ENV", "MISSING", "ExpectedRejection", "ends_on_rejection", "save", "load_in_test"]
 
-#: Set to a file path to get one JSON line per round trip (test id, mode, outcome).
-REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
 #: An argument not given (``map_location``; the saved object of a ``load_checkpoint``).
 MISSING: Any = object()
 
@@ -147,17 +144,11 @@ def load_in_test(
     if summary not in test.round_trip_outcomes:
         test.round_trip_outcomes.append(summary)
         test._tst_say(summary)
-    path = os.environ.get(REPORT_ENV)
-    if path:
-        record = {
-            "test": test.id(),
-            "mode": result.expectation.mode.value,
-            "loaded": result.loaded,
-            "weights_only": result.expectation.weights_only,
-            "summary": summary,
-        }
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+    exp = result.expectation
+    record = RoundTripRecord(
+        "torch.load", exp.mode.value, result.loaded, exp.weights_only, summary, current_subtest(test)
+    )
+    note(test, record)
     if not result.loaded:
         rejection = ExpectedRejection(summary)
         test._tst_in_flight = rejection
