@@ -246,9 +246,10 @@ class SerializationRoundTripTestCase:
     )
 
     def loading_engine(self) -> contextlib.AbstractContextManager[None]:
-        """Context for post-load checks that must run under the load engine."""
+        """Context for post-load checks that must run under the load engine (the allocator as found)."""
         engine = self.load_qengine
-        return contextlib.nullcontext() if engine is None or engine == self.qengine else override_qengine(engine)
+        same = engine is None or engine == self.qengine
+        return contextlib.nullcontext() if same else override_qengine(engine, allocator=False)
 
     def make_module(self) -> Any:
         """Override: return the ``torch.nn.Module`` this class round-trips."""

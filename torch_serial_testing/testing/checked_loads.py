@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from ..core.errors import ConflictingEnvironmentError, RoundTripConfigError
 from ..core.modes import LoadMode
 from ..policy.declared import SafeGlobal
+from ..torch_facts.engines import qnnpack_allocator
 from ..torch_facts.registry import safe_globals_context_missing
 from .declarations import Declaration, check_declared, local_class_message
 from .outcomes import REPORT_ENV, RoundTripRecord, current_subtest, note
@@ -138,7 +139,7 @@ def load_in_test(
         )
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None
-    with test.loading_engine():
+    with test.loading_engine(), qnnpack_allocator(test.load_qengine):  # the load as pytorch's qnnpack tests do
         result = loading.load(checkpoint, resolved, declared, map_location)
     summary = result.summary  # each distinct outcome once in verbose output, every load in the REPORT_ENV file
     if summary not in test.round_trip_outcomes:
