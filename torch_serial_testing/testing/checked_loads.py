@@ -72,19 +72,46 @@ def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(self, *args, **kwargs)
         except ExpectedRejection as rejection:
-            self._tst_in_flight = None
-            if rejection.abandoned_subtest is not None:
-                raise RoundTripConfigError(
-                    f"{rejection.summary}\n... but this expected rejection happened outside the `with "
-                    f"self.subTest({rejection.abandoned_subtest})` block that was open (the block yields to its "
-                    "caller, e.g. from a generator), so it could not end just that subtest and the remaining "
-                    "subtests would silently not run.  Call round_trip inside the with block (no yield inside "
-                    "it), or open the subTest in the loop body."
-                ) from None
+            _ended(self, rejection)
             return None
 
     wrapper._tst_wrapped = True  # type: ignore[attr-defined]
+    _each_example_ends_on_rejection(fn)
     return wrapper
+
+
+def _ended(test: Any, rejection: ExpectedRejection) -> None:
+    """*rejection* ends the test (or one hypothesis example) as a pass, unless it escaped a subTest."""
+    test._tst_in_flight = None
+    if rejection.abandoned_subtest is not None:
+        raise RoundTripConfigError(
+            f"{rejection.summary}\n... but this expected rejection happened outside the `with "
+            f"self.subTest({rejection.abandoned_subtest})` block that was open (the block yields to its "
+            "caller, e.g. from a generator), so it could not end just that subtest and the remaining "
+            "subtests would silently not run.  Call round_trip inside the with block (no yield inside "
+            "it), or open the subTest in the loop body."
+        ) from None
+
+
+def _each_example_ends_on_rejection(fn: Callable[..., Any]) -> None:
+    """Under hypothesis's ``@given`` an expected rejection ends only its example, as a pass: hypothesis
+    runs every example and reports no failure ("reproduce with @seed").  Its documented hook for
+    wrapping the test it calls is ``fn.hypothesis.inner_test``."""
+    handle = getattr(fn, "hypothesis", None)
+    inner = getattr(handle, "inner_test", None)
+    if inner is None or not callable(inner) or getattr(inner, "_tst_wrapped", False):
+        return
+
+    @functools.wraps(inner)
+    def example(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner(self, *args, **kwargs)
+        except ExpectedRejection as rejection:
+            _ended(self, rejection)
+            return None
+
+    example._tst_wrapped = True  # type: ignore[attr-defined]
+    handle.inner_test = example  # type: ignore[union-attr]
 
 
 def save(obj: Any) -> Checkpoint:
