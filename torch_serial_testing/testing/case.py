@@ -22,6 +22,7 @@ from ..torch_facts.engines import override_qengine, validate_qengines
 from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejection, load_in_test, save
 from .declarations import Declaration, refuse_local
 from .isolation import GlobalState, start_ignoring, stop_ignoring
+from .round_trip_kinds import RoundTripKinds
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
@@ -95,8 +96,9 @@ def _stable_names(names: Sequence[str], expect: str) -> list[str]:
     return sorted(out)
 
 
-class SerializationRoundTripTestCase:
-    """Mixin for ``unittest.TestCase`` (or expecttest / pytorch's ``TestCase``) round-trip tests."""
+class SerializationRoundTripTestCase(RoundTripKinds):
+    """Mixin for ``unittest.TestCase`` (or expecttest / pytorch's ``TestCase``) round-trip tests; file,
+    mmap and pickle round trips come from :class:`~.round_trip_kinds.RoundTripKinds`."""
 
     #: Globals the full-module checkpoint legitimately needs (objects, 'module.Name' or (obj, name)).
     safe_globals: ClassVar[Sequence[Any]] = ()

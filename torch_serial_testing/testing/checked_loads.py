@@ -11,7 +11,7 @@ import inspect
 import pickle
 import sys
 import unittest
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from ..core.errors import ConflictingEnvironmentError, RoundTripConfigError
 from ..core.modes import LoadMode
@@ -19,7 +19,7 @@ from ..policy.declared import SafeGlobal
 from ..torch_facts.engines import qnnpack_allocator
 from ..torch_facts.registry import safe_globals_context_missing
 from .declarations import Declaration, check_declared, local_class_message
-from .outcomes import REPORT_ENV, RoundTripRecord, current_subtest, note
+from .outcomes import REPORT_ENV, RoundTripRecord, current_subtest, load_kind, note
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
@@ -135,8 +135,12 @@ def load_in_test(
     where: Declaration,
     map_location: Any,
     saved: Any,
+    *,
+    from_file: bool = False,
+    extra_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> Any:
-    """Load *checkpoint* in *test*'s mode (or *mode*); the loaded object, or ExpectedRejection."""
+    """Load *checkpoint* in *test*'s mode (or *mode*), from memory or (*from_file*) a path, with
+    *extra_kwargs* for ``torch.load``; the loaded object, or ExpectedRejection."""
     resolved = LoadMode.parse(mode) if mode is not None else test.load_mode
     if resolved is None:
         raise RoundTripConfigError(
@@ -167,15 +171,16 @@ def load_in_test(
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None
     with test.loading_engine(), qnnpack_allocator(test.load_qengine):  # the load as pytorch's qnnpack tests do
-        result = loading.load(checkpoint, resolved, declared, map_location)
+        result = loading.load(
+            checkpoint, resolved, declared, map_location, from_file=from_file, extra_kwargs=extra_kwargs
+        )
     summary = result.summary  # each distinct outcome once in verbose output, every load in the REPORT_ENV file
     if summary not in test.round_trip_outcomes:
         test.round_trip_outcomes.append(summary)
         test._tst_say(summary)
     exp = result.expectation
-    record = RoundTripRecord(
-        "torch.load", exp.mode.value, result.loaded, exp.weights_only, summary, current_subtest(test)
-    )
+    kind = load_kind(from_file, extra_kwargs)
+    record = RoundTripRecord(kind, exp.mode.value, result.loaded, exp.weights_only, summary, current_subtest(test))
     note(test, record)
     if not result.loaded:
         rejection = ExpectedRejection(summary)

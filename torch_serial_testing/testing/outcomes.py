@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
-__all__ = ["REPORT_ENV", "RoundTripRecord", "current_subtest", "note", "records", "rejection_status"]
+__all__ = ["REPORT_ENV", "RoundTripRecord", "current_subtest", "load_kind", "note", "records", "rejection_status"]
 
 #: Set to a file path to get one JSON line per round trip (test id, subTest, mode, outcome).
 REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
@@ -27,7 +27,7 @@ RECORDS_ATTRIBUTE = "_tst_records"
 class RoundTripRecord:
     """One checked load: how it was made, what torch did, and in which subTest."""
 
-    kind: str  # "torch.load", or "pickle.loads" (a tensor's pickle calls torch.load itself)
+    kind: str  # "torch.load", "torch.load(path, mmap=True)", or "pickle.loads" (a tensor's pickle calls torch.load)
     mode: Optional[str]  # the load mode (None for a pickle round trip: it has none)
     loaded: bool
     weights_only: Optional[bool]
@@ -43,6 +43,13 @@ def current_subtest(test: Any) -> Optional[str]:
     describe = getattr(sub, "_subDescription", None)
     text = describe() if callable(describe) else str(sub)
     return str(text).strip() or None
+
+
+def load_kind(from_file: bool, extra_kwargs: Optional[Mapping[str, Any]]) -> str:
+    """How a load was made, for its record: ``torch.load``, ``torch.load(path)``, ``torch.load(path, mmap=True)``."""
+    extra = dict(extra_kwargs or {})
+    args = (["path"] if from_file or extra.get("mmap") else []) + [f"{k}={v!r}" for k, v in sorted(extra.items())]
+    return f"torch.load({', '.join(args)})" if args else "torch.load"
 
 
 def note(test: Any, record: RoundTripRecord) -> None:
