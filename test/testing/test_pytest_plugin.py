@@ -131,7 +131,8 @@ class TestPytestPlugin(unittest.TestCase):
         out, xml = self.pytest(CASES, "-p", PLUGIN, "-n", "2")
         self.check_visible(out, xml)
 
-    def test_entry_point_loads_the_plugin(self) -> None:
+    def install_entry_point(self) -> None:
+        """A ``.dist-info`` in the child's path declaring setup.cfg's pytest11 entry point."""
         name, _, value = _declared_entry_point().partition("=")
         self.assertEqual(value.strip(), PLUGIN)
         dist = os.path.join(self.tmp, "entry_point_probe-0.dist-info")
@@ -140,7 +141,17 @@ class TestPytestPlugin(unittest.TestCase):
             fh.write("Metadata-Version: 2.1\nName: entry-point-probe\nVersion: 0\n")
         with open(os.path.join(dist, "entry_points.txt"), "w", encoding="utf-8") as fh:
             fh.write(f"[pytest11]\n{name.strip()} = {value.strip()}\n")
-        out, xml = self.pytest(CASES, "-n", "0", path_first=(self.tmp,))
+
+    def test_entry_point_loads_the_plugin(self) -> None:
+        self.install_entry_point()
+        out, xml = self.pytest(CASES, "-n", "0")
+        self.check_visible(out, xml)
+        out, xml = self.pytest(CASES, "-n", "0", "-p", "no:torch_serial_testing")
+        self.assertNotIn("rejected as predicted", out + xml)
+
+    def test_module_and_entry_point_together_load_it_once(self) -> None:
+        self.install_entry_point()  # installed, and named with -p as in a source tree: no double registration
+        out, xml = self.pytest(CASES, "-n", "0", "-p", PLUGIN)
         self.check_visible(out, xml)
 
     def test_costs_nothing_where_unused(self) -> None:

@@ -16,10 +16,13 @@ round trips.  Tests that do not use the library are untouched.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Generator, Optional
 
 import pytest
 
+#: The ``pytest11`` entry point's name (setup.cfg): ``-p no:torch_serial_testing`` turns the plugin off.
+ENTRY_POINT = "torch_serial_testing"
 #: Where a report carries the status text (a plain attribute: it survives pytest-xdist's transport).
 STATUS_ATTRIBUTE = "torch_serial_testing_status"
 PROPERTY_PREFIX = "torch_serial_testing."
@@ -35,6 +38,15 @@ def _instance(item: Any) -> Any:
         if value is not None:
             return value
     return None
+
+
+def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
+    """Loaded by module name (``-p torch_serial_testing.testing.pytest_plugin``, read before entry
+    points) where the library is also installed: the entry point would register this same module a
+    second time, which pluggy refuses, so it is skipped."""
+    if plugin is sys.modules.get(__name__) and manager.get_name(plugin) != ENTRY_POINT:
+        if manager.get_plugin(ENTRY_POINT) is None and not manager.is_blocked(ENTRY_POINT):
+            manager.set_blocked(ENTRY_POINT)
 
 
 @pytest.hookimpl(hookwrapper=True)
