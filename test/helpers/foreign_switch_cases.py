@@ -8,12 +8,12 @@ exit unsets the allocator even when its own set failed); the library never
 imports ``torch.testing._internal``.
 
 Expected outcomes (in every order): everything passes except
-``test_unsets_allocator_qnnpack_*`` (fails: the body removed the allocator the
-library set for it, reported as leaked state) and
-``test_pytorch_helper_inside_qnnpack_*`` (errors: pytorch's helper refuses to
-nest inside the library's qnnpack setup, and its exit removes the library's
-allocator, which is reported too); a generated test whose load mode this torch
-lacks skips before its body runs.
+``test_leaves_allocator_qnnpack_*`` (fails: the body installed the mobile
+allocator and never removed it, reported as leaked state).  A generated qnnpack
+test's body runs with the engine set and the allocator as it found it (none), as
+under pytorch's ``override_quantized_engine``, so pytorch's allocator helper
+works inside it; a generated test whose load mode this torch lacks skips before
+its body runs.
 """
 
 from __future__ import annotations
@@ -96,8 +96,7 @@ class TestGeneratedEngines(SerializationRoundTripTestCase, unittest.TestCase):
 
     def check_engine(self) -> None:
         self.assertEqual(torch.backends.quantized.engine, self.qengine)
-        if self.qengine == "qnnpack":
-            self.assertIs(engines.allocator_installed(), True)
+        self.assertIs(engines.allocator_installed(), False)  # the body finds the allocator as the test did
 
     def test_state_dict_round_trip(self, device: str) -> None:
         self.check_engine()
@@ -109,14 +108,18 @@ class TestGeneratedEngines(SerializationRoundTripTestCase, unittest.TestCase):
         self.assertTrue(torch.equal(fresh(x), lin(x)))
         self.check_engine()
 
-    def test_unsets_allocator(self, device: str) -> None:
+    def test_leaves_allocator(self, device: str) -> None:
         self.check_engine()
         if self.qengine == "qnnpack":
-            torch._C._unset_default_mobile_cpu_allocator()  # what pytorch's helper does on exit
+            torch._C._set_default_mobile_cpu_allocator()  # pytorch's helper without its exit
 
     def test_pytorch_helper_inside(self, device: str) -> None:
         with override_cpu_allocator_for_qnnpack(self.qengine == "qnnpack"):
+            self.assertIs(engines.allocator_installed(), self.qengine == "qnnpack")
             self.assertEqual(dynamic_linear_output().shape, (2, 3))
+            lin = torch.ao.nn.quantized.dynamic.Linear(4, 3)
+            self.round_trip(lin.state_dict(), safe_globals=())  # a load inside the helper's scope
+        self.check_engine()
 
     def test_switches_engine_temporarily(self, device: str) -> None:
         with override_quantized_engine("fbgemm" if self.qengine == "qnnpack" else "qnnpack"):
@@ -134,8 +137,6 @@ def expected_outcome(test_id: str) -> str:
     name = test_id.rsplit(".", 1)[-1]
     if any(f"_{mode}_" in name for mode in MODE_SKIPS):
         return "skip"  # a load mode this torch lacks (safe_globals before torch 2.5): skipped first
-    if name.startswith("test_unsets_allocator_qnnpack_"):
+    if name.startswith("test_leaves_allocator_qnnpack_"):
         return "fail"
-    if name.startswith("test_pytorch_helper_inside_qnnpack_"):
-        return "error"
     return "pass"

@@ -2,10 +2,10 @@
 
 ``foreign_switch_cases.py`` mixes pytorch-style switching (helpers shaped like
 pytorch's, setUp/tearDown switching, a test that leaks its engine switch, a
-generated qnnpack test that removes the allocator itself) with generated engine
+generated qnnpack test that installs the allocator and leaves it) with generated engine
 tests.  It runs here in shuffled orders -- several orders back to back in one
 unittest process, and under pytest (``-n 0`` and ``-n 2``) -- and every test id
-must have the same, documented outcome in each: only the two culprits fail,
+must have the same, documented outcome in each: only the culprit fails,
 each reported by name, and no innocent test is touched.
 """
 
@@ -98,7 +98,7 @@ class TestForeignSwitchesInShuffledOrders(unittest.TestCase):
                     self.assertRegex(
                         message,
                         r"LeakedGlobalStateError: .*qnnpack.* leaked global state \(now restored\): "
-                        r"the qnnpack mobile CPU allocator was removed",
+                        r"the qnnpack mobile CPU allocator is still installed",
                     )
                 self.assertIs(run["allocator_after"], False)
 

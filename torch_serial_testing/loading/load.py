@@ -12,11 +12,14 @@ registered): that is recorded in the outcome text, never turned into a skip or a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import pickle
+import tempfile
 import unittest
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from ..core.errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from ..core.modes import LoadMode
@@ -71,8 +74,53 @@ class LoadResult:
         return self.expectation.summary(self.loaded, self.notes, self.warned)
 
 
+#: ``torch.load`` keyword arguments a load may pass on (``map_location`` and the mode have their own).
+LOAD_KWARGS = ("mmap",)
+_PICKLE_LOAD_ARGS = ("encoding", "errors", "fix_imports")
+
+
+def load_kwargs(given: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """*given* checked: only :data:`LOAD_KWARGS`; anything else fails naming the right argument."""
+    extra = dict(given or {})
+    own = {"weights_only": "the load mode (mode=...)", "map_location": "map_location=...", "f": "the checkpoint"}
+    for key in extra:
+        if key in own:
+            raise RoundTripConfigError(f"torch.load's {key!r} is not a load kwarg here: it is {own[key]}")
+        if key in _PICKLE_LOAD_ARGS:
+            raise RoundTripConfigError(
+                f"torch.load's {key!r} is a pickle_load_arg: those only apply to weights_only=False loads "
+                "(torch warns and ignores them otherwise), so a round trip in every load mode cannot use it"
+            )
+        if key not in LOAD_KWARGS:
+            raise RoundTripConfigError(
+                f"torch.load keyword {key!r} is not supported by round trips (supported: {', '.join(LOAD_KWARGS)}); "
+                "a custom pickle_module cannot be combined with weights_only loads"
+            )
+    return extra
+
+
+@contextlib.contextmanager
+def _source(checkpoint: Checkpoint, to_file: bool) -> Iterator[Optional[str]]:
+    """None (load from memory) or the path of a private temporary file holding *checkpoint*'s bytes,
+    removed after the load (tensors loaded with ``mmap=True`` keep their mapping)."""
+    if not to_file:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="tst-checkpoint-") as folder:  # mode 0700: nobody swaps the bytes
+        path = os.path.join(folder, "checkpoint.pt")
+        with open(path, "wb") as fh:
+            fh.write(checkpoint.rewound().getvalue())
+        yield path
+
+
 def load(
-    checkpoint: Checkpoint, mode: LoadMode | str, safe_globals: Sequence[Any] = (), map_location: Any = None
+    checkpoint: Checkpoint,
+    mode: LoadMode | str,
+    safe_globals: Sequence[Any] = (),
+    map_location: Any = None,
+    *,
+    from_file: bool = False,
+    extra_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> LoadResult:
     """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says; never retried.
 
@@ -80,7 +128,8 @@ def load(
     full load raises :class:`UnsafeLoadRefused` before torch sees it.  Foreign bytes are loaded with
     an explicit ``weights_only=True`` (the predicted bare call, robust to a replaced ``torch.load`` or
     another thread changing the environment).  Dangerous *safe_globals* are refused; a TorchScript or
-    legacy tar checkpoint raises :class:`CheckpointFormatError`.
+    legacy tar checkpoint raises :class:`CheckpointFormatError`.  *from_file* loads through a path
+    (a private temporary file), as does ``mmap=True`` in *extra_kwargs* (:data:`LOAD_KWARGS`).
     """
     if isinstance(checkpoint, (LoadMode, str)) and isinstance(mode, Checkpoint):
         raise RoundTripConfigError("load() got the load mode first: the order is load(checkpoint, mode, ...)")
@@ -90,7 +139,8 @@ def load(
     if reason:
         raise unittest.SkipTest(reason)
     safe_globals = as_safe_globals(safe_globals)
-    with registry_lock:
+    extra = load_kwargs(extra_kwargs)
+    with registry_lock, _source(checkpoint, from_file or bool(extra.get("mmap"))) as path:
         # The environment is read once per load; undecided, it is loaded all the same (see _verify).
         decision, expectation = decided(mode, checkpoint, declared_entries(safe_globals))
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
@@ -118,6 +168,7 @@ def load(
                 reason=f"{expectation.reason}; loaded with torch's own torch.serialization.load, not the "
                 f"replaced torch.load ({expectation.replaced_by}), which foreign bytes never reach",
             )
+        kwargs.update(extra)
         replaced = expectation.replaced_by is not None
         registered = sorted(registered_globals()) if replaced else []
         # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment: without
@@ -130,10 +181,10 @@ def load(
             if observing:
                 watch = replaced and expectation.warns
                 with observe_serialization_warnings() as observed, watch_stdout(watch) as printed:
-                    value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation)
+                    value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
             else:
                 observed, printed = _UNOBSERVED, None
-                value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation)
+                value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
         finally:
             if snapshot is not None:
                 restore_registry(snapshot)
@@ -158,9 +209,14 @@ def _drop_tracebacks(error: BaseException) -> None:
 
 
 def _torch_load(
-    checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence[Any], kwargs: dict[str, Any], exp: Expectation
+    checkpoint: Checkpoint,
+    mode: LoadMode,
+    safe_globals: Sequence[Any],
+    kwargs: dict[str, Any],
+    exp: Expectation,
+    path: Optional[str] = None,
 ) -> tuple[Any, Optional[BaseException]]:
-    """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection).
+    """The one ``torch.load`` call of *mode* (from memory, or *path*): (value, None) or (None, torch's rejection).
 
     Bytes this process saved go to ``torch.load`` as the process has it (a backend's replacement is
     judged by its outcome); foreign bytes only ever to torch's own ``torch.serialization.load``,
@@ -169,7 +225,7 @@ def _torch_load(
     import torch
 
     torch_load = torch.load if checkpoint.owned else genuine("load")
-    buf = checkpoint.rewound()
+    buf: Any = checkpoint.rewound() if path is None else path
     try:
         if mode is LoadMode.WEIGHTS_ONLY_FALSE:
             return torch_load(buf, weights_only=False, **kwargs), None

@@ -23,6 +23,7 @@ from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejec
 from .declarations import Declaration, refuse_local
 from .generated import author_class, resolvable, with_dims
 from .isolation import GlobalState, start_ignoring, stop_ignoring
+from .round_trip_kinds import RoundTripKinds
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
@@ -96,8 +97,9 @@ def _stable_names(names: Sequence[str], expect: str) -> list[str]:
     return sorted(out)
 
 
-class SerializationRoundTripTestCase:
-    """Mixin for ``unittest.TestCase`` (or expecttest / pytorch's ``TestCase``) round-trip tests."""
+class SerializationRoundTripTestCase(RoundTripKinds):
+    """Mixin for ``unittest.TestCase`` (or expecttest / pytorch's ``TestCase``) round-trip tests; file,
+    mmap and pickle round trips come from :class:`~.round_trip_kinds.RoundTripKinds`."""
 
     #: Globals the full-module checkpoint legitimately needs (objects, 'module.Name' or (obj, name)).
     safe_globals: ClassVar[Sequence[Any]] = ()
@@ -251,9 +253,10 @@ class SerializationRoundTripTestCase:
     )
 
     def loading_engine(self) -> contextlib.AbstractContextManager[None]:
-        """Context for post-load checks that must run under the load engine."""
+        """Context for post-load checks that must run under the load engine (the allocator as found)."""
         engine = self.load_qengine
-        return contextlib.nullcontext() if engine is None or engine == self.qengine else override_qengine(engine)
+        same = engine is None or engine == self.qengine
+        return contextlib.nullcontext() if same else override_qengine(engine, allocator=False)
 
     def make_module(self) -> Any:
         """Override: return the ``torch.nn.Module`` this class round-trips."""

@@ -8,26 +8,24 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
-import os
 import pickle
 import sys
 import unittest
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from ..core.errors import ConflictingEnvironmentError, RoundTripConfigError
 from ..core.modes import LoadMode
 from ..policy.declared import SafeGlobal
+from ..torch_facts.engines import qnnpack_allocator
 from ..torch_facts.registry import safe_globals_context_missing
 from .declarations import Declaration, check_declared, local_class_message, refuse_over_trust
+from .outcomes import REPORT_ENV, RoundTripRecord, current_subtest, load_kind, note
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
 
 __all__ = ["REPORT_ENV", "MISSING", "ExpectedRejection", "ends_on_rejection", "save", "load_in_test", "load_each_mode"]
 
-#: Set to a file path to get one JSON line per round trip (test id, mode, outcome).
-REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
 #: An argument not given (``map_location``; the saved object of a ``load_checkpoint``).
 MISSING: Any = object()
 
@@ -74,19 +72,46 @@ def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(self, *args, **kwargs)
         except ExpectedRejection as rejection:
-            self._tst_in_flight = None
-            if rejection.abandoned_subtest is not None:
-                raise RoundTripConfigError(
-                    f"{rejection.summary}\n... but this expected rejection happened outside the `with "
-                    f"self.subTest({rejection.abandoned_subtest})` block that was open (the block yields to its "
-                    "caller, e.g. from a generator), so it could not end just that subtest and the remaining "
-                    "subtests would silently not run.  Call round_trip inside the with block (no yield inside "
-                    "it), or open the subTest in the loop body."
-                ) from None
+            _ended(self, rejection)
             return None
 
     wrapper._tst_wrapped = True  # type: ignore[attr-defined]
+    _each_example_ends_on_rejection(fn)
     return wrapper
+
+
+def _ended(test: Any, rejection: ExpectedRejection) -> None:
+    """*rejection* ends the test (or one hypothesis example) as a pass, unless it escaped a subTest."""
+    test._tst_in_flight = None
+    if rejection.abandoned_subtest is not None:
+        raise RoundTripConfigError(
+            f"{rejection.summary}\n... but this expected rejection happened outside the `with "
+            f"self.subTest({rejection.abandoned_subtest})` block that was open (the block yields to its "
+            "caller, e.g. from a generator), so it could not end just that subtest and the remaining "
+            "subtests would silently not run.  Call round_trip inside the with block (no yield inside "
+            "it), or open the subTest in the loop body."
+        ) from None
+
+
+def _each_example_ends_on_rejection(fn: Callable[..., Any]) -> None:
+    """Under hypothesis's ``@given`` an expected rejection ends only its example, as a pass: hypothesis
+    runs every example and reports no failure ("reproduce with @seed").  Its documented hook for
+    wrapping the test it calls is ``fn.hypothesis.inner_test``."""
+    handle = getattr(fn, "hypothesis", None)
+    inner = getattr(handle, "inner_test", None)
+    if inner is None or not callable(inner) or getattr(inner, "_tst_wrapped", False):
+        return
+
+    @functools.wraps(inner)
+    def example(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return inner(self, *args, **kwargs)
+        except ExpectedRejection as rejection:
+            _ended(self, rejection)
+            return None
+
+    example._tst_wrapped = True  # type: ignore[attr-defined]
+    handle.inner_test = example  # type: ignore[union-attr]
 
 
 def save(obj: Any) -> Checkpoint:
@@ -110,8 +135,12 @@ def load_in_test(
     where: Declaration,
     map_location: Any,
     saved: Any,
+    *,
+    from_file: bool = False,
+    extra_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> Any:
-    """Load *checkpoint* in *test*'s mode (or *mode*); the loaded object, or ExpectedRejection."""
+    """Load *checkpoint* in *test*'s mode (or *mode*), from memory or (*from_file*) a path, with
+    *extra_kwargs* for ``torch.load``; the loaded object, or ExpectedRejection."""
     resolved = LoadMode.parse(mode) if mode is not None else test.load_mode
     if resolved is None:
         raise RoundTripConfigError(
@@ -146,23 +175,18 @@ def load_in_test(
             _note_use(test, declared, where, used, saved_type)
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None
-    with test.loading_engine():
-        result = loading.load(checkpoint, resolved, declared, map_location)
+    with test.loading_engine(), qnnpack_allocator(test.load_qengine):  # the load as pytorch's qnnpack tests do
+        result = loading.load(
+            checkpoint, resolved, declared, map_location, from_file=from_file, extra_kwargs=extra_kwargs
+        )
     summary = result.summary  # each distinct outcome once in verbose output, every load in the REPORT_ENV file
     if summary not in test.round_trip_outcomes:
         test.round_trip_outcomes.append(summary)
         test._tst_say(summary)
-    path = os.environ.get(REPORT_ENV)
-    if path:
-        record = {
-            "test": test.id(),
-            "mode": result.expectation.mode.value,
-            "loaded": result.loaded,
-            "weights_only": result.expectation.weights_only,
-            "summary": summary,
-        }
-        with open(path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
+    exp = result.expectation
+    kind = load_kind(from_file, extra_kwargs)
+    record = RoundTripRecord(kind, exp.mode.value, result.loaded, exp.weights_only, summary, current_subtest(test))
+    note(test, record)
     if not result.loaded:
         rejection = ExpectedRejection(summary)
         test._tst_in_flight = rejection

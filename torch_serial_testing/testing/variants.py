@@ -100,9 +100,10 @@ def case_test(fn: Callable[..., Any], spec: CaseSpec) -> Callable[..., Any]:
             args = (device,)
         if not spec.save_qengine:
             return fn(self, *args, **kwargs)
-        with override_qengine(spec.save_qengine):
-            # As without an engine dimension: the body must leave the engine and allocator as it got
-            # them, else that is reported as leaked state (and restored).
+        with override_qengine(spec.save_qengine, allocator=False):
+            # As under pytorch's override_quantized_engine: the allocator as found (the body may install
+            # pytorch's own).  The body must leave the engine and allocator as it got them, else that
+            # is reported as leaked state (and restored).
             given = engine_state()
             try:
                 return fn(self, *args, **kwargs)

@@ -1,9 +1,12 @@
 """Quantized engines: which exist, which this build supports, and switching safely.
 
-A test runs with its engine and, for qnnpack, with the mobile CPU allocator pytorch's own qnnpack
-tests install (which refuses to nest); both are restored on exit, even on failure or interrupt.  The
-state is read from torch every time, never remembered: code the library does not control (pytorch's
-``override_cpu_allocator_for_qnnpack``) switches engines and allocators in the same process.
+A test's body runs with its engine set and the CPU allocator as it found it, as under pytorch's
+``override_quantized_engine``: the mobile CPU allocator pytorch's qnnpack tests install refuses to
+nest, so a body using pytorch's ``override_cpu_allocator_for_qnnpack`` must find none installed.  The
+library's own loads under qnnpack run with that allocator (:func:`qnnpack_allocator`, installed for
+the load when nobody has).  Everything is restored on exit, even on failure or interrupt.  The state
+is read from torch every time, never remembered: code the library does not control switches engines
+and allocators in the same process.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ __all__ = [
     "validate_qengines",
     "allocator_installed",
     "engine_state",
+    "qnnpack_allocator",
 ]
 
 #: Engine names torch.backends.quantized knows.
@@ -144,10 +148,11 @@ def restore_engine_state(state: tuple[Optional[str], Optional[bool]]) -> None:
 
 
 @contextmanager
-def override_qengine(engine: str) -> Iterator[None]:
-    """Run with *engine* (and, for qnnpack, the mobile CPU allocator); restore both after, as read from
-    torch on entry (an allocator someone else installed stays for other engines).  The switch happens
-    inside the ``try``: an interrupt at any point still restores."""
+def override_qengine(engine: str, *, allocator: bool = True) -> Iterator[None]:
+    """Run with *engine* (and, for qnnpack with *allocator*, the mobile CPU allocator); restore both
+    after, as read from torch on entry (an allocator someone else installed stays for other engines).
+    ``allocator=False`` leaves the allocator alone (a test body: pytorch's helper installs its own).
+    The switch happens inside the ``try``: an interrupt at any point still restores."""
     import torch
 
     with _lock:
@@ -155,8 +160,27 @@ def override_qengine(engine: str) -> Iterator[None]:
         try:
             with deferred_interrupts():
                 torch.backends.quantized.engine = engine
-                if engine == "qnnpack":
+                if engine == "qnnpack" and allocator:
                     set_allocator(True)
             yield
         finally:
             run_all([lambda: restore_engine_state(previous)])  # interrupted: runs once more
+
+
+@contextmanager
+def qnnpack_allocator(engine: Optional[str]) -> Iterator[None]:
+    """The mobile CPU allocator for the block when *engine* is qnnpack and none is installed (pytorch's
+    qnnpack tests load under it); else nothing.  Removed after, also on failure or interrupt."""
+    if engine != "qnnpack":
+        yield
+        return
+    with _lock:
+        before = allocator_installed()
+        try:
+            with deferred_interrupts():
+                if before is False:
+                    set_allocator(True)
+            yield
+        finally:
+            if before is False:
+                run_all([lambda: set_allocator(False)])
