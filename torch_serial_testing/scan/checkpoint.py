@@ -75,7 +75,7 @@ class Checkpoint:
         self._info: Optional[CheckpointInfo] = None
 
     @classmethod
-    def save(cls, obj: Any) -> "Checkpoint":
+    def save(cls, obj: Any) -> Checkpoint:
         """``torch.save`` *obj* into a private in-memory buffer (no copy is ever made of it)."""
         import torch
 
@@ -84,7 +84,7 @@ class Checkpoint:
         return cls(buffer, _owned=True)
 
     @classmethod
-    def from_bytes(cls, data: Union[bytes, bytearray, memoryview]) -> "Checkpoint":
+    def from_bytes(cls, data: Union[bytes, bytearray, memoryview]) -> Checkpoint:
         """Wrap foreign bytes; they will only ever be loaded weights-only."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
@@ -94,7 +94,7 @@ class Checkpoint:
         return cls(io.BytesIO(bytes(data)))
 
     @classmethod
-    def from_buffer(cls, f: BufferLike) -> "Checkpoint":
+    def from_buffer(cls, f: BufferLike) -> Checkpoint:
         """Wrap a foreign buffer, file object or path (read into memory once)."""
         if isinstance(f, Checkpoint):
             return f

@@ -226,7 +226,8 @@ def reduce_result(func: str, args: Any) -> Optional[str]:
 @dataclass(frozen=True)
 class Check:
     """One thing torch's weights-only unpickler verifies.  ``kind``: ``"global"`` (*name* must be
-    allowlisted; *message* is the GLOBAL's own name part, which torch 2.4's hint names alone); ``"type"`` (BUILD onto an instance of *name*, which must be allowlisted); ``"build"``
+    allowlisted; *message* is the GLOBAL's own name part, which torch 2.4's hint names alone);
+    ``"type"`` (BUILD onto an instance of *name*, which must be allowlisted); ``"build"``
     (its state's *shape*, :mod:`.build_state`); ``"append"``, ``"appends"``, ``"setitem"``, ``"setitems"``
     (onto a *name*, refused with *message* depending on the allowlist: :func:`container_refused`);
     ``"refused"`` (never loads: *message* says why); ``"unknown"`` (a rule could not be probed)."""
@@ -315,7 +316,9 @@ def container_check(rules: UnpicklerRules, opcode: str, target: Any) -> Optional
     whatever is allowlisted (or its type is unknown), ``"refused"`` when it never does (a deque), else
     one the allowlist decides at load time (torch 2.14.1 lets an allowlisted list subclass through)."""
     type_name = type_of(target)
-    rule = None if type_name is None else rules.container(opcode)
+    if type_name is None:
+        return None
+    rule = rules.container(opcode)
     if rule is None:
         return None
     refused = [kind in rule.refused for kind in _target_kinds(opcode, type_name)]

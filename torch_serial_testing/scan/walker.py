@@ -104,7 +104,8 @@ def scan_pickle(
     marks: list[int] = []  # stack heights at each open MARK
     n = proto = 0
     if torch_rules is None:
-        renames_always, import_map, name_map, blocked = True, {}, {}, frozenset()
+        blocked: frozenset[str] = frozenset()
+        renames_always, import_map, name_map = True, {}, {}
     else:
         renames_always = torch_rules.renames == "always"
         import_map, name_map = torch_rules.import_mapping, torch_rules.name_mapping
