@@ -18,6 +18,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SLOW_LIST = os.path.join(HERE, "slow_tests.txt")
+PYTEST_BASETEMP = "pytest-basetemp"
 
 
 def slow_test_ids() -> set[str]:
@@ -51,6 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     private = tempfile.mkdtemp(prefix="tst-suite-")
     config.stash[_TMP] = (private, os.environ.get("TMPDIR"))
+    if config.option.basetemp is None:  # pytest's tmp_path folders: inside, removed with the rest
+        config.option.basetemp = os.path.join(private, PYTEST_BASETEMP)
     os.environ["TMPDIR"] = private
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
@@ -61,7 +64,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not _is_controller(config) or _TMP not in config.stash:
         return
     private, previous = config.stash[_TMP]
-    left = sorted(os.listdir(private))
+    left = sorted(set(os.listdir(private)) - {PYTEST_BASETEMP})
     shutil.rmtree(private, ignore_errors=True)
     if previous is None:
         os.environ.pop("TMPDIR", None)
