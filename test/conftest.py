@@ -19,6 +19,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 SLOW_LIST = os.path.join(HERE, "slow_tests.txt")
 PYTEST_BASETEMP = "pytest-basetemp"
+INDUCTOR_CACHE = "torchinductor"
 
 
 def slow_test_ids() -> set[str]:
@@ -54,6 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_TMP] = (private, os.environ.get("TMPDIR"))
     if config.option.basetemp is None:  # pytest's tmp_path folders: inside, removed with the rest
         config.option.basetemp = os.path.join(private, PYTEST_BASETEMP)
+    # torch's own cache of compiled kernels (torch._inductor, imported with torch._dynamo by the
+    # tests that run pytorch's TestCase) would otherwise stay in the temporary directory
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(private, INDUCTOR_CACHE))
     os.environ["TMPDIR"] = private
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
@@ -64,8 +68,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not _is_controller(config) or _TMP not in config.stash:
         return
     private, previous = config.stash[_TMP]
-    left = sorted(set(os.listdir(private)) - {PYTEST_BASETEMP})
+    left = sorted(set(os.listdir(private)) - {PYTEST_BASETEMP, INDUCTOR_CACHE})
     shutil.rmtree(private, ignore_errors=True)
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == os.path.join(private, INDUCTOR_CACHE):
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
     if previous is None:
         os.environ.pop("TMPDIR", None)
     else:
