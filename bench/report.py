@@ -1,11 +1,13 @@
-"""How benchmark results are shown: ratios, targets, the RST table for README, machine notes.
+"""How benchmark results are shown: ratios, targets, the RST results (a csv-table), machine notes.
 
 Kept apart from :mod:`timing` so that what is measured and how it is judged change separately.
 """
 
 from __future__ import annotations
 
+import csv
 import datetime
+import io
 import os
 import platform
 from typing import Optional, Sequence
@@ -93,6 +95,13 @@ def machine_line() -> str:
     )
 
 
+def csv_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """*rows* (the first is the header) as a docutils ``csv-table`` directive, one line per item."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return [".. csv-table::", "   :header-rows: 1", ""] + ["   " + line for line in out.getvalue().splitlines()]
+
+
 def rst(
     pairs: Sequence[Pair],
     *,
@@ -102,7 +111,7 @@ def rst(
     when: Optional[datetime.datetime] = None,
     notes: Sequence[str] = (),
 ) -> str:
-    """The RESULTS file: an RST fragment README carries verbatim (test_readme checks it)."""
+    """The RESULTS file: an RST fragment the documentation's benchmarks page includes."""
     when = when or datetime.datetime.now(datetime.timezone.utc)
     rows = [["Measurement", "Library median (IQR)", "Plain torch median (IQR)", "Ratio", "CPU ratio", "Target"]]
     for p in pairs:
@@ -116,11 +125,7 @@ def rst(
                 verdict(p),
             ]
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    rule = "  ".join("=" * w for w in widths)
-    table = [rule, "  ".join(c.ljust(w) for c, w in zip(rows[0], widths)).rstrip(), rule]
-    table += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows[1:]]
-    table.append(rule)
+    table = csv_table(rows)
     load = (
         ", ".join(
             f"{name} {value:.2f}" for name, value in (("start", load_start), ("end", load_end)) if value is not None

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The library's cost next to plain torch's, measured side by side in one run (issue 16).
+"""The library's cost next to plain torch's, measured side by side in one run.
 
 ``import``      ``python -c "import torch; import torch_serial_testing"`` vs ``import torch``
                 (whole processes).
@@ -22,7 +22,6 @@ test asserts a time::
     python bench/run.py                    # full run; writes bench/RESULTS.rst
     python bench/run.py --quick            # a shorter, noisier run; writes nothing unless asked
     python bench/run.py --only round_trip --rounds 5
-    python bench/run.py --readme           # also copy the results into README's Benchmarks section
     python bench/run.py --profile-flagship # where the flagship file's time goes (cProfile)
     python bench/run.py --only instructions  # the test files in instructions (valgrind), seconds
     python bench/run.py --only scanners    # inspect vs torch's and picklescan's scans (or bench/scanners.py)
@@ -45,8 +44,6 @@ import timing  # noqa: E402
 
 BENCHMARKS = ("import", "round_trip", "flagship", "scanners", "instructions")
 RESULTS = os.path.join(HERE, "RESULTS.rst")
-README = os.path.join(os.path.dirname(HERE), "README.rst")
-START, END = ".. bench-results-start", ".. bench-results-end"
 
 
 def log(msg: str) -> None:
@@ -90,24 +87,12 @@ def count_instructions() -> str:
     return report.instructions_note(counts)
 
 
-def replace_readme_block(text: str) -> None:
-    with open(README, encoding="utf-8") as fh:
-        readme = fh.read()
-    start, end = readme.find(START), readme.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"README.rst has no '{START}' ... '{END}' block to replace")
-    head = readme[: start + len(START)]
-    with open(README, "w", encoding="utf-8") as fh:
-        fh.write(f"{head}\n\n{text}\n{readme[end:]}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, shorter timings (noisier)")
     parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds per comparison")
     parser.add_argument("--only", action="append", choices=BENCHMARKS, help="run only these (repeatable)")
     parser.add_argument("--rst", default=None, help=f"write the RST results here (full runs: {RESULTS})")
-    parser.add_argument("--readme", action="store_true", help="also put the results into README.rst")
     parser.add_argument(
         "--profile-flagship",
         type=int,
@@ -144,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             "The flagship's plain-torch twin (``bench/flagship_plain.py``) runs the same tests -- its "
             "builders and checks taken from the flagship file, the same saves and loads per mode -- "
             "without the library, so the flagship's time over the twin is the library's share "
-            "(informational; issue 16's target is against the empty file)."
+            "(informational; the target is against the empty file)."
         )
     if "import" in only or "flagship" in only:
         notes.append(
@@ -176,9 +161,6 @@ def main(argv: list[str] | None = None) -> int:
         with open(out, "w", encoding="utf-8") as fh:
             fh.write(text)
         log(f"wrote {out}")
-    if args.readme:
-        replace_readme_block(text)
-        log("updated README.rst")
     return 0
 
 

@@ -244,7 +244,7 @@ def run_interleaved(
     runs: dict[str, tuple[list[float], list[float]]] = {who: ([], []) for who in commands}
     last: dict[str, str] = {}
     names = list(commands)
-    for who, (cmd, cwd) in commands.items():  # warm the page cache; not counted
+    for cmd, cwd in commands.values():  # warm the page cache; not counted
         _, _, code, err = run_process(cmd, cwd, env)
         if code != 0:
             raise RuntimeError(f"{' '.join(cmd)} (in {cwd}) exited {code}:\n{err[-2000:]}")

@@ -264,12 +264,13 @@ class TestSourceDistribution(unittest.TestCase):
         except ImportError:
             self.skipTest("setuptools is not installed: cannot evaluate MANIFEST.in")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        needed = {"LICENSE", "README.rst", "setup.cfg", "setup.py", "MANIFEST.in", ".ci/run"}
+        needed = {"LICENSE", "README.rst", "CHANGELOG.rst", "setup.cfg", "setup.py", "MANIFEST.in", ".ci/run"}
+        needed |= {"pytest.ini", "ruff.toml"}  # the suite's and the linters' configuration
         # every file of these folders, whatever its kind (the test backend's C++ source was once
         # left out because only *.py was asked for); caches and hidden folders are not sources
         for folder in ("test", "tools", "bench", "docs"):
             for dirpath, dirnames, filenames in os.walk(os.path.join(root, folder)):
-                dirnames[:] = [d for d in dirnames if d != "__pycache__" and not d.startswith(".")]
+                dirnames[:] = [d for d in dirnames if d not in ("__pycache__", "_build") and not d.startswith(".")]
                 needed |= {
                     os.path.relpath(os.path.join(dirpath, f), root)
                     for f in filenames

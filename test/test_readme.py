@@ -1,6 +1,9 @@
-"""README.rst is executable documentation: its example runs, its commands match CI, its API is complete."""
+"""README.rst and docs/ are executable documentation: every example runs, the commands match CI,
+the API is complete, the site builds without warnings and carries no development history."""
 
 import collections
+import csv
+import glob
 import os
 import re
 import subprocess
@@ -12,14 +15,59 @@ import unittest
 import torch_serial_testing
 from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, MODULE_GLOBALS, default_outcome
 from test.helpers.python_compat import verbose_ids, warnings_by_test
+from test.helpers.example_twins import QDYNAMIC_TWIN, TINYNET_TWIN
 from test.helpers.subprocess_env import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+EXAMPLES = os.path.join(DOCS, "examples")
+# The pages of the site (docs/<name>.rst); the toctree of index.rst lists every other one.
+PAGES = (
+    "index",
+    "quickstart",
+    "tutorial",
+    "howto-porting",
+    "howto-vendoring",
+    "howto-devices",
+    "howto-cli",
+    "reference",
+    "security",
+    "prediction",
+    "compatibility",
+    "benchmarks",
+    "audit",
+    "composition",
+    "changelog",
+)
+
+
+def read(*parts):
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as fh:
+        return fh.read()
 
 
 def readme():
-    with open(os.path.join(ROOT, "README.rst"), encoding="utf-8") as fh:
-        return fh.read()
+    return read("README.rst")
+
+
+def page(name):
+    return read("docs", f"{name}.rst")
+
+
+def example(name):
+    """A documentation example: docs/examples/NAME.py, the file the pages include."""
+    return read("docs", "examples", f"{name}.py")
+
+
+# The golden record of the TinyNet example pins the required globals of torch >= 2.6; before 2.6
+# the record also holds builtins.set.  Where the suite runs it, it pins this torch's record.
+TINYNET_RECORD = '"""\\\ntest_tinynet.TinyNet\n"""'
+
+
+def tinynet_for_this_torch(source):
+    needed = sorted(["test_tinynet.TinyNet", *MODULE_GLOBALS])
+    assert source.count(TINYNET_RECORD) == 1, "the TinyNet example's golden record changed"
+    return source.replace(TINYNET_RECORD, '"""\\\n' + "".join(f"{g}\n" for g in needed) + '"""')
 
 
 def code_blocks(text, language):
@@ -37,110 +85,6 @@ def run_example(name, source, script=False):
         return subprocess.run([sys.executable, *args], cwd=d, env=env, capture_output=True, text=True)
 
 
-# Plain-torch twins of the README examples: the same test classes and names, the same saves and
-# loads, without the library.  What ``unittest -v`` shows of warnings must be the same for both
-# (issue 25: the library quiets nothing and never makes Python forget a warning it showed once).
-_TWIN_HELPERS = textwrap.dedent("""
-    import io, pickle, unittest, warnings
-    import torch
-
-    DEFAULT_WEIGHTS_ONLY = {default_weights_only!r}
-
-    def engine(name):
-        class Engine:
-            def __enter__(self):
-                if name not in torch.backends.quantized.supported_engines:
-                    raise unittest.SkipTest(f"quantized engine {{name}} is not supported here")
-                self.previous = torch.backends.quantized.engine
-                torch.backends.quantized.engine = name
-
-            def __exit__(self, *exc):
-                torch.backends.quantized.engine = self.previous
-        return Engine()
-
-    def round_trip(test, obj, mode, safe_globals, rejected_by_default):
-        '''The library's three torch.load calls; None where the bare load rejects, as predicted.'''
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        buf.seek(0)
-        if mode == "weights_only_false":
-            return torch.load(buf, weights_only=False)
-        if mode == "safe_globals":
-            if not hasattr(torch.serialization, "safe_globals"):
-                test.skipTest("torch.serialization.safe_globals is missing")
-            with torch.serialization.safe_globals(list(safe_globals)):
-                return torch.load(buf, weights_only=True)
-        if rejected_by_default and DEFAULT_WEIGHTS_ONLY:
-            with test.assertRaises(pickle.UnpicklingError):
-                torch.load(buf)
-            return None
-        return torch.load(buf)
-
-    def generate(cls, name, body, engines=("fbgemm", "qnnpack"), modes=("weights_only_false", "safe_globals", "default")):
-        for e in engines:
-            for mode in modes:
-                def test(self, e=e, mode=mode):
-                    with engine(e):
-                        body(self, mode)
-                setattr(cls, f"{{name}}_{{e}}_{{mode}}_cpu", test)
-""")
-
-TINYNET_TWIN = _TWIN_HELPERS + textwrap.dedent("""
-    class TinyNet(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.ones(2, 3))
-
-    class TestTinyNetCPU(unittest.TestCase):
-        def test_required_globals_cpu(self):
-            pass  # never loads
-
-    def full_module(self, mode):
-        original = TinyNet()
-        loaded = round_trip(self, original, mode, [TinyNet, set], rejected_by_default=True)
-        if loaded is not None:
-            self.assertTrue(torch.equal(original.weight, loaded.weight))
-
-    def state_dict(self, mode):
-        original = TinyNet()
-        state = round_trip(self, original.state_dict(), mode, [], rejected_by_default=False)
-        fresh = TinyNet()
-        fresh.load_state_dict(state)
-        self.assertTrue(torch.equal(original.weight, fresh.weight))
-
-    generate(TestTinyNetCPU, "test_round_trip", full_module)
-    generate(TestTinyNetCPU, "test_state_dict", state_dict)
-""")
-
-QDYNAMIC_TWIN = _TWIN_HELPERS + textwrap.dedent("""
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-    from torch.ao.nn.quantized.modules.linear import LinearPackedParams
-
-    def setUpModule():  # the example's ignore_warnings, for every test of the file (its only class)
-        warnings.filterwarnings("ignore", r".*quantized tensor creation functions.*")
-
-    class TestDynamicLinearCPU(unittest.TestCase):
-        pass
-
-    def make_module():
-        float_linear = torch.nn.Linear(4, 3)
-        float_linear.qconfig = torch.ao.quantization.default_dynamic_qconfig
-        return DynamicLinear.from_float(float_linear)
-
-    def module(self, mode):
-        original = make_module()
-        loaded = round_trip(self, original, mode, [DynamicLinear, LinearPackedParams, torch.ScriptObject, set],
-                            rejected_by_default=True)
-        if loaded is not None:
-            self.assertIs(type(loaded), DynamicLinear)
-            weight, bias = original._weight_bias()
-            weight2, bias2 = loaded._weight_bias()
-            self.assertTrue(torch.equal(weight.dequantize(), weight2.dequantize()) and torch.equal(bias, bias2))
-
-    generate(TestDynamicLinearCPU, "test_round_trip", module)
-""")
-
-
 def assert_warnings_as_in_twin(test, name, proc, twin_source):
     """*proc* (a README example run with ``unittest -v``) shows exactly the warnings its plain
     twin shows: each in the same test, at the same location, as often."""
@@ -153,16 +97,11 @@ def assert_warnings_as_in_twin(test, name, proc, twin_source):
     test.assertNotIn(os.sep + "torch_serial_testing" + os.sep, "".join(w for ws in shown.values() for w in ws))
 
 
-class TestReadme(unittest.TestCase):
+class TestExamples(unittest.TestCase):
+    """The examples of README and docs: complete files, run as the pages say."""
+
     def test_complete_example_runs(self):
-        (example,) = [b for b in code_blocks(readme(), "python") if "test_tinynet.py" in b]
-        # The golden record pins the required globals for the torch it was recorded on (current
-        # torch); before torch 2.6 the record also holds builtins.set.  Pin this torch's record.
-        needed = sorted(["test_tinynet.TinyNet", *MODULE_GLOBALS])
-        pinned = '"""\\\ntest_tinynet.TinyNet\n"""'
-        self.assertEqual(example.count(pinned), 1, "the README example's golden record changed")
-        example = example.replace(pinned, '"""\\\n' + "".join(f"{g}\n" for g in needed) + '"""')
-        proc = run_example("test_tinynet", example)
+        proc = run_example("test_tinynet", tinynet_for_this_torch(example("test_tinynet")))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("Ran 13 tests", proc.stderr)
         # @no_round_trip_dims: one test_required_globals, with neither a mode nor an engine
@@ -178,25 +117,32 @@ class TestReadme(unittest.TestCase):
         self.assertEqual(proc.stderr.count("default: rejected as expected"), rejected, proc.stderr)
         self.assertEqual(proc.stderr.count("default: loaded as expected"), 4 - rejected, proc.stderr)
         # ... with the exact summaries for this torch (both the same before torch 2.6).
+        needed = sorted(["test_tinynet.TinyNet", *MODULE_GLOBALS])
         full, state_dict = default_outcome(needed), default_outcome([])
         for summary, count in collections.Counter([full, full, state_dict, state_dict]).items():
             self.assertEqual(proc.stderr.count(summary), count, proc.stderr)
         self.assertIn("test_round_trip_fbgemm_default_cpu (test_tinynet.TestTinyNetCPU", proc.stderr)
 
     def test_complete_example_as_a_script_keeps_its_golden_record(self):
-        (example,) = [b for b in code_blocks(readme(), "python") if "test_tinynet.py" in b]
-        needed = sorted(["test_tinynet.TinyNet", *MODULE_GLOBALS])
-        example = example.replace(
-            '"""\\\ntest_tinynet.TinyNet\n"""', '"""\\\n' + "".join(f"{g}\n" for g in needed) + '"""'
-        )
-        example += "\nif __name__ == '__main__':\n    unittest.main()\n"
-        proc = run_example("test_tinynet", example, script=True)
+        # README says: python test_tinynet.py -v.  The file ends with unittest.main(), so it runs
+        # its tests (not nothing, exit 0) and records its classes under the file's module name.
+        source = example("test_tinynet")
+        self.assertIn('\nif __name__ == "__main__":\n    unittest.main()\n', source)
+        proc = run_example("test_tinynet", tinynet_for_this_torch(source), script=True)
         self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("Ran 13 tests", proc.stderr)
         self.assertIn("test_required_globals_cpu (__main__.TestTinyNetCPU", proc.stderr)
 
+    def test_readme_example_is_the_tested_file(self):
+        (block,) = [b for b in code_blocks(readme(), "python") if "test_tinynet.py" in b]
+        self.assertEqual(block.rstrip() + "\n", example("test_tinynet"))
+        for name in ("quickstart", "tutorial"):
+            self.assertIn(".. literalinclude:: examples/test_tinynet.py\n", page(name))
+
     def test_quantized_example_compares_with_allow_subclasses(self):
-        (example,) = [b for b in code_blocks(readme(), "python") if "test_qdynamic.py" in b]
-        proc = run_example("test_qdynamic", example)
+        source = example("test_qdynamic")
+        self.assertIn(".. literalinclude:: examples/test_qdynamic.py\n", page("tutorial"))
+        proc = run_example("test_qdynamic", source)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("Ran 6 tests", proc.stderr)
         # unittest -v output: outcomes, and exactly the warnings the same tests show without the library
@@ -204,34 +150,83 @@ class TestReadme(unittest.TestCase):
         assert_warnings_as_in_twin(self, "test_qdynamic", proc, QDYNAMIC_TWIN)
         if "qnnpack" not in torch_serial_testing.supported_qengines():
             return
-        # The option is what makes it pass: without it, the qnnpack tests that load fail as the README says.
-        strict = example.replace(
+        # The option is what makes it pass: without it, the qnnpack tests that load fail as the docs say.
+        strict = source.replace(
             "self.assertRoundTripEqual(original, loaded, allow_subclasses=True)",
             "self.assertRoundTripEqual(original, loaded)",
         )
-        self.assertNotEqual(strict, example)
+        self.assertNotEqual(strict, source)
         proc = run_example("test_qdynamic", strict)
         loading = 2 - (1 if "safe_globals" in MODE_SKIPS else 0) - (0 if DEFAULT_WEIGHTS_ONLY else -1)
         skipped = 2 * len(MODE_SKIPS)  # a load mode this torch lacks, for each engine
         self.assertIn(f"FAILED (failures={loading}" + (f", skipped={skipped})" if skipped else ")"), proc.stderr)
-        self.assertIn(
+        mismatch = (
             "round trip mismatch at .state_dict()['_packed_params._packed_params'][1]: tensor class "
-            "Tensor != expected Parameter",
-            proc.stderr,
+            "Tensor != expected Parameter"
         )
+        self.assertIn(mismatch, proc.stderr)
+        self.assertIn("tensor class Tensor != expected Parameter``", page("tutorial"))  # as the page says
 
-    def test_quick_start_is_a_venv_then_two_commands_and_ci_runs_them(self):
-        venv, console = code_blocks(readme(), "console")[:2]
-        self.assertEqual(venv.strip(), "python3 -m venv .venv && . .venv/bin/activate")
-        commands = [line for line in console.splitlines() if line.strip()]
-        self.assertEqual(len(commands), 2)
-        with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as fh:
-            ci = fh.read()
-        self.assertIn("\npython3 -m venv .ci-venv\n", ci)  # a fresh venv, as the Quick start's
-        self.assertIn("\n" + commands[1] + "\n", ci)
-        self.assertIn('pip install --quiet "torch==2.13.0"', ci)
-        self.assertIn('pip install --quiet -e ".[test]"', ci)
-        self.assertIn('"torch==2.13.0" -e ".[test]"', commands[0])
+    def test_every_example_file_runs_as_a_script(self):
+        # Every docs/examples/*.py is a complete file that exits 0 (OK, skips allowed) when run as
+        # ``python FILE -v`` from a folder of its own, with the library only on the import path.
+        names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(EXAMPLES, "*.py")))
+        self.assertIn("test_tinynet.py", names)
+        for name in names:
+            with self.subTest(example=name):
+                source = example(name[:-3])
+                if name == "test_tinynet.py":
+                    source = tinynet_for_this_torch(source)
+                proc = run_example(name[:-3], source, script=True)
+                self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+                if re.search(r"^Ran \d+ tests? in ", proc.stderr, re.M):  # a unittest file ran its tests
+                    self.assertRegex(proc.stderr, r"\nOK( \(skipped=\d+\))?\n")
+                    self.assertNotRegex(proc.stderr, r"^Ran 0 tests", "a test file that runs nothing")
+
+    def test_every_python_block_of_the_pages_is_a_tested_file_or_checked(self):
+        # Examples are included from docs/examples/ (run above); the only inline Python blocks are
+        # the vendoring page's lines, which test/cli/test_vendoring.py compares with the flagship
+        # and the vendor command.
+        for name in PAGES:
+            text = page(name)
+            for included in re.findall(r"^\.\. literalinclude:: (\S+)$", text, re.M):
+                with self.subTest(page=name, included=included):
+                    self.assertTrue(included.startswith("examples/") and included.endswith(".py"), included)
+                    self.assertTrue(os.path.isfile(os.path.join(DOCS, included)), included)
+            if name != "howto-vendoring":
+                self.assertEqual(code_blocks(text, "python"), [], f"docs/{name}.rst: inline Python")
+            self.assertNotIn(".. code::", text)
+
+
+class TestReadme(unittest.TestCase):
+    def test_short(self):
+        self.assertLessEqual(len(readme().splitlines()), 250)
+
+    def test_quick_start_is_a_venv_then_install_then_run_and_ci_runs_the_suite(self):
+        venv, install, run = code_blocks(readme(), "console")[:3]
+        self.assertEqual(venv.strip().splitlines(), ["python3 -m venv .venv", ". .venv/bin/activate"])
+        torch_line, library_line = install.strip().splitlines()
+        pin = re.fullmatch(
+            r'python -m pip install "(torch==[\d.]+)" --index-url https://download\.pytorch\.org/whl/cpu', torch_line
+        )
+        self.assertIsNotNone(pin, torch_line)
+        self.assertEqual(library_line, 'python -m pip install -e ".[test]"')
+        flagship, suite = run.strip().splitlines()
+        self.assertEqual(flagship, "python -m unittest test.ao.sparsity.test_qlinear_packed_params -v")
+        # The Python 3.9 caveat comes before the first command, and names a torch that exists there.
+        self.assertLess(readme().index("``torch==2.8.0``"), readme().index(torch_line))
+        # The Quick start page says the same.
+        quickstart = page("quickstart")
+        for command in [*venv.strip().splitlines(), torch_line, library_line, flagship, suite]:
+            self.assertIn("   " + command + "\n", quickstart)
+        # CI: a fresh venv, the same torch, the library with its extras, the README's suite command.
+        ci = read(".ci", "run")
+        self.assertIn("\npython3 -m venv .ci-venv\n", ci)
+        self.assertIn(f'pip install --quiet "{pin.group(1)}"\n', ci)
+        self.assertIn('pip install --quiet -e ".[test,docs,lint]"\n', ci)
+        self.assertIn("\n" + suite + "\n", ci)
+        fast = re.search(r'``(python -m pytest -n 2 -m "not slow" test)``', readme()).group(1)
+        self.assertEqual(fast, suite.replace(" test", ' -m "not slow" test'))
 
     def test_renders_without_warnings(self):
         try:
@@ -240,20 +235,94 @@ class TestReadme(unittest.TestCase):
             self.skipTest("docutils is not installed (pip install -e '.[test]')")
         import io
 
-        errors = io.StringIO()
-        # Parsing reports every problem; no writer is needed (and publish_string's writer_name
-        # argument is deprecated since docutils 0.22).
-        docutils.core.publish_doctree(readme(), settings_overrides={"report_level": 2, "warning_stream": errors})
-        self.assertEqual(errors.getvalue(), "")
+        for name, text in (("README.rst", readme()), ("CHANGELOG.rst", read("CHANGELOG.rst"))):
+            with self.subTest(name):
+                errors = io.StringIO()
+                # Parsing reports every problem; no writer is needed (and publish_string's writer_name
+                # argument is deprecated since docutils 0.22).
+                docutils.core.publish_doctree(text, settings_overrides={"report_level": 2, "warning_stream": errors})
+                self.assertEqual(errors.getvalue(), "")
+
+
+class TestDocs(unittest.TestCase):
+    def test_every_page_is_in_the_table_of_contents(self):
+        index = page("index")
+        for name in PAGES[1:]:
+            self.assertRegex(index, rf"\n   {re.escape(name)}\n", name)
+        self.assertEqual(page("changelog").strip(), ".. include:: ../CHANGELOG.rst")
 
     def test_benchmark_results_are_the_committed_ones(self):
-        with open(os.path.join(ROOT, "bench", "RESULTS.rst"), encoding="utf-8") as fh:
-            self.assertIn(fh.read(), readme())
+        self.assertIn("\n.. include:: ../bench/RESULTS.rst\n", page("benchmarks"))
+        self.assertIn(".. csv-table::", read("bench", "RESULTS.rst"))
+
+    def test_compatibility_table_is_the_compat_tool_csv(self):
+        from tools import compat
+
+        self.assertIn(".. csv-table::\n   :file: _data/compat.csv\n   :header-rows: 1\n", page("compatibility"))
+        with open(os.path.join(DOCS, "_data", "compat.csv"), encoding="utf-8", newline="") as fh:
+            rows = list(csv.reader(fh))
+        self.assertEqual(tuple(rows[0]), compat.CSV_HEADER)
+        self.assertEqual({len(r) for r in rows}, {len(compat.CSV_HEADER)})
+        self.assertEqual([r for r in rows[1:] if r[4] != "0"], [], "the matrix documents only green rows")
+        # what the tool writes reads back as the rows it was given
+        row = compat.Row("2.8.0+cpu", "3.9.18", 459, 3, 0, 'a "quoted", note', 61.0)
+        self.assertEqual(
+            list(csv.reader(compat.csv_table([row]).splitlines())),
+            [list(compat.CSV_HEADER), ["2.8.0+cpu", "3.9.18", "459", "3", "0", 'a "quoted", note']],
+        )
 
     def test_every_public_name_is_documented(self):
-        text = readme()
-        missing = [name for name in torch_serial_testing.__all__ if f"``{name}" not in text]
+        reference = page("reference")
+        self.assertIn("\n.. automodule:: torch_serial_testing\n   :members:\n", reference)
+        missing = [name for name in torch_serial_testing.__all__ if f"``{name}" not in reference]
         self.assertEqual(missing, [])
+        undocumented = [n for n in torch_serial_testing.__all__ if not getattr(torch_serial_testing, n).__doc__]
+        self.assertEqual(undocumented, [])
+
+    def test_user_docs_carry_no_development_history(self):
+        history = re.compile(
+            r"\b(this|last|two|previous) rounds?\b|\brounds? ago\b|\bflat package\b|\bthe layout\b|"
+            r"\b(tree|commit) [0-9a-f]{7,40}\b|``[0-9a-f]{7,40}``|\b[0-9a-f]{7}\b(?=[, ])|(?<!pytorch )\bissue \d+\b",
+            re.I,
+        )
+        sources = {"README.rst": readme(), **{f"docs/{n}.rst": page(n) for n in PAGES if n != "changelog"}}
+        for name, text in sources.items():
+            with self.subTest(name):
+                self.assertEqual([m.group(0) for m in history.finditer(text)], [])
+
+    def test_site_builds_without_warnings(self):
+        try:
+            import sphinx  # noqa: F401
+        except ImportError:
+            self.skipTest("sphinx is not installed (pip install -e '.[docs]')")
+        with tempfile.TemporaryDirectory() as out:
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "sphinx",
+                    "-W",
+                    "-q",
+                    "-b",
+                    "html",
+                    "-d",
+                    os.path.join(out, "doctrees"),
+                    DOCS,
+                    os.path.join(out, "html"),
+                ],
+                env=child_env(),
+                capture_output=True,
+                text=True,
+            )
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            html = read_html(os.path.join(out, "html", "reference.html"))
+        for name in torch_serial_testing.__all__:  # autodoc rendered each public name
+            self.assertIn(f'id="torch_serial_testing.{name}"', html, name)
+
+
+def read_html(path):
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
 
 
 if __name__ == "__main__":

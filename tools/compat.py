@@ -7,13 +7,14 @@ between releases, so "supported" is only a claim until the suite has run on each
 
 Each version gets a fresh venv (``--python``), ``torch==VERSION``, then the checkout given by
 ``--source`` with its ``test`` extra, then ``python -m pytest -n 2 test`` in that checkout -- the
-README's commands.  The venv is deleted afterwards (torch's CUDA builds are several GB), so only
-one exists at a time.  One table row per version is printed as soon as it is known, and the
-whole table at the end (``--rst FILE`` also writes it as an RST table for README)::
+Quick start's commands.  The venv is deleted afterwards (torch's CUDA builds are several GB), so
+only one exists at a time.  One table row per version is printed as soon as it is known, and the
+whole table at the end (``--csv FILE`` also writes it as the CSV the documentation's
+compatibility page shows with ``csv-table``)::
 
     python tools/compat.py 2.4.1 2.13.0                # from the checkout this script is in
     python tools/compat.py --source /work/main --all   # latest patch of every minor 2.4 .. 2.15
-    python tools/compat.py --from-logs LOGDIR --rst t.rst  # the table again, from earlier runs
+    python tools/compat.py --from-logs LOGDIR --csv docs/_data/compat.csv  # the table, from earlier runs
 
 Exit status: 0 when every version passed (skips allowed), 1 otherwise.
 """
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import csv
+import io
 import json
 import os
 import re
@@ -196,23 +199,21 @@ def format_row(row: Row) -> str:
 HEADER = f"{'torch':<16} {'python':<8} {'passed':>6} {'skipped':>7} {'failed':>6} {'time':>7}  notable skips / failures"
 
 
-def rst_table(rows: list[Row]) -> str:
-    """The matrix as an RST grid-free simple table (what README's Compatibility section carries)."""
-    cols = [
-        ("torch", [r.torch for r in rows]),
-        ("Python", [r.python for r in rows]),
-        ("passed", [str(r.passed) for r in rows]),
-        ("skipped", [str(r.skipped) for r in rows]),
-        ("failed", [str(r.failed) for r in rows]),
-        ("notable skips / failures", [r.notes or "-" for r in rows]),
-    ]
-    widths = [max(len(title), *(len(v) for v in values)) for title, values in cols]
-    rule = "  ".join("=" * w for w in widths)
-    lines = [rule, "  ".join(t.ljust(w) for (t, _), w in zip(cols, widths)).rstrip(), rule]
-    for i in range(len(rows)):
-        lines.append("  ".join(values[i].ljust(w) for (_, values), w in zip(cols, widths)).rstrip())
-    lines.append(rule)
-    return "\n".join(lines) + "\n"
+CSV_HEADER = ("torch", "Python", "passed", "skipped", "failed", "notes")
+
+
+def csv_table(rows: list[Row]) -> str:
+    """The matrix as CSV, the data of the compatibility page's ``csv-table`` (docs/_data/compat.csv)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_HEADER)
+    writer.writerows([r.torch, r.python, r.passed, r.skipped, r.failed, r.notes or "-"] for r in rows)
+    return out.getvalue()
+
+
+def write_csv(path: str, rows: list[Row]) -> None:
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        fh.write(csv_table(rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--log-dir", default=None, help="pip/pytest logs and JUnit XML per version (default: a temp dir)"
     )
-    parser.add_argument("--rst", default=None, help="also write the table as RST to this file")
+    parser.add_argument("--csv", default=None, help="also write the table as CSV to this file (docs/_data/compat.csv)")
     parser.add_argument("--pytest-args", default="-n 2", help="extra pytest arguments (default: %(default)s)")
     parser.add_argument(
         "--from-logs",
@@ -249,10 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         for folder in args.from_logs:
             with open(os.path.join(folder, "rows.jsonl"), encoding="utf-8") as fh:
                 rows += [Row(**json.loads(line)) for line in fh if line.strip()]
-        print(rst_table(rows), end="")
-        if args.rst:
-            with open(args.rst, "w") as f:
-                f.write(rst_table(rows))
+        print(csv_table(rows), end="")
+        if args.csv:
+            write_csv(args.csv, rows)
         return 0 if all(r.ok for r in rows) else 1
     versions = list(ALL_VERSIONS) if args.all else args.versions
     if not versions:
@@ -276,10 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         print(format_row(row), flush=True)
         with open(os.path.join(log_dir, "rows.jsonl"), "a", encoding="utf-8") as fh:
             fh.write(json.dumps(row._asdict()) + "\n")
-    print("\n" + rst_table(rows), end="", flush=True)
-    if args.rst:
-        with open(args.rst, "w") as f:
-            f.write(rst_table(rows))
+    print("\n" + csv_table(rows), end="", flush=True)
+    if args.csv:
+        write_csv(args.csv, rows)
     return 0 if all(r.ok for r in rows) else 1
 
 

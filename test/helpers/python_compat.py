@@ -53,7 +53,7 @@ VERBOSE_HEADER = r"(?P<name>test\w+) \((?P<owner>[\w.]+?)(?:\.(?P=name))?\)"
 VERBOSE_HEADER_START = r"(?:^|(?<=\.\.\. ))"
 
 
-def verbose_headers(out: str) -> list[tuple[str, "re.Match[str]"]]:
+def verbose_headers(out: str) -> list[tuple[str, re.Match[str]]]:
     """(full test id ``module.Class.test_x``, match) for each test header ``unittest -v`` printed."""
     return [
         (f"{m.group('owner')}.{m.group('name')}", m)

@@ -206,7 +206,7 @@ class SwitchProbe:
     """A class no allowlist has: loading it weights-only fails, so torch.load says how it read a switch."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def torch_sets(name: str, value: str) -> bool:
     """Whether the running torch treats ``name=value`` as set -- asked of ``torch.load`` itself.
 

@@ -8,7 +8,7 @@ process, so it runs only in a child process of its own::
 Generated here: ``TestNpuRoundTripCPU`` / ``TestNpuRoundTripNPU`` from ``devices = ("cpu",
 "npu")``; ``TestPrivateuse1DeclarationNPU`` from ``devices = ("privateuse1",)``;
 ``TestNpuEnginesCPU`` / ``TestNpuEnginesNPU`` (the engine dimension on a non-CPU device); the
-README's device example (``test/torch_facts/test_npu_device.py`` runs it on the backend).  Run as a
+devices page's example (``docs/examples/test_linear_devices.py``, which ``test/torch_facts/test_npu_device.py`` runs on the backend).  Run as a
 script (``-m npu_backend.device_cases``) it prints the generated class names as JSON (the
 environment-filter tests use that).
 """

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+import uuid
 import warnings
 import zipfile
 from unittest import mock
@@ -100,11 +101,16 @@ TAR = frozenset({"legacy_tar_payload"})
 # Resolves to nothing even in a full unpickle (its point is the allowlisted-looking module).
 NOT_LIVE = frozenset({"forged_torch_utils_name"})
 
-_tmpdir = tempfile.mkdtemp(prefix="tst-safety-")
-# Also removed when the module is only imported (discovery, an idle xdist worker).
-atexit.register(shutil.rmtree, _tmpdir, True)
+# The sentinel's folder is named at import (the hostile payloads carry its path) but made only when
+# the module's tests start: collecting the suite writes nothing to the temporary directory.
+_tmpdir = os.path.join(tempfile.gettempdir(), f"tst-safety-{os.getpid()}-{uuid.uuid4().hex}")
 SENTINEL = os.path.join(_tmpdir, "sentinel")
 HOSTILE = H.build_all(SENTINEL)
+
+
+def setUpModule() -> None:  # noqa: N802
+    os.mkdir(_tmpdir, 0o700)  # fails if anything is there already
+    atexit.register(shutil.rmtree, _tmpdir, True)  # also after an interrupted run
 
 
 def tearDownModule() -> None:  # noqa: N802
@@ -643,7 +649,7 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         path = os.path.join(_tmpdir, "text.pt")
         with open(path, "wb") as fh:
             fh.write(self.good)
-        with open(path, "r", encoding="latin-1") as fh:
+        with open(path, encoding="latin-1") as fh:
             with self.assertRaisesRegex(TypeError, "text mode"):
                 Checkpoint.from_buffer(fh)
 

@@ -142,7 +142,7 @@ class TestPredictArguments(unittest.TestCase):
         self.needed = required_globals(self.checkpoint)
 
     def test_objects_strings_and_tuples(self) -> None:
-        objects = [getattr(sys.modules["test.helpers.roundtrip_fixtures"], "TinyNet")] + (
+        objects = [sys.modules["test.helpers.roundtrip_fixtures"].TinyNet] + (
             [set] if "builtins.set" in self.needed else []
         )
         for declared in (objects, self.needed, [(o, n) for o, n in zip(objects, sorted(self.needed))]):
@@ -279,7 +279,7 @@ def _is_model_cause(cause: str) -> bool:
 class TestDifferentialCorpusCI(unittest.TestCase):
     """Every corpus kind x CI formats x CI environment states x 4 load variants, in fresh processes."""
 
-    report: "oracle.Report"
+    report: oracle.Report
 
     @classmethod
     def setUpClass(cls) -> None:

@@ -462,7 +462,7 @@ class TestInheritedTests(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "test_inherited.py"), "w") as fh:
                 fh.write(self.SOURCE)
-            env = {"PYTHONPATH": ROOT}
+            env = {"PYTHONPATH": import_path(ROOT)}  # the suite's own path too: the library may be only there
             proc = _python(["-m", "unittest", "test_inherited", "-v"], cwd=d, env=env)
             collected = _python(
                 ["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "test_inherited.py"], cwd=d, env=env

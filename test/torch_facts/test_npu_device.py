@@ -25,7 +25,7 @@ from test.helpers.device_filters import FILTERS_ALIAS_BACKEND, assert_filters_ma
 from test.helpers.python_compat import verbose_headers
 from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS
 from test.test_flagship_environments import FLAGSHIP_DIR, FLAGSHIP_MODULE, NO_LOAD_TESTS, round_trip_tests
-from test.test_readme import code_blocks, readme
+from test.test_readme import example, page
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_DIR = ROOT / "test"
@@ -206,8 +206,9 @@ class TestOnTheNpuBackend(unittest.TestCase):
 
 
 def readme_device_example():
-    (example,) = [b for b in code_blocks(readme(), "python") if "test_linear_devices.py" in b]
-    return example
+    """The devices page's example (docs/howto-devices.rst includes docs/examples/test_linear_devices.py)."""
+    assert ".. literalinclude:: examples/test_linear_devices.py\n" in page("howto-devices")
+    return example("test_linear_devices")
 
 
 class TestDeviceFiltersMatchPytorchWithoutBackend(unittest.TestCase):

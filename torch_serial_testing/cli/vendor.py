@@ -103,7 +103,7 @@ def _aggregator_text(text: str) -> str:
     return "\n".join(kept) + "\n"
 
 
-def vendor(checkout: "os.PathLike[str] | str", *, with_flagship: bool = False, check: bool = False) -> VendorReport:
+def vendor(checkout: os.PathLike[str] | str, *, with_flagship: bool = False, check: bool = False) -> VendorReport:
     """Copy the package (and with *with_flagship* the flagship and its aggregator lines) into *checkout*;
     with *check*, write nothing and report what is not current."""
     checkout = Path(checkout).resolve()

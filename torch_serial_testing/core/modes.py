@@ -28,7 +28,7 @@ class LoadMode(enum.Enum):
         return _EXPLICIT[self._value_]
 
     @classmethod
-    def parse(cls, value: "LoadMode | str") -> "LoadMode":
+    def parse(cls, value: LoadMode | str) -> LoadMode:
         if value.__class__ is LoadMode:  # the common case first: parse runs on every load
             return value  # type: ignore[return-value]
         found = (_BY_SPELLING.get(value) or _BY_SPELLING.get(value.upper())) if isinstance(value, str) else None

@@ -178,8 +178,9 @@ def identity(obj: Any) -> Optional[str]:
         elif isinstance(obj, FUNCTION_TYPES):
             module = getattr(obj, "__module__", None)
             qualname = getattr(obj, "__qualname__", None)
-            if module is None and isinstance(getattr(obj, "__self__", None), types.ModuleType):
-                module = obj.__self__.__name__
+            owner = getattr(obj, "__self__", None)
+            if module is None and isinstance(owner, types.ModuleType):
+                module = owner.__name__
         else:
             return None
     except Exception:  # noqa: BLE001 - an object that cannot say what it is

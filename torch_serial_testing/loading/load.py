@@ -248,9 +248,9 @@ def _torch_load(
         ) from e
 
 
-def _is_error_type(error: BaseException, type_name: str) -> bool:
-    """Whether *error* is a *type_name* (by class name, subclasses included)."""
-    return any(c.__name__ == type_name for c in type(error).__mro__)
+def _is_error_type(error: Optional[BaseException], type_name: str) -> bool:
+    """Whether *error* is a *type_name* (by class name, subclasses included); no error is none."""
+    return error is not None and any(c.__name__ == type_name for c in type(error).__mro__)
 
 
 def _torch_spellings(name: str) -> tuple[str, ...]:

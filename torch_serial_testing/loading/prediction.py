@@ -315,8 +315,8 @@ def _compute_allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules)
             classes[name] = classes[torch_key(obj) or name] = obj
     entries = [*torch.serialization.get_safe_globals(), *((obj, name) for obj, name in declared if obj is not None)]
     for entry in entries:
-        obj, name = entry if isinstance(entry, tuple) else (entry, None)
-        for n in (torch_key(obj), name):
+        obj, entry_name = entry if isinstance(entry, tuple) else (entry, None)
+        for n in (torch_key(obj), entry_name):
             if n:
                 types.add(n)
                 classes[n] = user[n] = obj

@@ -81,7 +81,7 @@ class Checkpoint:
         self._info: Optional[CheckpointInfo] = None
 
     @classmethod
-    def save(cls, obj: Any) -> "Checkpoint":
+    def save(cls, obj: Any) -> Checkpoint:
         """``torch.save`` *obj* into a private in-memory buffer (no copy is ever made of it), with torch's
         own function (:func:`~..torch_facts.serialization_state.genuine`): a replaced ``torch.save``
         could write any bytes into a buffer that is then trusted with a full load."""
@@ -92,7 +92,7 @@ class Checkpoint:
         return cls(buffer, _owned=True)
 
     @classmethod
-    def from_bytes(cls, data: Union[bytes, bytearray, memoryview]) -> "Checkpoint":
+    def from_bytes(cls, data: Union[bytes, bytearray, memoryview]) -> Checkpoint:
         """Wrap foreign bytes; they will only ever be loaded weights-only."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(
@@ -102,7 +102,7 @@ class Checkpoint:
         return cls(io.BytesIO(bytes(data)))
 
     @classmethod
-    def from_buffer(cls, f: BufferLike) -> "Checkpoint":
+    def from_buffer(cls, f: BufferLike) -> Checkpoint:
         """Wrap a foreign buffer, file object or path (read into memory once)."""
         if isinstance(f, Checkpoint):
             return f

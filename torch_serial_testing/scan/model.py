@@ -240,7 +240,8 @@ def reduce_result(func: str, args: Any) -> Optional[str]:
 @dataclass(frozen=True)
 class Check:
     """One thing torch's weights-only unpickler verifies.  ``kind``: ``"global"`` (*name* must be
-    allowlisted; *message* is the GLOBAL's own name part, which torch 2.4's hint names alone); ``"type"`` (BUILD onto an instance of *name*, which must be allowlisted); ``"build"``
+    allowlisted; *message* is the GLOBAL's own name part, which torch 2.4's hint names alone);
+    ``"type"`` (BUILD onto an instance of *name*, which must be allowlisted); ``"build"``
     (its state's *shape*, :mod:`.build_state`); ``"append"``, ``"appends"``, ``"setitem"``, ``"setitems"``
     (onto a *name*, refused with *message* depending on the allowlist: :func:`container_refused`);
     ``"refused"`` (never loads: *message* says why); ``"unknown"`` (a rule could not be probed)."""

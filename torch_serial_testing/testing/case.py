@@ -212,7 +212,7 @@ class SerializationRoundTripTestCase(RoundTripKinds):
     def _tst_say(self, text: str) -> None:
         """A line in unittest's verbose output (where the round-trip outcomes go)."""
         test_result = getattr(getattr(self, "_outcome", None), "result", None)
-        if getattr(test_result, "showAll", False) and hasattr(test_result, "stream"):
+        if test_result is not None and getattr(test_result, "showAll", False) and hasattr(test_result, "stream"):
             test_result.stream.write(text + " ... ")
             test_result.stream.flush()
 
@@ -398,6 +398,6 @@ class SerializationRoundTripTestCase(RoundTripKinds):
             actual,
             expect,
             skip=skip + 1,
-            assert_eq=self.assertMultiLineEqual,  # type: ignore
-            debug_id=self.id(),
-        )  # type: ignore[attr-defined]
+            assert_eq=self.assertMultiLineEqual,  # type: ignore[attr-defined]  # a mixin of a TestCase
+            debug_id=self.id(),  # type: ignore[attr-defined]
+        )

@@ -16,7 +16,7 @@ import re
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 from ..core.environ import stored_environ
 from ..core.interrupts import deferred_interrupts, run_all
@@ -87,7 +87,7 @@ class GlobalState:
     restored: bool = False
 
     @classmethod
-    def capture(cls) -> "GlobalState":
+    def capture(cls) -> GlobalState:
         """Read the state; the import recorder is started last, so an interrupt never leaks it."""
         from ..torch_facts.config import serialization_config  # needs torch: on the first test, not at import
 
@@ -228,7 +228,7 @@ def start_ignoring(messages: Sequence[str]) -> object:
     with _lock:
         _patterns.active.append((token, compiled))
         if not any(f is _ENTRY for f in warnings.filters):
-            warnings.filters.insert(0, _ENTRY)
+            cast(list, warnings.filters).insert(0, _ENTRY)  # a list at run time; typeshed says Sequence
     return token
 
 

@@ -12,10 +12,11 @@ def serialization_config() -> Optional[dict[str, Any]]:
         from torch.utils.serialization import config
     except ImportError:
         return None
-    return dict(config.get_config_copy())
+    # a torch config module: install_config_module adds its functions at import time
+    return dict(config.get_config_copy())  # type: ignore[attr-defined]
 
 
 def restore_serialization_config(saved: dict[str, Any]) -> None:
     from torch.utils.serialization import config
 
-    config.load_config(saved)
+    config.load_config(saved)  # type: ignore[attr-defined]

@@ -100,7 +100,7 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
         buf = io.BytesIO()
         genuine("save")(Canary(), buf)
         _canary.append(buf.getvalue())
-    kwargs = {} if explicit is None else {"weights_only": explicit}
+    kwargs: dict[str, Any] = {} if explicit is None else {"weights_only": explicit}
     with registry_lock, _lock, _environment((wo, no)), observe_serialization_warnings(consume_all=True) as seen:
         try:
             value = genuine("load")(io.BytesIO(_canary[0]), **kwargs)
@@ -204,7 +204,7 @@ class WeightsOnlySwitches:
     conflict: bool
 
     @classmethod
-    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "WeightsOnlySwitches":
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> WeightsOnlySwitches:
         wo, no = (_text(v) for v in switch_values(environ))
         conflict = wo is not None and no is not None and _ask(None, wo, no)[0] is None
         return cls(is_truthy(wo, FORCE_WO), is_truthy(no, FORCE_NO_WO), {FORCE_WO: wo, FORCE_NO_WO: no}, conflict)

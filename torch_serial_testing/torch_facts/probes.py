@@ -89,7 +89,8 @@ def unpickle(body: bytes, *, persistent_load: Optional[Callable[[Any], Any]] = N
 
         unpickler = wou.Unpickler(io.BytesIO((PROTO_2 if proto else b"") + body), encoding="utf-8")
         if persistent_load is not None:
-            unpickler.persistent_load = persistent_load
+            # pickle's documented hook is an instance attribute; torch's Unpickler declares a method
+            unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
         load = unpickler.load
     except Exception as e:  # noqa: BLE001 - any failure to call torch is the probe's failure
         raise ProbeFailed(

@@ -45,6 +45,8 @@ def storage_element_size(storage_type: Optional[str]) -> int:
     """Bytes per element of a legacy storage type (``FloatStorage``); KeyError for an unknown one."""
     import torch
 
+    if storage_type is None:
+        raise KeyError(storage_type)
     try:
         dtype = torch.storage._get_dtype_from_pickle_storage_type(storage_type)  # type: ignore[attr-defined]
         return int(torch._utils._element_size(dtype))

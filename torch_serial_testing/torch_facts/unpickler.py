@@ -234,7 +234,7 @@ _TARGETS = (
 
 
 def _container_outcomes(allowlisted_types: bool) -> dict[tuple[str, str], tuple[Outcome, type]]:
-    out = {}
+    out: dict[tuple[str, str], tuple[Outcome, type]] = {}
     for kind, family, cls in _TARGETS[:3] if allowlisted_types else _TARGETS:
         target = {"list": pickle.EMPTY_LIST, "dict": pickle.EMPTY_DICT}.get(kind) or made_op(kind)
         for opcode, ops in _CONTAINER_OPS.items():

@@ -172,7 +172,7 @@ def weight_cases(zero_points):
     return _weight_cases(tuple(zero_points))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _weight_cases(zero_points):
     nz = any(zero_points)
     small = small_weight_fp32()

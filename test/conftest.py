@@ -1,0 +1,88 @@
+"""pytest's view of the suite: which tests are slow, and a private temporary directory per run.
+
+* ``slow``: the tests listed in ``test/slow_tests.txt`` (seconds each: child processes running
+  whole matrices, the documentation build).  ``python -m pytest -n 2 -m "not slow" test`` is the
+  fast subset for an edit-test loop; CI runs everything.
+* Temporary files: the run (and every xdist worker and child process, which inherit ``TMPDIR``)
+  works in a fresh directory of its own; whatever is left in it at the end fails the run, naming
+  it.  Tests clean up with ``tempfile.TemporaryDirectory``, ``addCleanup`` or pytest's ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SLOW_LIST = os.path.join(HERE, "slow_tests.txt")
+PYTEST_BASETEMP = "pytest-basetemp"
+INDUCTOR_CACHE = "torchinductor"
+
+
+def slow_test_ids() -> set[str]:
+    with open(SLOW_LIST, encoding="utf-8") as fh:
+        return {line.strip() for line in fh if line.strip() and not line.lstrip().startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    slow = slow_test_ids()
+    found = set()
+    for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
+            found.add(item.nodeid)
+    # A listed test that was renamed would silently join the fast subset: say so.  Only when whole
+    # files were collected (a node id on the command line collects part of a file).
+    collected_files = {item.nodeid.split("::", 1)[0] for item in items}
+    if not any("::" in arg for arg in config.args):
+        stale = sorted(i for i in slow - found if i.split("::", 1)[0] in collected_files)
+        if stale:
+            raise pytest.UsageError(f"{SLOW_LIST} names tests that do not exist: {', '.join(stale)}")
+
+
+def _is_controller(config: pytest.Config) -> bool:
+    return not hasattr(config, "workerinput")  # an xdist worker inherits the controller's TMPDIR
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _is_controller(config):
+        return
+    private = tempfile.mkdtemp(prefix="tst-suite-")
+    config.stash[_TMP] = (private, os.environ.get("TMPDIR"))
+    if config.option.basetemp is None:  # pytest's tmp_path folders: inside, removed with the rest
+        config.option.basetemp = os.path.join(private, PYTEST_BASETEMP)
+    # torch's own cache of compiled kernels (torch._inductor, imported with torch._dynamo by the
+    # tests that run pytorch's TestCase) would otherwise stay in the temporary directory
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(private, INDUCTOR_CACHE))
+    os.environ["TMPDIR"] = private
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has stopped its workers
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if not _is_controller(config) or _TMP not in config.stash:
+        return
+    private, previous = config.stash[_TMP]
+    left = sorted(set(os.listdir(private)) - {PYTEST_BASETEMP, INDUCTOR_CACHE})
+    shutil.rmtree(private, ignore_errors=True)
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == os.path.join(private, INDUCTOR_CACHE):
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    if previous is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous
+    tempfile.tempdir = None
+    if left:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        message = f"the test run left {len(left)} entries in its temporary directory: {', '.join(left)}"
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_TMP = pytest.StashKey[tuple]()
