@@ -1,8 +1,8 @@
 """The observer-style case (a HistogramObserver calibrated for ~0.8 s, per engine) with the library --
 built once per engine, loaded in every mode by ``round_trip_each_mode`` -- against its plain-torch twin
 (``bench/observer_plain.py``), and for context the histogram case alone generated per load mode (its body,
-and so the calibration, run once per mode: ``bench/observer_per_mode.py``).  Whole processes, wall clock, in interleaved rounds (order swapped each
-round); prints the median of each and the ratios.  Run from the repository root:
+and so the calibration, run once per mode: ``bench/observer_per_mode.py``).  Whole processes, wall clock, in interleaved
+rounds (order swapped each round); prints the median of each and the ratios.  Run from the repository root:
 
     PYTHONPATH=$PWD python bench/each_mode.py [rounds]
 """
@@ -53,7 +53,8 @@ def main() -> None:
     plain = median["plain torch twin"]
     for name, value in median.items():
         print(
-            f"{name:45s} {value:6.2f} s  ({value / plain:.2f}x plain)  rounds: {', '.join(f'{t:.2f}' for t in times[name])}"
+            f"{name:45s} {value:6.2f} s  ({value / plain:.2f}x plain)  "
+            f"rounds: {', '.join(f'{t:.2f}' for t in times[name])}"
         )
 
 

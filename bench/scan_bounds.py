@@ -3,7 +3,8 @@
 
 ``bounds``  per hostile family (issue 27.5), the largest input the default caps let through (or
             the first they refuse): wall and CPU time of ``scan_checkpoint`` in this process.
-``report``  ``inspect`` (text and ``--json``) of a checkpoint naming 9,000 flagged globals (under ScanLimits.max_globals).
+``report``  ``inspect`` (text and ``--json``) of a checkpoint naming 9,000 flagged globals
+            (under ScanLimits.max_globals).
 ``size``    ``python -m torch_serial_testing inspect --json`` on a 2 KiB and a 256 MiB state_dict
             (zip and legacy), whole processes: wall time and peak RSS, next to
             ``torch.serialization.get_unsafe_globals_in_checkpoint`` and picklescan (when
@@ -66,7 +67,7 @@ def bounds() -> list[str]:
     rows = []
     for name, make in _families().items():
         data = H.torch_zip(make(limit + 10_000))  # just over the opcode cap
-        wall, cpu, outcome = _timed(lambda: scan_checkpoint(data))
+        wall, cpu, outcome = _timed(lambda data=data: scan_checkpoint(data))
         rows.append(f"{name:<28} {len(data) / 1e6:7.1f} MB zip  {wall:6.2f} s wall  {cpu:6.2f} s CPU  {outcome}")
     return rows
 

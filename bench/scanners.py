@@ -32,7 +32,14 @@ torch.save({"w": torch.zeros(64 * 1024 * 1024)}, "state_dict_256MiB.pt")
 torch.save(usermodels.MyNet(), "user_module.pt")
 torch.save({"w": torch.ones(2), "lr": np.float64(0.1), "step": np.int64(3), "mask": np.arange(3)}, "numpy.pt")
 """
-USER_MODULE = "import torch\n\nclass MyNet(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(3, 2)\n"
+USER_MODULE = (
+    "import torch\n"
+    "\n"
+    "class MyNet(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = torch.nn.Linear(3, 2)\n"
+)
 FILES = ("small_state_dict.pt", "state_dict_256MiB.pt", "user_module.pt", "numpy.pt")
 
 TORCH_UNSAFE = (

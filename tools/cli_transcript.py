@@ -38,7 +38,15 @@ torch.save(lin, "seed.pt")
 torch.save(mymodels.MyNet(), "mynet.pt")
 torch.save({"lr": np.float64(0.1), "step": np.int64(3)}, "scalars.pt")
 """
-USER_MODULE = "import torch\n\n\nclass MyNet(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(3, 2)\n"
+USER_MODULE = (
+    "import torch\n"
+    "\n"
+    "\n"
+    "class MyNet(torch.nn.Module):\n"
+    "    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.fc = torch.nn.Linear(3, 2)\n"
+)
 SEED = "torch.ao.nn.sparse.quantized"
 NP_SCALAR = "numpy._core.multiarray.scalar"
 

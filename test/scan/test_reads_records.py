@@ -25,7 +25,7 @@ class CountingBytesIO(io.BytesIO):
         super().__init__(data)
         self.count = 0
 
-    def read(self, n: "int | None" = -1) -> bytes:
+    def read(self, n: int | None = -1) -> bytes:
         b = super().read(n)
         self.count += len(b)
         return b
@@ -39,7 +39,7 @@ class CountingBytesIO(io.BytesIO):
 class CountingFile(io.FileIO):
     count = 0
 
-    def read(self, n: "int | None" = -1) -> bytes:
+    def read(self, n: int | None = -1) -> bytes:
         b = super().read(n)
         self.count += len(b or b"")
         return b

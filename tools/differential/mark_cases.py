@@ -49,8 +49,8 @@ def popping_opcodes() -> list[Any]:
 
 
 def _stream(op: Any) -> bytes:
-    """PROTO 2 (torch warns of any newer one; no unpickler ties opcodes to it), what *op* takes, MARK (twice when *op* itself takes a MARK: the inner one is its own),
-    *op*, STOP."""
+    """PROTO 2 (torch warns of any newer one; no unpickler ties opcodes to it), what *op* takes, MARK (twice
+    when *op* itself takes a MARK: the inner one is its own), *op*, STOP."""
     marks = _MARK * (2 if pickletools.markobject in op.stack_before else 1)
     stop = b"" if op.name == "STOP" else b"."
     return (

@@ -61,9 +61,9 @@ def verdict(record: dict[str, Any]) -> str:
     return "ok"
 
 
-def by_test(records: Iterable[dict[str, Any]]) -> "OrderedDict[Optional[str], dict[str, Any]]":
+def by_test(records: Iterable[dict[str, Any]]) -> OrderedDict[Optional[str], dict[str, Any]]:
     """test id -> {"outcome", "loads": [(verdict, record)], "saves": n}, in order of first appearance."""
-    tests: "OrderedDict[Optional[str], dict[str, Any]]" = OrderedDict()
+    tests: OrderedDict[Optional[str], dict[str, Any]] = OrderedDict()
     for r in records:
         entry = tests.setdefault(r.get("test"), {"outcome": None, "loads": [], "saves": 0})
         if r.get("event") == "load":
@@ -91,7 +91,8 @@ def _fix_line(fix: dict[str, Any]) -> str:
 def format_text(records: list[dict[str, Any]], report: Optional[str] = None) -> str:
     tests = by_test(records)
     loads = sum(len(t["loads"]) for t in tests.values())
-    head = f"torch_serial_testing audit: {loads} torch.load call(s) in {sum(1 for t in tests.values() if t['loads'])} test(s)"
+    with_loads = sum(1 for t in tests.values() if t["loads"])
+    head = f"torch_serial_testing audit: {loads} torch.load call(s) in {with_loads} test(s)"
     lines = [head + (f" (records: {report})" if report else "")]
     for test, entry in tests.items():
         if not entry["loads"]:

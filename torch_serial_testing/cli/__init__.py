@@ -2,8 +2,9 @@
 
 Subcommands: :mod:`.doctor` (this torch and its environment), :mod:`.inspection` (what each load mode
 would do with a checkpoint, never unpickled), :mod:`.vendor` (copy the package into pytorch's
-``test/``), :mod:`.audit_cmd` (run a test command, report its every ``torch.load``); exit codes and the JSON schema: :mod:`.contract`.  torch is imported only once a
-subcommand runs, so ``--help`` and usage errors are instant.
+``test/``), :mod:`.audit_cmd` (run a test command, report its every ``torch.load``); exit codes and
+the JSON schema: :mod:`.contract`.  torch is imported only once a subcommand runs, so ``--help`` and
+usage errors are instant.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import os
 import pickle
+import shutil
 import tempfile
 import unittest
 from dataclasses import dataclass
@@ -109,7 +110,7 @@ def _source(checkpoint: Checkpoint, to_file: bool) -> Iterator[Optional[str]]:
     with tempfile.TemporaryDirectory(prefix="tst-checkpoint-") as folder:  # mode 0700: nobody swaps the bytes
         path = os.path.join(folder, "checkpoint.pt")
         with open(path, "wb") as fh:
-            fh.write(checkpoint.rewound().getvalue())
+            shutil.copyfileobj(checkpoint.rewound(), fh)
         yield path
 
 

@@ -135,7 +135,8 @@ for _why, _names in (
         "loads another pickle, checkpoint or file",
         "pickle _pickle marshal shelve dbm dill cloudpickle joblib yaml torch.load torch.save "
         "torch.serialization.load torch.serialization.save torch.serialization._load torch.serialization._legacy_load "
-        "torch.serialization._save torch.serialization._legacy_save torch.storage._load_from_bytes numpy.load numpy.save numpy.fromfile numpy.memmap numpy.lib.npyio numpy.lib._npyio_impl numpy.lib.format "
+        "torch.serialization._save torch.serialization._legacy_save torch.storage._load_from_bytes "
+        "numpy.load numpy.save numpy.fromfile numpy.memmap numpy.lib.npyio numpy.lib._npyio_impl numpy.lib.format "
         "torch.PyTorchFileReader torch.PyTorchFileWriter",
     ),
     (

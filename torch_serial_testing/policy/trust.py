@@ -83,7 +83,7 @@ class _CannotTell(str):
     not_imported = False
 
     @classmethod
-    def module_missing(cls, reason: str) -> "_CannotTell":
+    def module_missing(cls, reason: str) -> _CannotTell:
         told = cls(reason)
         told.not_imported = True
         return told

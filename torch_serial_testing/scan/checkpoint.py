@@ -118,7 +118,7 @@ class Checkpoint:
         return cls(io.BytesIO(data))
 
     @classmethod
-    def from_path(cls, path: "Union[str, os.PathLike[str]]") -> "Checkpoint":
+    def from_path(cls, path: Union[str, os.PathLike[str]]) -> Checkpoint:
         """A foreign checkpoint *file*, kept open and read by record when scanned (a zip's pickle
         records, a legacy stream's pickles), never whole into memory.  Regular files only: a symlink
         is resolved and its target judged; a device, FIFO, socket or directory raises
@@ -126,7 +126,7 @@ class Checkpoint:
         return cls(open_regular_file(path))
 
     @classmethod
-    def from_stream(cls, stream: IO[bytes], *, limits: Optional[ScanLimits] = None) -> "Checkpoint":
+    def from_stream(cls, stream: IO[bytes], *, limits: Optional[ScanLimits] = None) -> Checkpoint:
         """A foreign checkpoint read from *stream* (stdin): a regular file behind it is used in place,
         anything else is read up to ``ScanLimits.max_pickle_bytes`` (more raises)."""
         try:
@@ -219,7 +219,7 @@ _KINDS = [(stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (
 _KINDS += [(stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket")]
 
 
-def open_regular_file(path: "Union[str, os.PathLike[str]]") -> IO[bytes]:
+def open_regular_file(path: Union[str, os.PathLike[str]]) -> IO[bytes]:
     """*path* opened for reading if it is (or links to) a regular file, else :class:`CheckpointFormatError`
     (OSError when it cannot be opened).  Opened non-blocking and judged by ``fstat`` of what was opened,
     so a FIFO without a writer never hangs and a file swapped after the check is still judged."""

@@ -271,11 +271,11 @@ class ScanState:
     #: The formats torch may read these bytes as, depending on the source it is given (a polyglot: two).
     readings: tuple[str, ...] = ()
 
-    def fork(self) -> "ScanState":
+    def fork(self) -> ScanState:
         """A fresh state for another reading of the same bytes (its work counted on from this one's)."""
         return ScanState(self.limits, opcodes=self.opcodes, bytes_scanned=self.bytes_scanned, max_memo=self.max_memo)
 
-    def absorb(self, other: "ScanState") -> None:
+    def absorb(self, other: ScanState) -> None:
         """Add what the reading *other* (made by :meth:`fork`) found: its names and checks, its work."""
         for c in other.checks:
             self.check(c.kind, c.name, c.message, c.shape)

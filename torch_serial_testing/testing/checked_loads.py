@@ -201,8 +201,9 @@ def load_each_mode(
     saved: Any,
     check: Optional[Callable[[Any, LoadMode], None]],
 ) -> dict[LoadMode, Any]:
-    """*checkpoint*, saved once, loaded in each of the class's load modes in its own ``subTest(load_mode=...)``
-    (an expected rejection, a skip or a failed *check* ends only that mode's); ``{mode: loaded}`` of those that loaded."""
+    """*checkpoint*, saved once, loaded in each of the class's load modes in its own
+    ``subTest(load_mode=...)`` (an expected rejection, a skip or a failed *check* ends only that mode's);
+    ``{mode: loaded}`` of those that loaded."""
     if test.load_mode is not None:
         raise RoundTripConfigError(
             f"round_trip_each_mode loads in every load mode itself, but {test.id()} is generated per load mode "
