@@ -34,7 +34,8 @@ from ..core.names import (
     pickle_forms,
     show_name,
 )
-from ..torch_facts.registry import torch_allowlist, torch_allowlist_table
+from ..torch_facts.probes import ProbeFailed
+from ..torch_facts.registry import registered_by_torch, torch_allowlist, torch_allowlist_table
 from ..torch_facts.remedies import NUMPY_SCALAR_SOURCE, numpy_scalar_remedy
 from .denylist import denylist_reason
 from .reach import TRUSTED_NATIVE
@@ -365,19 +366,18 @@ def dangerous_reason(name: str) -> Optional[str]:
 
 
 def judge_registry_entry(entry: Any) -> Optional[str]:
-    """Why a registry entry (object or ``(object, name)``) must not be registered, or None.
+    """Why a safe-globals registration (object or ``(object, name)``) must not stand, or None.
 
-    :func:`judge_global` with functions accepted: torch and backends register rebuild functions
-    (``torch.nested``'s ``_rebuild_njt``, torch_npu's ``_rebuild_npu_tensor``).  A class torch defines,
-    under its own name, is torch's own (``torch._dynamo``'s ``_DimRange``): no denylist family applies.
-    """
-    obj, name = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, None)
-    return None if _torch_own_class(obj, name) else judge_global(entry, opt_in=True)
-
-
-def _torch_own_class(obj: Any, name: Optional[str]) -> bool:
-    real = identity(obj) if isinstance(obj, type) else None
-    if real is None or not real.startswith("torch."):
-        return False
-    module = type.__getattribute__(obj, "__module__")
-    return (name is None or name == real) and vars(sys.modules.get(module, object)).get(obj.__qualname__) is obj
+    Judged like a declaration (plain functions accepted, as with ``UnsafeCallable``: torch and backends
+    register rebuild functions such as ``_rebuild_njt``), whoever made it.  Being a class torch defines
+    exempts nothing (``torch.jit.CompilationUnit`` runs TorchScript); only what torch's own modules
+    register themselves is torch's responsibility (asked of a fresh interpreter)."""
+    reason = judge_global(entry, opt_in=True)
+    if reason is None:
+        return None
+    try:
+        if registered_by_torch(entry):
+            return None
+    except ProbeFailed as e:
+        return f"{reason} (and whether torch itself registers it is unknown: {e})"
+    return reason

@@ -21,12 +21,10 @@ from typing import Any, Optional, Sequence, cast
 from ..core.environ import stored_environ
 from ..core.interrupts import deferred_interrupts, run_all
 from ..core.names import show_name, torch_key
-from ..policy.trust import judge_global
+from ..policy.trust import judge_registry_entry
 from ..torch_facts import engines
-from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.registry import (
     ImportRegistrations,
-    registered_by_torch,
     restore_registry,
     snapshot_registry,
     start_recording,
@@ -38,19 +36,8 @@ __all__ = ["GlobalState", "judge_registration", "start_ignoring", "stop_ignoring
 
 
 def judge_registration(entry: Any) -> Optional[str]:
-    """Why a safe-globals registration (object or ``(object, name)``) must not stand, or None: judged
-    like a declaration (plain functions accepted, as with ``UnsafeCallable``: backends register rebuild
-    functions), whoever made it.  Being a class torch defines exempts nothing (``torch.jit.CompilationUnit``
-    runs TorchScript); only what torch's own modules register themselves is torch's responsibility."""
-    reason = judge_global(entry, opt_in=True)
-    if reason is None:
-        return None
-    try:
-        if registered_by_torch(entry):
-            return None
-    except ProbeFailed as e:
-        return f"{reason} (and whether torch itself registers it is unknown: {e})"
-    return reason
+    """Why a safe-globals registration must not stand (:func:`..policy.trust.judge_registry_entry`)."""
+    return judge_registry_entry(entry)
 
 
 _WATCHED_PREFIX = "TORCH_FORCE_"
