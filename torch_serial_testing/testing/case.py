@@ -10,7 +10,6 @@ import contextlib
 import os
 import sys
 import warnings
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, Sequence
 
 from ..core.errors import LeakedGlobalStateError, RoundTripConfigError, dimension
@@ -24,40 +23,12 @@ from .declarations import Declaration, refuse_local
 from .generated import author_class, resolvable, with_dims
 from .isolation import GlobalState, start_ignoring, stop_ignoring
 from .round_trip_kinds import RoundTripKinds
+from .spec import CaseSpec
 
 if TYPE_CHECKING:
     from ..scan.checkpoint import Checkpoint
 
 __all__ = ["SerializationRoundTripTestCase", "ExpectedRejection", "CaseSpec", "REPORT_ENV"]
-
-
-@dataclass(frozen=True)
-class CaseSpec:
-    """One generated test's coordinates: load mode, engines (save, load), device, and where it loads to."""
-
-    mode: Optional[LoadMode]  # None: the method dropped the load-mode dimension
-    device_type: str
-    save_qengine: Optional[str] = None
-    load_qengine: Optional[str] = None
-    to_cpu: bool = False
-
-    def method_name(self, base: str, device_part: str) -> str:
-        parts = [base]
-        if self.save_qengine:
-            same = self.save_qengine == self.load_qengine
-            parts.append(self.save_qengine if same else f"{self.save_qengine}_to_{self.load_qengine}")
-        if self.mode is not None:
-            parts.append(self.mode.value)
-        parts += [device_part, "to_cpu"] if self.to_cpu else [device_part]
-        return "_".join(parts)
-
-    @property
-    def map_location(self) -> Optional[str]:
-        if self.to_cpu:
-            return "cpu"
-        from ..torch_facts.devices import torch_device_type
-
-        return None if self.device_type == "cpu" else torch_device_type(self.device_type)
 
 
 def _main_module_names() -> list[str]:

@@ -22,7 +22,7 @@ from ..core.modes import LoadMode
 from ..torch_facts.devices import aliases, class_suffix, device_skip_reason
 from ..torch_facts.engines import describe_engine_change, engine_state, override_qengine, qengine_skip_reason
 from ..torch_facts.registry import safe_globals_context_missing
-from .case import CaseSpec
+from .spec import CaseSpec
 from .checked_loads import ends_on_rejection
 from .generated import keep_reachable
 
