@@ -17,8 +17,8 @@ copyright = "torch_serial_testing maintainers"
 release = version = torch_serial_testing.__version__
 
 extensions = ["sphinx.ext.autodoc"]
-# Fragments waiting to be folded into the pages, and the build output, are not pages.
-exclude_patterns = ["_build", "_incoming", "examples/README.rst"]
+# The build output is not a page.
+exclude_patterns = ["_build", "examples/README.rst"]
 root_doc = "index"
 nitpicky = False
 

@@ -28,7 +28,7 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(os.path.join(tmp, "test_ckpt.py"), "w") as f:
         f.write(TEST_FILE)
     report = os.path.join(tmp, "audit.jsonl")
-    code = subprocess.call(
+    proc = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -43,14 +43,21 @@ with tempfile.TemporaryDirectory() as tmp:
             "test_ckpt",
         ],
         cwd=tmp,
+        capture_output=True,
+        text=True,
     )
     with open(report) as f:
         (load,) = [r for r in map(json.loads, f) if r["event"] == "load"]
 
+# stderr holds the test run's own output, then the audit's summary
+summary = proc.stderr[proc.stderr.index("torch_serial_testing audit:") :]
+print(summary)
 print(json.dumps(load, indent=2))
 assert load["test"] == "test_ckpt.TestCheckpoint.test_whole_module"
 assert load["site"] == "test_ckpt.py:13"
 assert load["needs"] == ["torch.nn.modules.linear.Linear"]
 assert load["fix"]["kind"] == "safe_globals" and load["fix"]["verified"]
+if load["effective_weights_only"]:
+    assert "fails only because of the weights_only default" in summary, summary
 # the run's own status: 1 where the bare load is weights-only (torch >= 2.6), 0 before
-assert code == (1 if load["effective_weights_only"] else 0)
+assert proc.returncode == (1 if load["effective_weights_only"] else 0)

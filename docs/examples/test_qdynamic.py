@@ -4,6 +4,7 @@ import unittest
 import torch
 from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 from torch.ao.nn.quantized.modules.linear import LinearPackedParams
+from torch.testing._internal.common_quantized import override_cpu_allocator_for_qnnpack
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
 
@@ -16,9 +17,11 @@ class TestDynamicLinear(SerializationRoundTripTestCase, unittest.TestCase):
     ignore_warnings = (r".*quantized tensor creation functions.*",)
 
     def make_module(self):
-        float_linear = torch.nn.Linear(4, 3)
-        float_linear.qconfig = torch.ao.quantization.default_dynamic_qconfig
-        return DynamicLinear.from_float(float_linear)
+        # built as pytorch's qnnpack tests build it: under the mobile CPU allocator
+        with override_cpu_allocator_for_qnnpack(self.qengine == "qnnpack"):
+            float_linear = torch.nn.Linear(4, 3)
+            float_linear.qconfig = torch.ao.quantization.default_dynamic_qconfig
+            return DynamicLinear.from_float(float_linear)
 
     def test_round_trip(self, device):
         original = self.make_module()
