@@ -69,3 +69,38 @@ class TestPluginCost(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestPluginInstalled(unittest.TestCase):
+    """Both of setup.cfg's pytest11 entry points installed (as ``pip install`` does) and a plugin also named
+    with ``-p`` (as in a source tree): pluggy refuses one module registered twice, so each plugin skips
+    its entry point when already loaded by name."""
+
+    def test_entry_points_and_p_together(self) -> None:
+        import configparser
+        import os
+        import tempfile
+
+        from test.helpers.subprocess_env import child_env
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        cfg = configparser.ConfigParser()
+        cfg.read(os.path.join(root, "setup.cfg"), encoding="utf-8")
+        entries = [line.strip() for line in cfg["options.entry_points"]["pytest11"].splitlines() if line.strip()]
+        self.assertIn(f"torch_serial_testing_audit = {PLUGIN}", entries)
+        with tempfile.TemporaryDirectory() as tmp:
+            dist = os.path.join(tmp, "entry_point_probe-0.dist-info")
+            os.mkdir(dist)
+            with open(os.path.join(dist, "METADATA"), "w", encoding="utf-8") as fh:
+                fh.write("Metadata-Version: 2.1\nName: entry-point-probe\nVersion: 0\n")
+            with open(os.path.join(dist, "entry_points.txt"), "w", encoding="utf-8") as fh:
+                fh.write("[pytest11]\n" + "\n".join(entries) + "\n")
+            with open(os.path.join(tmp, "test_one.py"), "w", encoding="utf-8") as fh:
+                fh.write("def test_one():\n    pass\n")
+            env = child_env(path_first=(tmp,))
+            env.pop("PYTEST_ADDOPTS", None)
+            for extra in ([], ["-p", PLUGIN], ["-p", "torch_serial_testing.testing.pytest_plugin", "-p", PLUGIN]):
+                cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra, "--help"]
+                proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+                self.assertEqual(proc.returncode, 0, (extra, proc.stdout[-2000:], proc.stderr[-2000:]))
+                self.assertEqual(proc.stdout.count("--serial-audit=") + proc.stdout.count("--serial-audit "), 1, extra)

@@ -16,9 +16,14 @@ from typing import Any, Optional
 
 import pytest
 
+from ..testing.pytest_plugin import entry_point_guard
 from . import REPORT_ENV
 
 DEFAULT_REPORT = "serial-audit.jsonl"
+#: The ``pytest11`` entry point's name (setup.cfg).
+ENTRY_POINT = "torch_serial_testing_audit"
+
+pytest_plugin_registered = entry_point_guard(__name__, ENTRY_POINT)
 
 
 def pytest_addoption(parser: Any) -> None:

@@ -17,7 +17,7 @@ round trips.  Tests that do not use the library are untouched.
 from __future__ import annotations
 
 import sys
-from typing import Any, Generator, Optional
+from typing import Any, Callable, Generator, Optional
 
 import pytest
 
@@ -40,13 +40,20 @@ def _instance(item: Any) -> Any:
     return None
 
 
-def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
-    """Loaded by module name (``-p torch_serial_testing.testing.pytest_plugin``, read before entry
-    points) where the library is also installed: the entry point would register this same module a
-    second time, which pluggy refuses, so it is skipped."""
-    if plugin is sys.modules.get(__name__) and manager.get_name(plugin) != ENTRY_POINT:
-        if manager.get_plugin(ENTRY_POINT) is None and not manager.is_blocked(ENTRY_POINT):
-            manager.set_blocked(ENTRY_POINT)
+def entry_point_guard(module: str, entry_point: str) -> Callable[[Any, Any], None]:
+    """A ``pytest_plugin_registered`` hook for plugin *module*: loaded by module name (``-p module``,
+    read before entry points) where the library is also installed, the *entry_point* would register the
+    same module a second time, which pluggy refuses, so the entry point is skipped."""
+
+    def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
+        if plugin is sys.modules.get(module) and manager.get_name(plugin) != entry_point:
+            if manager.get_plugin(entry_point) is None and not manager.is_blocked(entry_point):
+                manager.set_blocked(entry_point)
+
+    return pytest_plugin_registered
+
+
+pytest_plugin_registered = entry_point_guard(__name__, ENTRY_POINT)
 
 
 @pytest.hookimpl(hookwrapper=True)
