@@ -116,8 +116,11 @@ def _filters_alias_backend_name(backend: str) -> bool:
     else:
         import subprocess
 
+        from .probes import FRESH_PROBE_ENV
+
         env = {k: v for k, v in os.environ.items() if k not in (ONLY_FOR, EXCEPT_FOR)}
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+        env[FRESH_PROBE_ENV] = "filter_aliasing"
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD_FILTER, backend],
             capture_output=True,

@@ -13,10 +13,15 @@ import pickle
 import struct
 from typing import Any, Callable, Optional
 
-__all__ = ["ProbeFailed", "Outcome", "unpickle", "global_op", "text", "small_int", "PROTO_2", "STOP"]
+__all__ = ["ProbeFailed", "Outcome", "unpickle", "global_op", "text", "small_int", "PROTO_2", "STOP", "FRESH_PROBE_ENV"]
 
 PROTO_2 = pickle.PROTO + b"\x02"
 STOP = pickle.STOP
+
+# Set in the environment of every fresh interpreter the library starts to ask torch something, to the
+# question's name ("own_registrations", "filter_aliasing"): such a process is the library's probe, not a
+# test run (the library only writes it, never reads it).
+FRESH_PROBE_ENV = "TORCH_SERIAL_TESTING_FRESH_PROBE"
 
 
 class ProbeFailed(Exception):

@@ -303,7 +303,7 @@ def torch_own_registrations() -> frozenset[str]:
     import json
     import subprocess
 
-    from .probes import ProbeFailed
+    from .probes import FRESH_PROBE_ENV, ProbeFailed
 
     env = {
         k: v
@@ -311,6 +311,7 @@ def torch_own_registrations() -> frozenset[str]:
         if k not in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
     }
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    env[FRESH_PROBE_ENV] = "own_registrations"
     try:
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, json.dumps(sorted(modules))],
