@@ -123,6 +123,19 @@ class TestObserverInProcess(unittest.TestCase):
         )
         self.assertTrue(loads[0]["site"].endswith(f"test_analysis.py:{_line('torch.load(io.BytesIO(data))')}"))
 
+    def test_the_librarys_saves_by_torchs_own_function_are_observed(self) -> None:
+        from torch_serial_testing.audit.analysis import digest
+        from torch_serial_testing.scan.checkpoint import Checkpoint
+
+        checkpoint = Checkpoint.save({"w": torch.ones(2)})  # torch's genuine save: the torch.save wrapper never sees it
+        data = checkpoint.rewound().getvalue()
+        saves = [r for r in self.records() if r["event"] == "save"]
+        self.assertEqual([r["digest"] for r in saves], [digest(data)])
+        self.assertIn(digest(data), observe._State.saved)
+        torch.load(checkpoint.rewound())
+        (load,) = [r for r in self.records() if r["event"] == "load"]
+        self.assertEqual(load["provenance"]["kind"], "saved_in_process")
+
     def test_a_loader_installed_later_is_observed_and_assignment_round_trips(self) -> None:
         seen = []
 
