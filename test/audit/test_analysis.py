@@ -128,7 +128,7 @@ class TestObserverInProcess(unittest.TestCase):
         from torch_serial_testing.scan.checkpoint import Checkpoint
 
         checkpoint = Checkpoint.save({"w": torch.ones(2)})  # torch's genuine save: the torch.save wrapper never sees it
-        data = checkpoint.rewound().getvalue()
+        data = checkpoint.rewound().read()
         saves = [r for r in self.records() if r["event"] == "save"]
         self.assertEqual([r["digest"] for r in saves], [digest(data)])
         self.assertIn(digest(data), observe._State.saved)

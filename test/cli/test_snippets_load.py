@@ -67,6 +67,8 @@ CASES = {
 
 
 class TestEverySnippetLoads(unittest.TestCase):
+    numpy_module: str  # "numpy._core" or "numpy.core", as the installed numpy names it
+
     @classmethod
     def setUpClass(cls) -> None:
         cls._tmp = tempfile.TemporaryDirectory(prefix="tst-snippets-")
