@@ -54,8 +54,10 @@ class TestVerifiedFix(unittest.TestCase):
     def test_foreign_bytes_needing_a_callable_are_never_loaded_in_full(self) -> None:
         import numpy as np
 
-        data = saved({"x": np.float64(1.0)})
+        # an array is rebuilt by numpy's _reconstruct: a function torch names as no remedy (UnsafeCallable only)
+        data = saved({"x": np.arange(3.0)})
         needs = needs_of(data) or []
+        self.assertTrue(any(n.endswith("multiarray._reconstruct") for n in needs), needs)
         loader = RecordingLoader()
         foreign = verified_fix(loader, data, needs, own_bytes=False)
         self.assertEqual((foreign["kind"], foreign["verified"]), ("none", False))
@@ -64,6 +66,19 @@ class TestVerifiedFix(unittest.TestCase):
         own = verified_fix(loader, data, needs, own_bytes=True)
         self.assertEqual((own["kind"], own["verified"]), ("weights_only_false", True))
         self.assertEqual(loader.calls, [False])
+
+    def test_numpy_scalars_get_the_remedy_torch_documents_verified(self) -> None:
+        import numpy as np
+
+        # numpy's scalar reconstructor, numpy.dtype and the dtype classes: the remedy torch's error names
+        data = saved({"x": np.float64(1.0)})
+        needs = needs_of(data) or []
+        self.assertTrue(any(n.endswith("multiarray.scalar") for n in needs), needs)
+        loader = RecordingLoader()
+        fix = verified_fix(loader, data, needs, own_bytes=False)
+        self.assertEqual((fix["kind"], fix["verified"]), ("safe_globals", True))
+        self.assertIn("safe_globals([scalar, dtype, Float64DType])", fix["snippet"])
+        self.assertEqual(loader.calls, [True])  # a weights-only trial, never a full load of foreign bytes
 
     def test_unreadable_bytes_get_no_fix(self) -> None:
         self.assertIsNone(needs_of(b"not a checkpoint"))
@@ -107,6 +122,19 @@ class TestObserverInProcess(unittest.TestCase):
             [verdict(r) for r in loads], ["ok", "default" if loads[1]["effective_weights_only"] else "error"]
         )
         self.assertTrue(loads[0]["site"].endswith(f"test_analysis.py:{_line('torch.load(io.BytesIO(data))')}"))
+
+    def test_the_librarys_saves_by_torchs_own_function_are_observed(self) -> None:
+        from torch_serial_testing.audit.analysis import digest
+        from torch_serial_testing.scan.checkpoint import Checkpoint
+
+        checkpoint = Checkpoint.save({"w": torch.ones(2)})  # torch's genuine save: the torch.save wrapper never sees it
+        data = checkpoint.rewound().read()
+        saves = [r for r in self.records() if r["event"] == "save"]
+        self.assertEqual([r["digest"] for r in saves], [digest(data)])
+        self.assertIn(digest(data), observe._State.saved)
+        torch.load(checkpoint.rewound())
+        (load,) = [r for r in self.records() if r["event"] == "load"]
+        self.assertEqual(load["provenance"]["kind"], "saved_in_process")
 
     def test_a_loader_installed_later_is_observed_and_assignment_round_trips(self) -> None:
         seen = []

@@ -67,6 +67,8 @@ CASES = {
 
 
 class TestEverySnippetLoads(unittest.TestCase):
+    numpy_module: str  # "numpy._core" or "numpy.core", as the installed numpy names it
+
     @classmethod
     def setUpClass(cls) -> None:
         cls._tmp = tempfile.TemporaryDirectory(prefix="tst-snippets-")
@@ -128,9 +130,19 @@ class TestEverySnippetLoads(unittest.TestCase):
         self.assertEqual([(d["name"], d["module"]) for d in r["unverified"]], [("usermodels.MyNet", "usermodels")])
         self.assertEqual(r["dangerous"], [])
         self.assertIsNone(r["snippet"])
-        # numpy scalars without the opt-in for the function they call: no (incomplete) snippet
-        code, r = self.inspect("np_scalars.pt")
+        # a numpy array without the opt-in for the function that rebuilds it (_reconstruct, which torch
+        # names as no remedy): no (incomplete) snippet
+        code, r = self.inspect("np_mixed.pt")
         self.assertEqual((code, r["status"], r["snippet"]), (EXIT_ATTENTION, "needs_opt_in", None))
+        reconstruct = f"{self.numpy_module}.multiarray._reconstruct"
+        self.assertIn(reconstruct, [d["name"] for d in r["needs_opt_in"]])
+        # numpy scalars need no opt-in: their reconstructor is the remedy torch documents, so the same
+        # snippet is printed as when it is named with --safe-global (which test_printed_snippets_load_their_files runs)
+        code, r = self.inspect("np_scalars.pt")
+        self.assertEqual((code, r["status"], r["needs_opt_in"]), (EXIT_ATTENTION, "needs_allowlist", []))
+        named = self.inspect("np_scalars.pt", *self.args_for(CASES["np_scalars.pt"][0]))[1]
+        self.assertIsNotNone(r["snippet"])
+        self.assertEqual(r["snippet"], named["snippet"])
         # a state_dict needs none; a TorchScript archive never loads weights-only
         code, r = self.inspect("state_dict.pt")
         self.assertEqual((code, r["status"], r["snippet"]), (EXIT_OK, "loads", None))

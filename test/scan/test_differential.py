@@ -249,6 +249,25 @@ class TestOracleComparison(unittest.TestCase):
         conflict = {"outcome": "conflict", "warned": False, "type": "RuntimeError"}
         self.assertIn("conflict", worker.compare(self._pred(), conflict, "k", "zip-p2", None))
 
+    def test_only_a_crash_of_an_explicit_full_load_is_torch_side(self) -> None:
+        items = worker.work_items([7, 8], probe=False)
+        full = next(i for i, (p, _) in enumerate(items) if worker.PASSES[p] == ("weights_only_false",))
+        other = next(i for i, (p, _) in enumerate(items) if "weights_only_false" not in worker.PASSES[p])
+        crash = "process died (-11) "
+        # a crash in the pass that only loads weights_only=False, with no forced weights-only load: torch's
+        self.assertEqual(
+            oracle.torch_side_failures([({}, [{"i": full, "id": items[full][1], "crash": crash}])], items),
+            {items[full][1]: f"weights_only=False: torch crashed: {crash}"},
+        )
+        # the same pass where TORCH_FORCE_WEIGHTS_ONLY_LOAD may make it weights-only, or another pass: not
+        forced = {oracle.FORCE_WO: "YES"}
+        self.assertEqual(
+            oracle.torch_side_failures([(forced, [{"i": full, "id": items[full][1], "crash": crash}])], items), {}
+        )
+        self.assertEqual(
+            oracle.torch_side_failures([({}, [{"i": other, "id": items[other][1], "crash": crash}])], items), {}
+        )
+
 
 class TestOracleCommand(unittest.TestCase):
     def test_unknown_kind_is_named(self) -> None:

@@ -197,25 +197,12 @@ def run(
 
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             per_env = list(pool.map(one, list(enumerate(envs))))
-        # Torch's own failures show up in worker processes too (e.g. a legacy-format Generator
-        # whose __setstate__ fails depending on process state): a checkpoint whose explicit
-        # weights_only=False load raised in any process of the run is excluded, by the same rule.
-        torch_side: dict[int, str] = {}
-        for _state, records in per_env:
-            for r in records:
-                for v in r.get("r", ()):
-                    act, pred = v.get("act", {}), v.get("pred", {})
-                    if (
-                        v["v"] == "weights_only_false"
-                        and act.get("outcome") == "error"
-                        and pred.get("weights_only") is False
-                    ):
-                        torch_side.setdefault(r["id"], f"{act.get('type')}: {_first_line(act.get('message', ''))}")
+        items = work_items(loadable, probe=False)
+        torch_side = torch_side_failures(per_env, items)
         for cid, error in sorted(torch_side.items()):
             s = by_id[cid]
             report.excluded.append(Excluded(s.kind, s.format, "load", f"in a worker process: {error}"))
         report.checkpoints -= len(torch_side)
-        items = work_items(loadable, probe=False)
         for state, records in per_env:
             label = env_label(state)
             for r in records:
@@ -235,6 +222,34 @@ def run(
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
     return report
+
+
+def torch_side_failures(
+    per_env: list[tuple[dict[str, str], list[dict[str, Any]]]], items: list[tuple[int, int]]
+) -> dict[int, str]:
+    """Checkpoints torch itself cannot read back, by id: torch's own failures show up in worker processes
+    too (e.g. a legacy-format Generator whose __setstate__ fails depending on process state).  A
+    checkpoint whose explicit weights_only=False load raised in any process of the run is excluded, by
+    the same rule as the probe, and so is one whose process died in the pass that makes only that load,
+    in an environment that sets no TORCH_FORCE_WEIGHTS_ONLY_LOAD (torch crashing on its own bytes in a
+    full load, as a crash while saving or probing is excluded).  Any other crash stays a disagreement."""
+    only_full_load = [p for p, variants in PASSES.items() if tuple(variants) == ("weights_only_false",)]
+    torch_side: dict[int, str] = {}
+    for state, records in per_env:
+        for r in records:
+            if "crash" in r:
+                if items[r["i"]][0] in only_full_load and FORCE_WO not in state:
+                    torch_side.setdefault(r["id"], f"weights_only=False: torch crashed: {r['crash'][:60]}")
+                continue
+            for v in r.get("r", ()):
+                act, pred = v.get("act", {}), v.get("pred", {})
+                if (
+                    v["v"] == "weights_only_false"
+                    and act.get("outcome") == "error"
+                    and pred.get("weights_only") is False
+                ):
+                    torch_side.setdefault(r["id"], f"{act.get('type')}: {_first_line(act.get('message', ''))}")
+    return torch_side
 
 
 def _generate(

@@ -209,18 +209,29 @@ def _audited_save(inner: Callable[..., Any]) -> Callable[..., Any]:
                 start = None
         result = inner(obj, f, *args, **kwargs)
         with _Busy():
-            from .analysis import digest
-
-            data = _saved_bytes(f, start)
-            key = digest(data) if data is not None else None
-            if key is not None:
-                with _State.lock:
-                    _State.saved[key] = (test, site)
-            write_record({"event": "save", "test": test, "site": site, "digest": key})
+            _record_save(_saved_bytes(f, start), test, site)
         return result
 
     save._tst_audited = inner  # type: ignore[attr-defined]
     return save
+
+
+def _record_save(data: Optional[bytes], test: Optional[str], site: Optional[str]) -> None:
+    from .analysis import digest
+
+    key = digest(data) if data is not None else None
+    if key is not None:
+        with _State.lock:
+            _State.saved[key] = (test, site)
+    write_record({"event": "save", "test": test, "site": site, "digest": key})
+
+
+def _library_saved(data: bytes) -> None:
+    """A save of this package's (``Checkpoint.save``, by torch's own function, which no wrapper sees)."""
+    if _busy() or _State.report is None:
+        return
+    with _Busy():
+        _record_save(data, current_test(), call_site())
 
 
 _WRAPPERS = {"load": _audited_load, "save": _audited_save}
@@ -246,7 +257,11 @@ def _audited_module_class(base: type) -> type:
 
 
 def install_torch(torch: Any) -> None:
-    """Make ``torch.load``/``torch.save`` audited properties (idempotent)."""
+    """Make ``torch.load``/``torch.save`` audited properties, and observe this package's own saves
+    (:func:`~..scan.checkpoint.add_save_listener`: they call torch's genuine ``save``) (idempotent)."""
+    from ..scan.checkpoint import add_save_listener
+
+    add_save_listener(_library_saved)
     if type(torch).__name__ != "AuditedTorchModule":
         torch.__class__ = _audited_module_class(type(torch))
 

@@ -16,7 +16,7 @@ import stat
 import sys
 import threading
 from dataclasses import dataclass
-from typing import IO, Any, Optional, Union
+from typing import IO, Any, Callable, Optional, Union
 
 from ..core.errors import CheckpointFormatError
 from ..core.limits import ScanLimits, default_scan_limits
@@ -24,7 +24,26 @@ from .model import Check, ScanState
 from .stream import check_budget
 from .walker import walk_rules
 
-__all__ = ["Checkpoint", "CheckpointInfo", "Check", "scan_checkpoint", "open_regular_file", "FORMATS"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointInfo",
+    "Check",
+    "scan_checkpoint",
+    "open_regular_file",
+    "FORMATS",
+    "add_save_listener",
+]
+
+#: Told the bytes of every :meth:`Checkpoint.save` (an observer such as the audit's): a copy, after the save.
+_SAVE_LISTENERS: list[Callable[[bytes], None]] = []
+
+
+def add_save_listener(listener: Callable[[bytes], None]) -> None:
+    """Have *listener* told the bytes of every :meth:`Checkpoint.save` (idempotent).  The save itself is
+    torch's own function, which no replacement of ``torch.save`` (an observer's wrapper included) sees."""
+    if listener not in _SAVE_LISTENERS:
+        _SAVE_LISTENERS.append(listener)
+
 
 #: Formats :func:`scan_checkpoint` recognises.
 FORMATS = ("zip", "torchscript", "legacy", "tar")
@@ -89,6 +108,8 @@ class Checkpoint:
 
         buffer = io.BytesIO()
         genuine("save")(obj, buffer)
+        for listener in tuple(_SAVE_LISTENERS):
+            listener(buffer.getvalue())
         return cls(buffer, _owned=True)
 
     @classmethod
