@@ -342,6 +342,7 @@ class TestDoctorExplainsAReplacedLoader(unittest.TestCase):
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT), str(ROOT / "test"), os.environ.get("PYTHONPATH")) if p
         )
+        env["COLUMNS"] = "10000"  # the text is wrapped to the terminal: one line per problem here
         base = [sys.executable, "-m", "npu_backend.run", "--fake-torch-npu", "-m", "torch_serial_testing", "doctor"]
         text = subprocess.run(base, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
         report = json.loads(

@@ -215,6 +215,21 @@ class TestTheNote(unittest.TestCase):
         own = torch_own_registrations()
         self.assertEqual(note_of(sorted(own) + names), NOTE + ", ".join(names))
 
+    def test_a_backends_device_module_is_none_of_torchs(self) -> None:
+        # torch._register_device_module (as torch_npu does) puts torch.<device> in sys.modules; a
+        # fresh interpreter without the backend cannot find it, and torch registers nothing from it
+        forget_own()
+        self.addCleanup(forget_own)
+        own = torch_own_registrations()
+        forget_own()
+        fake = types.ModuleType("torch.hpu")
+        with mock.patch.dict(sys.modules, {"torch.hpu": fake, "torch.hpu.amp": types.ModuleType("torch.hpu.amp")}):
+            with mock.patch.object(torch, "hpu", fake, create=True):
+                self.assertEqual(torch_own_registrations(), own)
+            forget_own()  # the same module, not registered with torch as a device's: not skipped
+            with self.assertRaisesRegex(ProbeFailed, "could not import torch.hpu"):
+                torch_own_registrations()
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -371,8 +371,12 @@ def judge_registry_entry(entry: Any) -> Optional[str]:
     Judged like a declaration (plain functions accepted, as with ``UnsafeCallable``: torch and backends
     register rebuild functions such as ``_rebuild_njt``), whoever made it.  Being a class torch defines
     exempts nothing (``torch.jit.CompilationUnit`` runs TorchScript); only what torch's own modules
-    register themselves is torch's responsibility (asked of a fresh interpreter)."""
-    reason = judge_global(entry, opt_in=True)
+    register themselves is torch's responsibility (asked of a fresh interpreter); when that cannot be
+    asked, for the entry or a class it reaches, the entry is refused saying so."""
+    try:
+        reason = judge_global(entry, opt_in=True)
+    except ProbeFailed as e:  # a class on its path is trusted only if torch registers it itself
+        return f"whether torch itself registers it or a class it reaches is unknown: {e}"
     if reason is None:
         return None
     try:

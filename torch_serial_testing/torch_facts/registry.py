@@ -276,9 +276,15 @@ _CHILD = """
 import json, sys
 import torch
 failed = []
-for name in json.loads(sys.argv[1]):
+devices = json.loads(sys.argv[1])
+def within(name, top):
+    return name == top or name.startswith(top + ".")
+for name in json.loads(sys.argv[2]):
     try:
         __import__(name)
+    except ModuleNotFoundError as e:  # a backend's device module (torch.npu) is none of torch's
+        if not any(within(name, d) and within(e.name or "", d) for d in devices):
+            failed.append(f"{name}: {type(e).__name__}")
     except Exception as e:
         failed.append(f"{name}: {type(e).__name__}")
 def key(g):
@@ -288,12 +294,31 @@ def key(g):
 print(json.dumps({"names": sorted(key(g) for g in torch.serialization.get_safe_globals()), "failed": failed}))
 """
 
+
+def _device_modules(modules: frozenset[str]) -> list[str]:
+    """The ``torch.<device>`` modules among *modules* that are a device's runtime module, as
+    ``torch._register_device_module`` puts an out-of-tree backend's (``torch.npu``) there."""
+    import torch
+
+    found = []
+    for top in sorted({n.split(".")[1] for n in modules if "." in n}):
+        module = sys.modules.get(f"torch.{top}")
+        try:
+            if module is None or vars(torch).get(top) is not module or torch.device(top).type != top:
+                continue
+        except (RuntimeError, ValueError, TypeError):  # not a device type
+            continue
+        found.append(f"torch.{top}")
+    return found
+
+
 _own: dict[frozenset[str], frozenset[str]] = {}
 
 
 def torch_own_registrations() -> frozenset[str]:
     """The names torch itself registers for the ``torch.*`` modules imported here: reported by a fresh
-    interpreter (backend autoload off) importing the same ones, remembered per set of modules."""
+    interpreter (backend autoload off) importing the same ones, remembered per set of modules.  A
+    backend's device module it cannot find is none of torch's; any other it cannot import: ProbeFailed."""
     modules = frozenset(
         n for n, m in list(sys.modules.items()) if m is not None and (n == "torch" or n.startswith("torch."))
     )
@@ -314,15 +339,19 @@ def torch_own_registrations() -> frozenset[str]:
     env[FRESH_PROBE_ENV] = "own_registrations"
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(sorted(modules))],
+            [sys.executable, "-c", _CHILD, json.dumps(_device_modules(modules)), json.dumps(sorted(modules))],
             capture_output=True,
             text=True,
             env=env,
             timeout=300,
             stdin=subprocess.DEVNULL,
         )
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        lines = proc.stdout.strip().splitlines()
+        if not lines:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ValueError(f"exit status {proc.returncode}: {last}")
+        report = json.loads(lines[-1])
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
         raise ProbeFailed(
             f"a fresh interpreter could not report torch's own registrations ({type(e).__name__}: {e})"
         ) from None
