@@ -1,11 +1,15 @@
 """pytest's view of the suite: which tests are slow, and a private temporary directory per run.
 
-* ``slow``: the tests listed in ``test/slow_tests.txt`` (seconds each: child processes running
-  whole matrices, the documentation build).  ``python -m pytest -n 2 -m "not slow" test`` is the
+* ``slow``: the tests (or classes) listed in ``test/slow_tests.txt`` (seconds each: child
+  processes running runners, the CLI and whole matrices, the documentation build).  ``python -m pytest -n 2 -m "not slow" test`` is the
   fast subset for an edit-test loop; CI runs everything.
 * Temporary files: the run (and every xdist worker and child process, which inherit ``TMPDIR``)
   works in a fresh directory of its own; whatever is left in it at the end fails the run, naming
   it.  Tests clean up with ``tempfile.TemporaryDirectory``, ``addCleanup`` or pytest's ``tmp_path``.
+  Two folders in it are pytest's and torch's own, removed with it: this run's ``tmp_path`` root,
+  and ``PYTEST_DEBUG_TEMPROOT`` for the pytest runs tests start in child processes (pytest keeps
+  their ``pytest-of-<user>`` folders by design; an xdist controller makes one even without
+  ``tmp_path``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SLOW_LIST = os.path.join(HERE, "slow_tests.txt")
 PYTEST_BASETEMP = "pytest-basetemp"
 INDUCTOR_CACHE = "torchinductor"
+CHILD_PYTEST_ROOT = "pytest-children"  # PYTEST_DEBUG_TEMPROOT: the temproot pytest documents for tmp_path
+OWN_ENTRIES = {PYTEST_BASETEMP, INDUCTOR_CACHE, CHILD_PYTEST_ROOT}
 
 
 def slow_test_ids() -> set[str]:
@@ -32,9 +38,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     slow = slow_test_ids()
     found = set()
     for item in items:
-        if item.nodeid in slow:
+        # a test's own id, or its class's (a class whose setUpClass runs the expensive part)
+        listed = slow.intersection((item.nodeid, item.nodeid.rsplit("::", 1)[0]))
+        if listed:
             item.add_marker(pytest.mark.slow)
-            found.add(item.nodeid)
+            found.update(listed)
     # A listed test that was renamed would silently join the fast subset: say so.  Only when whole
     # files were collected (a node id on the command line collects part of a file).
     collected_files = {item.nodeid.split("::", 1)[0] for item in items}
@@ -52,12 +60,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _is_controller(config):
         return
     private = tempfile.mkdtemp(prefix="tst-suite-")
-    config.stash[_TMP] = (private, os.environ.get("TMPDIR"))
+    config.stash[_TMP] = (private, {name: os.environ.get(name) for name in _ENV})
     if config.option.basetemp is None:  # pytest's tmp_path folders: inside, removed with the rest
         config.option.basetemp = os.path.join(private, PYTEST_BASETEMP)
     # torch's own cache of compiled kernels (torch._inductor, imported with torch._dynamo by the
     # tests that run pytorch's TestCase) would otherwise stay in the temporary directory
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(private, INDUCTOR_CACHE))
+    os.mkdir(os.path.join(private, CHILD_PYTEST_ROOT))  # pytest makes only pytest-of-<user> in it
+    os.environ["PYTEST_DEBUG_TEMPROOT"] = os.path.join(private, CHILD_PYTEST_ROOT)
     os.environ["TMPDIR"] = private
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
@@ -68,14 +78,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not _is_controller(config) or _TMP not in config.stash:
         return
     private, previous = config.stash[_TMP]
-    left = sorted(set(os.listdir(private)) - {PYTEST_BASETEMP, INDUCTOR_CACHE})
+    left = sorted(set(os.listdir(private)) - OWN_ENTRIES)
     shutil.rmtree(private, ignore_errors=True)
-    if os.environ.get("TORCHINDUCTOR_CACHE_DIR") == os.path.join(private, INDUCTOR_CACHE):
-        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
-    if previous is None:
-        os.environ.pop("TMPDIR", None)
-    else:
-        os.environ["TMPDIR"] = previous
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     tempfile.tempdir = None
     if left:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -85,4 +94,5 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+_ENV = ("TMPDIR", "PYTEST_DEBUG_TEMPROOT", "TORCHINDUCTOR_CACHE_DIR")
 _TMP = pytest.StashKey[tuple]()
