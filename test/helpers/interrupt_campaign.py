@@ -5,7 +5,8 @@ pending signal handlers (function entry, backward jumps, after a call returns)
 in the library code of the phase under test (per-instruction events from
 ``sys.monitoring`` on Python >= 3.12, whose 3.12.1 ``settrace`` delivers no opcode
 events; opcode tracing before), then re-runs the
-scenario once per point, raising a real SIGINT (``signal.raise_signal``) there.  After
+scenario once per point, raising a real SIGINT (``signal.raise_signal``) there (a point
+inside a loop: at its first and its last occurrence, not at every iteration).  After
 each run it checks that a KeyboardInterrupt came out (a held-back signal is
 delivered, never lost) and that the process is consistent:
 
@@ -28,7 +29,8 @@ must leave an ignored SIGINT ignored and the process restored; then the campaign
 ``signal.default_int_handler`` itself.
 
 Prints one JSON line: {"startup": {"sigint_at_start": name, ...}, "scenarios": {scenario:
-{"points": n, "inconsistent": [...], "not_interrupted": [...]}}}.
+{"points": distinct points, "occurrences": n, "interrupted_at": runs, "inconsistent": [...],
+"not_interrupted": [...], "seconds": s}}}.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any, Callable, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -95,6 +98,7 @@ class Injector:
         if missing:  # a renamed module would silently be watched nowhere
             raise SystemExit(f"the campaign names library files that do not exist: {missing}")
         self.where = ""
+        self.seen: list[tuple[Any, int]] = []  # every point reached, in order (a counting run)
 
     def enter(self, code: Any) -> bool:
         """A function starts: arm on *arm_on*; whether its instructions are watched."""
@@ -110,6 +114,8 @@ class Injector:
                 self.count += 1
                 signal.raise_signal(signal.SIGINT)
             else:
+                if self.target is None:
+                    self.seen.append((code, offset))
                 self.count += 1
 
     # sys.settrace (Python <= 3.11: CPython 3.12.1 delivers no opcode events to settrace)
@@ -177,17 +183,26 @@ def campaign(
     consistent: Callable[[], Optional[str]],
     arm_on: Any = None,
     files: Optional[tuple[str, ...]] = None,
-    stride: int = 1,
 ) -> dict[str, Any]:
+    started = time.monotonic()
     counter = Injector(None, arm_on, files)
     _traced(counter, scenario)
     problem = consistent()
     if problem:
         raise SystemExit(f"{name}: inconsistent without any interrupt: {problem}")
     points = counter.count
+    # A point inside a loop recurs once per iteration (a restore walks hundreds of names): each
+    # distinct point is interrupted at its first and its last occurrence, so every bytecode where
+    # a signal can land is hit, in the first and in the last state its loop passes through.
+    first: dict[tuple[Any, int], int] = {}
+    last: dict[tuple[Any, int], int] = {}
+    for k, key in enumerate(counter.seen):
+        first.setdefault(key, k)
+        last[key] = k
+    targets = sorted(set(first.values()) | set(last.values()))
     inconsistent: list[str] = []
     not_interrupted: list[str] = []
-    for k in range(0, points, stride):
+    for k in targets:
         injector = Injector(k, arm_on, files)
         interrupted = _traced(injector, scenario)
         if injector.count <= k:
@@ -197,7 +212,15 @@ def campaign(
         problem = consistent()
         if problem:
             inconsistent.append(f"{injector.where}: {problem}")
-    return {"points": points, "inconsistent": inconsistent, "not_interrupted": not_interrupted}
+    seconds = round(time.monotonic() - started, 1)
+    return {
+        "points": len(first),
+        "occurrences": points,
+        "interrupted_at": len(targets),
+        "inconsistent": inconsistent,
+        "not_interrupted": not_interrupted,
+        "seconds": seconds,
+    }
 
 
 def _handler_name(handler: Any) -> str:
