@@ -2,13 +2,19 @@
 
 A torch before 2.6 is a torch whose bare ``torch.load`` loads in full; a torch before 2.5 lacks
 ``torch.serialization.safe_globals``; a future torch without quantization supports no engine.
-Each is made by changing torch's behaviour, and the library must follow it.
+Each is made by changing torch's behaviour, and the library must follow it.  The real releases are
+the nox sessions' matrix (``noxfile.py``); its table (``tools/compat_table.py``) and the sdist's
+contents are checked here too.
 """
 
 import contextlib
+import csv
+import io
 import os
+import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import unittest
 from unittest import mock
@@ -254,17 +260,101 @@ class TestFutureTorchWithoutQuantization(unittest.TestCase):
         self.assertIn("torch.ao.nn.sparse", reasons)
 
 
+# What pytest (8) writes with --junitxml for a unittest pass, failure and two skips, and a pytest skip.
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest" errors="0"\
+ failures="1" skipped="3" tests="5" time="0.046" timestamp="2026-12-02T13:41:02.007692+00:00" hostname="vm">\
+<testcase classname="test_x.T" name="test_fail" time="0.001"><failure message="AssertionError: 1 != 2">self = \
+&lt;test_x.T testMethod=test_fail&gt;
+
+E   AssertionError: 1 != 2</failure></testcase><testcase classname="test_x.T" name="test_ok" time="0.001" />\
+<testcase classname="test_x.T" name="test_skip" time="0.001"><skipped type="pytest.skip" message="torch 2.4.1 lacks \
+safe_globals">/tmp/jx/test_x.py:4: torch 2.4.1 lacks safe_globals</skipped></testcase>\
+<testcase classname="test_x.T" name="test_skip2" time="0.001"><skipped type="pytest.skip" message="torch 2.4.1 lacks \
+safe_globals">/tmp/jx/test_x.py:4: torch 2.4.1 lacks safe_globals</skipped></testcase>\
+<testcase classname="test_x" name="test_pskip" time="0.000"><skipped type="pytest.skip" message="needs two devices">\
+/tmp/jx/test_x.py:6: needs two devices</skipped></testcase></testsuite></testsuites>"""
+
+
+class TestCompatTable(unittest.TestCase):
+    """``tools/compat_table.py``: the compat sessions' JUnit XML, stamped, summarised into the docs' CSV."""
+
+    def setUp(self):
+        from tools import compat_table
+
+        self.table = compat_table
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.xml = os.path.join(tmp.name, "compat-3.11-torch-2.4.1.xml")
+
+    def write(self, failing=True):
+        text = JUNIT if failing else re.sub(r"<failure .*?</failure>", "", JUNIT, flags=re.S)
+        with open(self.xml, "w", encoding="utf-8") as fh:
+            fh.write(text)
+
+    def test_a_run_becomes_its_row_with_failures_first_then_skips_grouped_by_reason(self):
+        self.write()
+        self.table.stamp(self.xml, 1, "2.4.1+cu121", "3.11.7")
+        row = self.table.summarise(self.xml)
+        notes = "test_x.T.test_fail; torch lacks safe_globals (x2); needs two devices (x1)"
+        self.assertEqual(row, ("2.4.1+cu121", "3.11.7", 1, 3, 1, notes))
+        self.assertFalse(row.ok)
+        # pytest's own counts are left as they were; the stamp goes first in the suite, once
+        self.table.stamp(self.xml, 0, "2.4.1+cu121", "3.11.7")
+        suite = self.table.ET.parse(self.xml).getroot().find("testsuite")
+        self.assertEqual((suite[0].tag, suite.get("tests")), ("properties", "5"))
+        self.assertEqual(len(suite.findall("properties/property")), 3)
+
+    def test_a_failed_run_without_failing_tests_is_a_failure(self):
+        # pytest exited non-zero (files left in the temporary directory, a crash): never a green row
+        self.write(failing=False)
+        self.table.stamp(self.xml, 3, "2.13.0+cpu", "3.11.7")
+        row = self.table.summarise(self.xml)
+        self.assertEqual(row[2:5], (2, 3, 1))
+        self.assertTrue(row.notes.startswith("pytest exited 3; torch lacks safe_globals (x2)"), row.notes)
+        os.remove(self.xml)  # pytest wrote nothing at all
+        self.table.stamp(self.xml, 4, "2.13.0+cpu", "3.11.7")
+        self.assertEqual(
+            self.table.summarise(self.xml), ("2.13.0+cpu", "3.11.7", 0, 0, 1, "pytest exited 4 without results")
+        )
+
+    def test_the_command_writes_the_csv_and_exits_by_the_rows(self):
+        out = self.xml + ".csv"
+        for failing, status in ((False, 0), (True, 1)):
+            self.write(failing)
+            self.table.stamp(self.xml, int(failing), "2.4.1+cu121", "3.11.7")
+            with contextlib.redirect_stdout(io.StringIO()) as printed:
+                self.assertEqual(self.table.main(["--csv", out, self.xml]), status)
+            with open(out, encoding="utf-8", newline="") as fh:
+                self.assertEqual(fh.read(), printed.getvalue())
+        self.write(failing=False)
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.table.main(["--csv", out, self.xml])  # not stamped: pytest's XML alone
+        with open(out, encoding="utf-8", newline="") as fh:
+            rows = list(csv.reader(fh))
+        self.assertEqual(rows[0], list(self.table.CSV_HEADER))
+        self.assertEqual(rows[1], ["?", "?", "2", "3", "0", "torch lacks safe_globals (x2); needs two devices (x1)"])
+
+
 class TestSourceDistribution(unittest.TestCase):
     def test_manifest_ships_what_the_tests_and_readme_need(self):
         # What `pytest test` in an unpacked sdist needs (support modules, test/ao/, README, docs),
         # and what README documents (tools/, bench/, LICENSE), must be matched by MANIFEST.in.
-        # tools/sdist_check.py does the real thing: build, install, run the suite from the sdist.
+        # `nox -s sdist` does the real thing: check-manifest, build, install, run the suite from the sdist.
         try:
             from setuptools.command.egg_info import FileList
         except ImportError:
             self.skipTest("setuptools is not installed: cannot evaluate MANIFEST.in")
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        needed = {"LICENSE", "README.rst", "CHANGELOG.rst", "setup.cfg", "setup.py", "MANIFEST.in", ".ci/run"}
+        needed = {
+            "LICENSE",
+            "README.rst",
+            "CHANGELOG.rst",
+            "setup.cfg",
+            "setup.py",
+            "MANIFEST.in",
+            ".ci/run",
+            "noxfile.py",
+        }
         needed |= {"pytest.ini", "ruff.toml"}  # the suite's and the linters' configuration
         # every file of these folders, whatever its kind (the test backend's C++ source was once
         # left out because only *.py was asked for); caches and hidden folders are not sources
