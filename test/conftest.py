@@ -1,8 +1,9 @@
 """pytest's view of the suite: which tests are slow, and a private temporary directory per run.
 
 * ``slow``: the tests (or classes) listed in ``test/slow_tests.txt`` (seconds each: child
-  processes running runners, the CLI and whole matrices, the documentation build).  ``python -m pytest -n 2 -m "not slow" test`` is the
-  fast subset for an edit-test loop; CI runs everything.
+  processes running test runners, the CLI and whole matrices; the documentation build).
+  ``python -m pytest -n 2 -m "not slow" test`` is the fast subset for an edit-test loop; CI runs
+  everything.
 * Temporary files: the run (and every xdist worker and child process, which inherit ``TMPDIR``)
   works in a fresh directory of its own; whatever is left in it at the end fails the run, naming
   it.  Tests clean up with ``tempfile.TemporaryDirectory``, ``addCleanup`` or pytest's ``tmp_path``.

@@ -190,7 +190,6 @@ def campaign(
     problem = consistent()
     if problem:
         raise SystemExit(f"{name}: inconsistent without any interrupt: {problem}")
-    points = counter.count
     # A point inside a loop recurs once per iteration (a restore walks hundreds of names): each
     # distinct point is interrupted at its first and its last occurrence, so every bytecode where
     # a signal can land is hit, in the first and in the last state its loop passes through.
@@ -215,7 +214,7 @@ def campaign(
     seconds = round(time.monotonic() - started, 1)
     return {
         "points": len(first),
-        "occurrences": points,
+        "occurrences": len(counter.seen),
         "interrupted_at": len(targets),
         "inconsistent": inconsistent,
         "not_interrupted": not_interrupted,

@@ -358,8 +358,6 @@ class TestSignalCampaign(unittest.TestCase):
         for scenario, result in scenarios.items():
             with self.subTest(scenario):
                 self.assertGreater(result["points"], 20)  # the campaign did reach the restore code
-                # every distinct point was interrupted at least once (first and last occurrence)
-                self.assertGreaterEqual(result["interrupted_at"], result["points"])
                 self.assertEqual(result["inconsistent"], [])
                 self.assertEqual(result["not_interrupted"], [])
 
