@@ -10,13 +10,16 @@
   Two folders in it are pytest's and torch's own, removed with it: this run's ``tmp_path`` root,
   and ``PYTEST_DEBUG_TEMPROOT`` for the pytest runs tests start in child processes (pytest keeps
   their ``pytest-of-<user>`` folders by design; an xdist controller makes one even without
-  ``tmp_path``).
+  ``tmp_path``).  A folder a torch module holds as a module-level ``TemporaryDirectory`` is torch's
+  too (torch 2.8 makes one when ``torch._dynamo`` is imported): its finalizer removes it when the
+  interpreter exits, after this check, so it is recognised by that object, not by its name.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
@@ -73,13 +76,27 @@ def pytest_configure(config: pytest.Config) -> None:
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
+def held_by_torch(folder: str) -> set[str]:
+    """Entries of *folder* that a torch module holds as a module-level ``TemporaryDirectory``."""
+    held, real = set(), os.path.realpath(folder)
+    for name, module in list(sys.modules.items()):
+        if name == "torch" or name.startswith("torch."):
+            for value in list(getattr(module, "__dict__", {}).values()):
+                if (
+                    issubclass(type(value), tempfile.TemporaryDirectory)
+                    and os.path.realpath(os.path.dirname(value.name)) == real
+                ):
+                    held.add(os.path.basename(value.name))
+    return held
+
+
 @pytest.hookimpl(trylast=True)  # after xdist has stopped its workers
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     if not _is_controller(config) or _TMP not in config.stash:
         return
     private, previous = config.stash[_TMP]
-    left = sorted(set(os.listdir(private)) - OWN_ENTRIES)
+    left = sorted(set(os.listdir(private)) - OWN_ENTRIES - held_by_torch(private))
     shutil.rmtree(private, ignore_errors=True)
     for name, value in previous.items():
         if value is None:

@@ -99,12 +99,13 @@ class InheritsAReachingInit(FlagsMixin):
 
 
 REACHING = {
-    "compiled base": (CompiledSubclass, "array.array.__new__ is compiled code"),
-    "open() in __init__": (OpensInInit, "builtins.open"),
+    # array.array is a heap type from Python 3.10 (its compiled __new__ is named), a static one before
+    "compiled base": (CompiledSubclass, r"array\.array(\.__new__ is compiled code| is a compiled type)"),
+    "open() in __init__": (OpensInInit, r"builtins\.open"),
     "subprocess in __setstate__": (SpawnsInSetstate, "subprocess"),
-    "os in __del__": (RemovesInDel, "os"),
+    "os in __del__": (RemovesInDel, r"\bos\b"),
     "pickle through a method and a helper": (UnpicklesThroughAHelper, "pickle"),
-    "inherited __init__ using os": (InheritsAReachingInit, "os"),
+    "inherited __init__ using os": (InheritsAReachingInit, r"\bos\b"),
 }
 
 
@@ -232,7 +233,7 @@ class TestWhatConstructionReaches(unittest.TestCase):
                 verdict = judge_name(_name(cls))
                 self.assertEqual(verdict.kind, "dangerous", verdict)
                 self.assertIn("constructing or BUILD-ing it", verdict.reason)
-                self.assertIn(why, verdict.reason)
+                self.assertRegex(verdict.reason, why)
                 with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
                     normalize_safe_globals([cls])
                 r = inspect_report("f.pt", [_name(cls)], data=_build_checkpoint(_name(cls)))

@@ -10,6 +10,7 @@ fails as a leak; every later test passes, sees torch's own functions and tables,
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,7 @@ import xml.etree.ElementTree as ET
 from test.helpers.hostile_tests import PAYLOAD_DIR_ENV
 from test.helpers.subprocess_env import child_env
 
+UNITTEST_LINE = re.compile(r"^(?:(FAIL|ERROR): )?(test_\w+) \(([\w.]+)\)")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MODULE = """
@@ -98,14 +100,17 @@ class TestHostileTestsUnderRunners(unittest.TestCase):
         proc = self.run_runner("-m", "unittest", "-v", "test_hostile_a", "test_hostile_b")
         self.assertEqual(proc.returncode, 1, proc.stderr[-3000:])
         got: dict[str, str] = {}
-        for line in proc.stderr.splitlines():  # "name (module.Class.name) ... ok" and "FAIL: name (...)"
-            head, _, rest = line.partition(" (")
-            kind, _, name = head.rpartition(": ")
-            if name.startswith("test_") and rest.count(".") >= 2:
-                key = ".".join(rest.split(")")[0].split(".")[-2:])
-                if kind in ("FAIL", "ERROR"):
+        for line in proc.stderr.splitlines():
+            # "name (module.Class.name) ... ok" and "FAIL: name (...)" on Python >= 3.11;
+            # before 3.11 the parenthesis holds "module.Class" only
+            match = UNITTEST_LINE.match(line)
+            if match:
+                kind, name, qualified = match.groups()
+                parts = qualified.split(".")
+                key = f"{parts[-2] if parts[-1] == name else parts[-1]}.{name}"
+                if kind:
                     got[key] = "failed"
-                elif not kind and " ... " in line:
+                elif " ... " in line:
                     got.setdefault(key, "passed")
         self.assertEqual(got, self.expected(), proc.stderr[-3000:])
         self.assertEqual(proc.stderr.count("leaked global state (now restored)"), len(HOSTILE) * 2)

@@ -89,6 +89,45 @@ class TestOutcomes(unittest.TestCase):
         self.assertEqual(reasons.count("rejected as expected"), 1, "one distinct refusal, named once")
 
 
+class _NoSubTestSupport(unittest.TestResult):
+    """A result without ``addSubTest``, as pytest < 9 gives: unittest then sets no ``_subtest``."""
+
+    @property
+    def addSubTest(self) -> None:  # type: ignore[override]  # noqa: N802 - unittest API
+        raise AttributeError("addSubTest")
+
+
+class TestSubtestNames(unittest.TestCase):
+    """A record names its subTest as unittest describes it, whether or not the result supports subTests."""
+
+    def labels(self, result: unittest.TestResult) -> list[object]:
+        class TestNested(SerializationRoundTripTestCase, unittest.TestCase):
+            load_modes = ("weights_only_false",)
+            devices = ("cpu",)
+
+            def test_nested(self, device: str) -> None:
+                with self.subTest("outer", a=1):
+                    with self.subTest(b="x", a=2):
+                        self.round_trip({"t": torch.ones(1)})
+                    self.round_trip({"t": torch.ones(1)})
+                with self.subTest():
+                    self.round_trip({"t": torch.ones(1)})
+                self.round_trip({"t": torch.ones(1)})
+                self.__class__.seen = records(self)
+
+        scope: dict[str, type] = {"__name__": __name__}  # type: ignore[dict-item]
+        instantiate_round_trip_tests(TestNested, scope)
+        cls = scope["TestNestedCPU"]
+        cls("test_nested_weights_only_false_cpu").run(result)
+        self.assertEqual((result.errors, result.failures), ([], []))
+        return [r.subtest for r in cls.seen]  # type: ignore[attr-defined]
+
+    def test_same_names_without_subtest_support(self) -> None:
+        expected = ["(b='x', a=2)", "[outer] (a=1)", "(<subtest>)", None]
+        self.assertEqual(self.labels(unittest.TestResult()), expected)  # unittest's own descriptions
+        self.assertEqual(self.labels(_NoSubTestSupport()), expected)
+
+
 class TestRejectionStatus(unittest.TestCase):
     def record(self, loaded: bool, summary: str = "default: rejected as expected (x)") -> RoundTripRecord:
         return RoundTripRecord("torch.load", "default", loaded, True, summary, None)

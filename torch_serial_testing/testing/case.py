@@ -22,6 +22,7 @@ from .checked_loads import MISSING, REPORT_ENV, ExpectedRejection, ends_on_rejec
 from .declarations import Declaration, refuse_local
 from .generated import author_class, resolvable, with_dims
 from .isolation import GlobalState, start_ignoring, stop_ignoring
+from .outcomes import OPEN_SUBTESTS_ATTRIBUTE, SUBTEST_NO_MESSAGE
 from .round_trip_kinds import RoundTripKinds
 from .spec import CaseSpec
 
@@ -193,13 +194,19 @@ class SerializationRoundTripTestCase(RoundTripKinds):
         ``GeneratorExit`` (the block yields and its generator is closed) passes through, not recorded."""
         args = () if msg is MISSING else (msg,)
         closing: Optional[GeneratorExit] = None
-        with super().subTest(*args, **params):  # type: ignore[misc]
-            try:
-                yield
-            except ExpectedRejection:
-                self._tst_in_flight = None
-            except GeneratorExit as exit_:
-                closing = exit_
+        # named in the records also where the result has no subTest support (pytest < 9)
+        open_subtests = self.__dict__.setdefault(OPEN_SUBTESTS_ATTRIBUTE, [])
+        open_subtests.append((SUBTEST_NO_MESSAGE if msg is MISSING else msg, params))
+        try:
+            with super().subTest(*args, **params):  # type: ignore[misc]
+                try:
+                    yield
+                except ExpectedRejection:
+                    self._tst_in_flight = None
+                except GeneratorExit as exit_:
+                    closing = exit_
+        finally:
+            open_subtests.pop()
         if closing is not None:
             in_flight = self._tst_in_flight
             if in_flight is not None and in_flight.abandoned_subtest is None:  # a rejection unwinds its caller

@@ -22,6 +22,9 @@ REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
 #: The attribute of a test instance holding its records (read by the pytest plugin without importing us).
 RECORDS_ATTRIBUTE = "_tst_records"
 
+#: The message of a subTest opened without one (unittest's own sentinel is private).
+SUBTEST_NO_MESSAGE: Any = object()
+
 
 @dataclass(frozen=True)
 class RoundTripRecord:
@@ -35,14 +38,35 @@ class RoundTripRecord:
     subtest: Optional[str]  # the subTest's description, e.g. "(engine='fbgemm')"
 
 
+#: The attribute of a test instance holding the subTests the library opened, for a result that has no
+#: subTest support (pytest < 9): unittest then sets no ``_subtest``, yet the records should name it.
+OPEN_SUBTESTS_ATTRIBUTE = "_tst_open_subtests"
+
+
 def current_subtest(test: Any) -> Optional[str]:
     """The description unittest gives the subTest open in *test* (``[msg] (k=v)``), or None."""
     sub = getattr(test, "_subtest", None)
     if sub is None:
-        return None
+        return _described(test.__dict__.get(OPEN_SUBTESTS_ATTRIBUTE, ()))
     describe = getattr(sub, "_subDescription", None)
     text = describe() if callable(describe) else str(sub)
     return str(text).strip() or None
+
+
+def _described(open_subtests: Sequence[tuple[Any, Mapping[str, Any]]]) -> Optional[str]:
+    """unittest's description of the innermost of *open_subtests* ((message, params) pairs, outer first):
+    its message in brackets, then the parameters of every open subTest, innermost first and winning."""
+    if not open_subtests:
+        return None
+    msg = open_subtests[-1][0]
+    params: dict[str, Any] = {}
+    for _, more in reversed(open_subtests):
+        for key, value in more.items():
+            params.setdefault(key, value)
+    parts = [] if msg is SUBTEST_NO_MESSAGE else [f"[{msg}]"]
+    if params:
+        parts.append("(" + ", ".join(f"{k}={v!r}" for k, v in params.items()) + ")")
+    return " ".join(parts) or "(<subtest>)"
 
 
 def load_kind(from_file: bool, extra_kwargs: Optional[Mapping[str, Any]]) -> str:
