@@ -28,7 +28,7 @@ from torch_serial_testing.torch_facts import load_call
 from torch_serial_testing.torch_facts.probes import ProbeFailed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tools.differential import corpus, oracle, worker  # noqa: E402
+from tools.differential import corpus, corpus_classes, oracle, worker  # noqa: E402
 from tools.differential.cases import CI_ENVS, CI_FORMATS  # noqa: E402
 
 WO, NO = load_call.FORCE_WO, load_call.FORCE_NO_WO
@@ -160,11 +160,17 @@ class TestPredictArguments(unittest.TestCase):
         self.assertEqual(declared_names([Sub, np.dtype])[1], "numpy.dtype")
         self.assertTrue(declared_names([Sub])[0].endswith("Sub"))
         # the real torch agrees: a subclass declared as an object loads
-        result = load(Checkpoint.save(torch.ones(2).as_subclass(corpus.MyTensor)), "safe_globals", [corpus.MyTensor])
+        result = load(
+            Checkpoint.save(torch.ones(2).as_subclass(corpus_classes.MyTensor)),
+            "safe_globals",
+            [corpus_classes.MyTensor],
+        )
         self.assertTrue(result.loaded)
         self.assertTrue(
             predict(
-                "safe_globals", Checkpoint.save(torch.ones(2).as_subclass(corpus.MyTensor)), [corpus.MyTensor]
+                "safe_globals",
+                Checkpoint.save(torch.ones(2).as_subclass(corpus_classes.MyTensor)),
+                [corpus_classes.MyTensor],
             ).loads
         )
 
