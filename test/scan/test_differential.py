@@ -11,9 +11,12 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import subprocess
 import sys
 import tempfile
+import textwrap
 import unittest
 from unittest import mock
 
@@ -299,6 +302,58 @@ MODEL_IN_TREE = "weights_only_blocker" in getattr(CheckpointInfo, "__dataclass_f
 
 def _is_model_cause(cause: str) -> bool:
     return any(label in cause for label in MODEL_CAUSES)
+
+
+class TestWorkerTemporaryFiles(unittest.TestCase):
+    """A worker that dies on a case runs no exit handlers: its temporary files go with the run's folder."""
+
+    # Stands in for tools/differential/worker.py (same arguments, same progress records): makes a
+    # temporary folder as torch 2.8 does at import, then dies on the first case and passes the second.
+    DYING_WORKER = textwrap.dedent(
+        """
+        import json, os, sys, tempfile
+        manifest, out, start, role = sys.argv[1:]
+        made = tempfile.mkdtemp()
+        with open(out, "a") as fh:
+            fh.write(json.dumps({"begin": int(start), "made": made}) + "\\n")
+            fh.flush()
+            if start == "0":
+                os._exit(7)
+            fh.write(json.dumps({"i": int(start), "made": made}) + "\\n")
+        """
+    )
+
+    def test_a_dying_workers_temporary_folder_is_inside_the_run(self) -> None:
+        with tempfile.TemporaryDirectory() as here:
+            script = os.path.join(here, "dying_worker.py")
+            with open(script, "w") as fh:
+                fh.write(self.DYING_WORKER)
+            run = os.path.join(here, "run")
+            os.mkdir(run)
+            with mock.patch.object(oracle, "WORKER", script):
+                records = oracle.run_worker(run, "t", "run", {}, [], timeout=120, n_items=2)
+            self.assertEqual([r.get("i") for r in records], [1, 0], records)
+            self.assertIn("process died (7)", records[1]["crash"])
+            with open(os.path.join(run, "t.jsonl")) as fh:
+                made = [json.loads(line)["made"] for line in fh if "begin" in line]
+            self.assertEqual(len(made), 2)
+            for folder in made:
+                self.assertEqual(os.path.dirname(os.path.realpath(folder)), os.path.realpath(run))
+            self.assertTrue(os.path.isdir(made[0]), "the dying worker's folder is removed only with the run's")
+
+    def test_the_run_folder_is_the_childs_temporary_directory(self) -> None:
+        with tempfile.TemporaryDirectory() as run:
+            proc = subprocess.run(
+                [sys.executable, "-c", "import tempfile; print(tempfile.gettempdir())"],
+                env=oracle._subprocess_env({WO: "1"}, run),
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(os.path.realpath(proc.stdout.strip()), os.path.realpath(run))
+        # without a run folder the child keeps the caller's
+        self.assertEqual(oracle._subprocess_env({}).get("TMPDIR"), os.environ.get("TMPDIR"))
 
 
 class TestDifferentialCorpusCI(unittest.TestCase):

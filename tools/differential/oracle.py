@@ -94,9 +94,17 @@ class Report:
         return "\n".join(out)
 
 
-def _subprocess_env(state: dict[str, str]) -> dict[str, str]:
+def _subprocess_env(state: dict[str, str], tmpdir: Optional[str] = None) -> dict[str, str]:
+    """The environment of a child: *state*'s switches and, given *tmpdir*, that folder as its TMPDIR.
+
+    A worker that dies on a case (torch crashing is part of what the corpus records) runs no exit
+    handlers, so whatever torch made in the temporary directory at import -- torch 2.8 makes a
+    folder when ``torch._dynamo`` is imported -- would stay; inside the run's folder it goes with it.
+    """
     env = {k: v for k, v in os.environ.items() if k not in (FORCE_WO, FORCE_NO_WO)}
     env.update(state)
+    if tmpdir is not None:
+        env["TMPDIR"] = tmpdir
     # The caller's PYTHONPATH first (e.g. another tree of the library), then this repo for `tools`.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO_ROOT) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -122,7 +130,7 @@ def run_worker(
     while start < len(items):
         proc = subprocess.run(
             [sys.executable, WORKER, os.path.join(tmpdir, "manifest.json"), out, str(start), role],
-            env=_subprocess_env(state),
+            env=_subprocess_env(state, tmpdir),
             cwd=tmpdir,
             capture_output=True,
             text=True,
