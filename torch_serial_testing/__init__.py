@@ -24,7 +24,8 @@ from .core.errors import (
 from .core.limits import ScanLimits, scan_limits
 from .core.modes import LoadMode
 from .core.names import qualified_name
-from .policy.trust import UnsafeCallable, dangerous_reason, judge_global
+from .policy.declared import UnsafeCallable
+from .policy.trust import dangerous_reason, judge_global
 from .testing.case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
 from .testing.instantiation import (
     cross_engine,

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from ..core.errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from ..core.modes import LoadMode
+from ..core.names import torch_key
 from ..policy.declared import as_safe_globals, declared_entries
 from ..scan.checkpoint import Checkpoint
 from ..torch_facts.load_call import FORCE_NO_WO
@@ -35,15 +36,13 @@ from ..torch_facts.loader import (
     raiser,
     watch_stdout,
 )
-from ..torch_facts.probes import ProbeFailed
 from ..torch_facts.serialization_state import genuine
 from ..torch_facts.registry import (
-    registered_globals,
     registry_lock,
     restore_registry,
     safe_globals_context_missing,
     snapshot_registry,
-    torch_own_registrations,
+    registered_by_torch,
 )
 from .prediction import Expectation, _as_checkpoint, decided
 
@@ -171,7 +170,7 @@ def load(
             )
         kwargs.update(extra)
         replaced = expectation.replaced_by is not None
-        registered = sorted(registered_globals()) if replaced else []
+        registered = registered_entries() if replaced else []
         # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment: without
         # it there is nothing to observe (a replaced loader is always watched; see torch_facts.loader).
         observing = replaced or (decision is not None and decision.force_no_set)
@@ -276,7 +275,7 @@ def _verify(
     error: Optional[BaseException],
     warned: bool,
     printed: bool = False,
-    registered: Sequence[str] = (),
+    registered: Sequence[tuple[str, Any]] = (),
 ) -> LoadResult:
     """Judge one load: loaded or rejected as predicted, for a predicted cause.  Under a replaced
     ``torch.load`` the warning is not judged but recorded (:func:`replacement_notes`)."""
@@ -329,8 +328,18 @@ def round_trip(
     return load(Checkpoint.save(obj), mode, safe_globals, map_location)
 
 
+def registered_entries() -> list[tuple[str, Any]]:
+    """(name, entry) of every process-wide registration, sorted by name."""
+    named = ((torch_key(g) or f"<unnamed {type(g).__name__}>", g) for g in snapshot_registry())
+    return sorted(named, key=lambda pair: pair[0])
+
+
 def replacement_notes(
-    torch_warns: bool, error: Optional[BaseException], warned: bool, printed: bool, registered: Sequence[str]
+    torch_warns: bool,
+    error: Optional[BaseException],
+    warned: bool,
+    printed: bool,
+    registered: Sequence[tuple[str, Any]],
 ) -> tuple[str, ...]:
     """How a replaced ``torch.load`` reported differently from torch's own: facts, not verdicts."""
     notes = []
@@ -351,16 +360,7 @@ def replacement_notes(
         )
     # torch registers some globals itself (2.14: every builtin exception); the others come from
     # backends (torch_npu's _rebuild_npu_tensor) or user code, and they decide what loads.
-    if registered:
-        try:
-            own = torch_own_registrations()
-        except ProbeFailed as e:
-            notes.append(
-                f"runs with process-wide safe globals {', '.join(registered)} (which of them are "
-                f"torch's own is unknown: {e})"
-            )
-        else:
-            foreign = [name for name in registered if name not in own]
-            if foreign:
-                notes.append(f"runs with process-wide safe globals {', '.join(foreign)}")
+    foreign = [name for name, entry in registered if not registered_by_torch(entry)]
+    if foreign:
+        notes.append(f"runs with process-wide safe globals {', '.join(foreign)}")
     return tuple(notes)

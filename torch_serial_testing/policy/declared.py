@@ -1,30 +1,29 @@
 """A declaration of safe globals, read once: what each entry is, the name torch matches it by.
 
-Entries are objects, ``'module.Name'`` strings, ``(object, 'module.Name')`` pairs or
-:class:`~.trust.UnsafeCallable` opt-ins; :func:`split_entry` is their one reader.
-:func:`normalize_safe_globals` refuses what the trust policy refuses (long before any load);
-:func:`declared_entries` gives a prediction its ``(object, name)`` pairs, refusing nothing.
+Entries are objects, ``'module.Name'`` strings, ``(object, 'module.Name')`` pairs (torch's form for a
+class pickled under another name) or :class:`UnsafeCallable` wrappers (accepted as plain entries).
+The author's declaration is trusted as torch trusts it, with one small check
+(:func:`declaration_problem`): what can never be a safe global is refused, saying the fix.
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
+import types
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional
 
 from ..core.errors import RoundTripConfigError
 from ..core.names import name_problem, qualified_name, quote_name, show_name, torch_key
-from .denylist import denylist_reason
-from .trust import UnsafeCallable, describe, judge_global
 
 __all__ = [
     "SafeGlobal",
+    "UnsafeCallable",
     "split_entry",
     "normalize_safe_globals",
     "as_safe_globals",
     "declared_entries",
-    "refuse_dangerous",
+    "declaration_problem",
     "resolve_global",
 ]
 
@@ -36,13 +35,33 @@ class SafeGlobal:
     obj: Any
     name: str
     explicit_name: bool = False
-    #: Set (to the author's reason) for an :class:`UnsafeCallable` opt-in.
+    #: The author's reason, for an :class:`UnsafeCallable` entry.
     unsafe_reason: Optional[str] = None
 
     @property
     def torch_entry(self) -> Any:
         """The form ``torch.serialization.safe_globals`` takes."""
         return (self.obj, self.name) if self.explicit_name else self.obj
+
+
+class UnsafeCallable:
+    """A function declared with the reason the checkpoint calls it:
+    ``UnsafeCallable("numpy._core.multiarray._reconstruct", reason="numpy arrays")``.  Functions may be
+    declared plainly too; the tools (``inspect``, ``audit``) ask for this form before suggesting one."""
+
+    __slots__ = ("target", "reason")
+
+    def __init__(self, target: Any, *, reason: str) -> None:
+        if not isinstance(reason, str) or not reason.strip():
+            raise RoundTripConfigError(
+                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)"
+            )
+        self.target = target
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        target = self.target if isinstance(self.target, str) else torch_key(self.target) or type(self.target).__name__
+        return f"UnsafeCallable({show_name(target)}, reason={self.reason!r})"
 
 
 def _check_declaration(declared: Any) -> None:
@@ -98,29 +117,76 @@ def resolve_global(name: str) -> Any:
     )
 
 
+#: Modules whose every global runs code or reaches the system, and globals elsewhere that do (or
+#: build calls of anything: partial, attrgetter): never a safe global, however it is declared.
+CODE_RUNNING_MODULES = frozenset(
+    {"os", "posix", "nt", "subprocess", "_posixsubprocess", "pty", "runpy", "code", "codeop", "ctypes", "marshal"}
+    | {"pickle", "_pickle", "shutil", "importlib", "sys", "socket", "webbrowser", "pdb", "multiprocessing"}
+)
+CODE_RUNNING = frozenset(
+    {f"builtins.{n}" for n in ("eval", "exec", "compile", "__import__", "open", "breakpoint", "input", "exit")}
+    | {f"builtins.{n}" for n in ("getattr", "setattr", "delattr", "globals", "locals", "vars", "quit", "help")}
+    | {"functools.partial", "operator.attrgetter", "operator.methodcaller", "operator.itemgetter"}
+    | {"torch.load", "torch.serialization.load", "torch.jit.load", "torch.hub.load", "torch.package.PackageImporter"}
+)
+
+
+def _code_running(name: Optional[str]) -> bool:
+    if not name:
+        return False
+    module = name.rpartition(".")[0]
+    return name in CODE_RUNNING or any(module == m or module.startswith(m + ".") for m in CODE_RUNNING_MODULES)
+
+
+def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
+    """Why *obj* can never be the safe global *name* (*explicit*: the author wrote the name), or None.
+
+    Refused: a module; a known code-running callable (``eval``, ``os.system``, ``subprocess.*``), by its
+    own identity and by the declared name; an object that is not importable under the name it pickles
+    by (``module.qualname``).  Anything else the author may trust, as torch lets them: their classes,
+    torch's (``torch.testing._internal.two_tensor.TwoTensor`` included), functions."""
+    if isinstance(obj, types.ModuleType):
+        return f"it is the module {show_name(obj.__name__)}: a pickle names globals in modules, never a module itself"
+    real = torch_key(obj)
+    for n in {real, name}:
+        if _code_running(n):
+            return f"{show_name(n)} runs code or reaches the system when a pickle calls it"
+    if explicit:
+        return None  # (obj, 'module.Name'): torch matches the name the pickle wrote, as the author says
+    try:
+        found = resolve_global(name)
+    except RoundTripConfigError as e:
+        return str(e)
+    if found is not obj:
+        return (
+            f"{name} resolves to another object: a pickle names it by its module and qualified name, so "
+            f"declare it as ({getattr(obj, '__name__', 'obj')}, '<the name the checkpoint uses>')"
+        )
+    return None
+
+
 def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
-    """A declaration as :class:`SafeGlobal` entries; dangerous ones are refused here, long before any load."""
+    """A declaration as :class:`SafeGlobal` entries; what can never be a safe global is refused here."""
     _check_declaration(declared)
     out: list[SafeGlobal] = []
     for item in declared:
         obj, name, explicit, unsafe = split_entry(item)
-        if isinstance(item, SafeGlobal):
-            sg = item
-        else:
-            if isinstance(item, tuple):
-                _import_declared(name)  # type: ignore[arg-type]
-            elif obj is None:  # a name the author wrote: imported to find the object
-                obj = resolve_global(name)  # type: ignore[arg-type]
-                explicit = torch_key(obj) != name
-            elif name is None:
-                reason = judge_global(obj) or "it has no __module__/__qualname__ of its own"
-                raise RoundTripConfigError(
-                    f"refusing to allowlist {describe(obj)}: {reason}; declare the class itself, a "
-                    "'module.Name' string, or an (object, 'module.Name') tuple"
-                )
-            sg = SafeGlobal(obj, name, explicit, unsafe)  # type: ignore[arg-type]
-        refuse_dangerous(sg)
-        out.append(sg)
+        if obj is None:  # a name the author wrote: imported to find the object
+            obj = resolve_global(name)  # type: ignore[arg-type]
+            explicit = torch_key(obj) != name
+        elif name is None:
+            raise RoundTripConfigError(
+                f"refusing to allowlist {obj!r}: it has no __module__/__qualname__ of its own; declare a "
+                "class or function itself, a 'module.Name' string, or an (object, 'module.Name') tuple"
+            )
+        elif explicit and name_problem(name):
+            raise RoundTripConfigError(
+                f"safe global tuple names {quote_name(name)}, not a dotted Python name ({name_problem(name)})"
+            )
+        problem = declaration_problem(obj, name, explicit)  # type: ignore[arg-type]
+        if problem:
+            raise RoundTripConfigError(f"refusing to allowlist {show_name(name)}: {problem}")
+        out.append(SafeGlobal(obj, name, explicit, unsafe))  # type: ignore[arg-type]
     names = [sg.name for sg in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -128,40 +194,7 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
     return tuple(out)
 
 
-def _import_declared(name: str) -> None:
-    """Import the module of an author's ``(obj, name)``, as for a string, so the identity check finds it."""
-    if name_problem(name) is None and denylist_reason(name) is None:
-        try:
-            resolve_global(name)
-        except RoundTripConfigError:
-            pass  # the identity check then refuses it, saying why
-
-
-def refuse_dangerous(sg: SafeGlobal) -> None:
-    """Raise :class:`RoundTripConfigError` unless the trust policy (:mod:`.trust`) accepts *sg*."""
-    reason = judge_global(sg.obj, sg.name, opt_in=sg.unsafe_reason is not None)
-    if reason:
-        raise RoundTripConfigError(f"refusing to allowlist {show_name(sg.name)} ({describe(sg.obj)}): {reason}")
-
-
-def as_safe_globals(safe_globals: Sequence[Any]) -> tuple[SafeGlobal, ...]:
-    """:func:`normalize_safe_globals`, for every load.  The mixin passes the same tuple every time, so an
-    accepted tuple is remembered by identity (kept alive: its id stays its own); others are judged again."""
-    if type(safe_globals) is tuple:
-        known = _accepted.get(id(safe_globals))
-        if known is not None and known[0] is safe_globals:
-            return known[1]
-    result = normalize_safe_globals(safe_globals)
-    if type(safe_globals) is tuple:
-        with _accepted_lock:
-            if len(_accepted) >= 256:
-                _accepted.clear()
-            _accepted[id(safe_globals)] = (safe_globals, result)
-    return result
-
-
-_accepted: dict[int, tuple[tuple[Any, ...], tuple[SafeGlobal, ...]]] = {}
-_accepted_lock = threading.Lock()
+as_safe_globals = normalize_safe_globals
 
 
 def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:

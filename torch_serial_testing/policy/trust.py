@@ -22,7 +22,6 @@ import types
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..core.errors import RoundTripConfigError
 from ..core.names import (
     FUNCTION_TYPES,
     escape_text,
@@ -35,8 +34,9 @@ from ..core.names import (
     show_name,
 )
 from ..torch_facts.probes import ProbeFailed
-from ..torch_facts.registry import registered_by_torch, torch_allowlist, torch_allowlist_table
+from ..torch_facts.registry import torch_allowlist, torch_allowlist_table, torch_registers_itself
 from ..torch_facts.remedies import NUMPY_SCALAR_SOURCE, numpy_scalar_remedy
+from .declared import UnsafeCallable
 from .denylist import denylist_reason
 from .reach import TRUSTED_NATIVE
 from .vouched import callable_reason, class_reason
@@ -336,29 +336,6 @@ def _plain_function(obj: Any) -> bool:
     )
 
 
-class UnsafeCallable:
-    """The loud opt-in for a global that is not a class: a function the pickle will *call*.
-
-    ``safe_globals = (MyNet, UnsafeCallable("numpy._core.multiarray._reconstruct", reason="numpy
-    arrays"))``.  Only plain module-level functions and builtins qualify, verified by identity like
-    classes; the denylist still applies, and nothing ever suggests one.
-    """
-
-    __slots__ = ("target", "reason")
-
-    def __init__(self, target: Any, *, reason: str) -> None:
-        if not isinstance(reason, str) or not reason.strip():
-            raise RoundTripConfigError(
-                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)"
-            )
-        self.target = target
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        target = self.target if isinstance(self.target, str) else identity(self.target) or describe(self.target)
-        return f"UnsafeCallable({escape_text(show_name(target))!s}, reason={escape_text(repr(self.reason))})"
-
-
 def dangerous_reason(name: str) -> Optional[str]:
     """Why *name* must never be allowlisted (a ``dangerous`` or ``malformed`` verdict), or None."""
     verdict = judge_name(name)
@@ -380,7 +357,7 @@ def judge_registry_entry(entry: Any) -> Optional[str]:
     if reason is None:
         return None
     try:
-        if registered_by_torch(entry):
+        if torch_registers_itself(entry):
             return None
     except ProbeFailed as e:
         return f"{reason} (and whether torch itself registers it is unknown: {e})"

@@ -13,12 +13,12 @@ import sys
 import unittest
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
-from ..core.errors import ConflictingEnvironmentError, RoundTripConfigError
+from ..core.errors import RoundTripConfigError
 from ..core.modes import LoadMode
 from ..policy.declared import SafeGlobal
 from ..torch_facts.engines import qnnpack_allocator
 from ..torch_facts.registry import safe_globals_context_missing
-from .declarations import Declaration, check_declared, local_class_message, refuse_over_trust
+from .declarations import Declaration, allowed_anyway, local_class_message, names_used
 from .outcomes import REPORT_ENV, RoundTripRecord, current_subtest, load_kind, note
 
 if TYPE_CHECKING:
@@ -153,32 +153,15 @@ def load_in_test(
     if unavailable:  # before judging the declaration: the mode cannot run here at all
         raise unittest.SkipTest(unavailable)
     from ..loading import load as loading  # imported on the first round trip, with the scan and the prediction
-    from ..torch_facts.load_call import WeightsOnlySwitches
 
-    switches = WeightsOnlySwitches.from_environ()
-    if switches.conflict:  # the environment breaks every load: that, not the declaration, is the news
-        raise ConflictingEnvironmentError(switches.conflict_message())
-    if resolved is LoadMode.SAFE_GLOBALS:
-        torch = sys.modules.get("torch")
-        module = saved is MISSING or (torch is not None and isinstance(saved, torch.nn.Module))
-        saved_type = None if module else type(saved).__name__
-        # A class declaration serves every round trip of the test: over-trust is judged on all of them, after it
-        deferred = where.attribute is not None and not test.allow_unneeded_safe_globals
-        used = check_declared(
-            checkpoint,
-            declared,
-            where,
-            allow_unneeded=deferred or test.allow_unneeded_safe_globals,
-            saved_type=saved_type,
-        )
-        if deferred:
-            _note_use(test, declared, where, used, saved_type)
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None
     with test.loading_engine(), qnnpack_allocator(test.load_qengine):  # the load as pytorch's qnnpack tests do
         result = loading.load(
             checkpoint, resolved, declared, map_location, from_file=from_file, extra_kwargs=extra_kwargs
         )
+    if resolved is LoadMode.SAFE_GLOBALS:
+        _judge_declaration(test, checkpoint, result, declared, where, saved)
     summary = result.summary  # each distinct outcome once in verbose output, every load in the REPORT_ENV file
     if summary not in test.round_trip_outcomes:
         test.round_trip_outcomes.append(summary)
@@ -221,18 +204,42 @@ def load_each_mode(
     return loaded
 
 
-def _note_use(
-    test: Any, declared: Sequence[SafeGlobal], where: Declaration, used: frozenset[str], saved_type: Optional[str]
+def _judge_declaration(
+    test: Any, checkpoint: Checkpoint, result: Any, declared: Sequence[SafeGlobal], where: Declaration, saved: Any
 ) -> None:
-    """Remember what a load under a class declaration used; the first one schedules the over-trust check."""
-    uses = test.__dict__.setdefault("_tst_declaration_uses", {})
-    if not uses:
-        test.addCleanup(_check_over_trust, test)
-    _names, seen, types, _where = uses.setdefault(where.label, ({sg.name for sg in declared}, set(), [], where))
-    seen.update(used)
-    types.append(saved_type)
+    """The declaration against what this ``safe_globals`` load needed (the prediction torch just met):
+    what it misses fails now, with what it over-trusts; a class declaration's over-trust is judged once
+    every load of the test under it is known, at cleanup."""
+    torch = sys.modules.get("torch")
+    module = saved is MISSING or (torch is not None and isinstance(saved, torch.nn.Module))
+    saved_type = None if module else type(saved).__name__
+    info = checkpoint.info
+    used = names_used(info)
+    names = {sg.name for sg in declared}
+    allow = test.allow_unneeded_safe_globals
+    deferred = where.attribute is not None and not allow
+    seen, types = set(used), [saved_type]
+    if deferred:
+        uses = test.__dict__.setdefault("_tst_declaration_uses", {})
+        if not uses:
+            test.addCleanup(_check_over_trust, test)
+        _names, seen, types, _where = uses.setdefault(where.label, (names, set(), [], where))
+        seen.update(used)
+        types.append(saved_type)
+    if not result.loaded:
+        if info.weights_only_blocker:
+            raise where.blocked(info.weights_only_blocker, sorted(used - allowed_anyway()))
+        missing = result.expectation.missing
+        if missing:
+            raise where.error(names, missing, () if allow else names - seen - allowed_anyway(), types)
+    elif not deferred and not allow:
+        unneeded = names - used - allowed_anyway()
+        if unneeded:
+            raise where.error(names, (), unneeded, types)
 
 
 def _check_over_trust(test: Any) -> None:
     for names, used, types, where in test.__dict__.pop("_tst_declaration_uses", {}).values():
-        refuse_over_trust(names, used, where, types)
+        unneeded = names - used - allowed_anyway()
+        if unneeded:
+            raise where.error(names, (), unneeded, types)

@@ -20,11 +20,11 @@ from typing import Any, Optional, Sequence, cast
 
 from ..core.environ import stored_environ
 from ..core.interrupts import deferred_interrupts, run_all
-from ..core.names import show_name, torch_key
-from ..policy.trust import judge_registry_entry
+from ..core.names import torch_key
 from ..torch_facts import engines
 from ..torch_facts.registry import (
-    ImportRegistrations,
+    is_torch_module,
+    registrar,
     restore_registry,
     snapshot_registry,
     start_recording,
@@ -32,12 +32,7 @@ from ..torch_facts.registry import (
 )
 from ..torch_facts.serialization_state import SerializationState
 
-__all__ = ["GlobalState", "judge_registration", "start_ignoring", "stop_ignoring"]
-
-
-def judge_registration(entry: Any) -> Optional[str]:
-    """Why a safe-globals registration must not stand (:func:`..policy.trust.judge_registry_entry`)."""
-    return judge_registry_entry(entry)
+__all__ = ["GlobalState", "start_ignoring", "stop_ignoring"]
 
 
 _WATCHED_PREFIX = "TORCH_FORCE_"
@@ -69,9 +64,10 @@ class GlobalState:
     registry: list[Any]
     env: dict[str, Optional[str]]
     config: Optional[dict[str, Any]]
-    import_registrations: ImportRegistrations
     serialization: Optional[SerializationState] = None
     restored: bool = False
+    #: Safe globals that modules outside torch registered at import time during the test (kept).
+    kept_at_import: tuple[str, ...] = ()
 
     @classmethod
     def capture(cls) -> GlobalState:
@@ -84,19 +80,10 @@ class GlobalState:
                 snapshot_registry(),
                 _watched_env(),
                 serialization_config(),
-                ImportRegistrations(),
                 SerializationState(),
             )
-            state.import_registrations = start_recording(judge_registration)
+            start_recording()
             return state
-
-    def dangerous_registrations(self) -> list[str]:
-        """Registry entries in the snapshot that the danger check refuses (registered before the test)."""
-        return [
-            f"{show_name(_entry_name(entry))}: {reason}"
-            for entry in self.registry
-            if (reason := judge_registration(entry))
-        ]
 
     def restore(self) -> list[str]:
         """Restore everything (again: nothing to do); one line per thing that had leaked."""
@@ -117,7 +104,8 @@ class GlobalState:
     # Each step reads the current state, notes a difference in leaks and writes the snapshot back.
 
     def _restore_recording(self) -> None:
-        stop_recording(self.import_registrations)
+        if not self.restored:
+            stop_recording()
 
     def _restore_serialization(self, leaks: dict[str, str]) -> None:
         if self.serialization is not None:
@@ -145,23 +133,24 @@ class GlobalState:
         current = snapshot_registry()
         if set(current) == set(self.registry):
             return
-        # A module imported during the test (torch.distributed.tensor, a backend) may register at import: kept.
-        kept = self.import_registrations.kept
-        imported = [g for g in current if g not in self.registry and g in kept]
-        new = [g for g in current if g not in self.registry and g not in imported]
-        added = sorted(_entry_name(g) for g in new)
+        # What torch's own modules registered (a lazy import of torch.distributed.tensor, torch._dynamo)
+        # is torch's doing; what another module registered at its import is that module's: both kept.
+        kept, at_import = [], []
+        for entry in current:
+            who = registrar(entry) if entry not in self.registry else None
+            if who is not None and (is_torch_module(who[0]) or who[1]):
+                kept.append(entry)
+                if not is_torch_module(who[0]):
+                    at_import.append(_entry_name(entry))
+        self.kept_at_import = tuple(sorted(at_import))
+        added = sorted(_entry_name(g) for g in current if g not in self.registry and g not in kept)
         removed = sorted(_entry_name(g) for g in self.registry if g not in current)
         if added or removed:
-            judged = "".join(
-                f"; {show_name(_entry_name(g))} is refused as a safe global: {why}"
-                for g in new
-                if (why := judge_registration(g))
-            )
             leaks["registry"] = (
-                f"safe-globals registry changed (added {added}, removed {removed}){judged}; declare what a "
+                f"safe-globals registry changed (added {added}, removed {removed}); declare what a "
                 "load needs (safe_globals), or register inside a torch.serialization.safe_globals([...]) block"
             )
-        restore_registry([*self.registry, *imported])
+        restore_registry([*self.registry, *kept])
 
     def _restore_env(self, leaks: dict[str, str]) -> None:
         env = _watched_env()

@@ -82,63 +82,28 @@ def is_device_type(name: str) -> bool:
         return False
 
 
-_CHILD_FILTER = """
-import sys, types, torch
-torch.utils.rename_privateuse1_backend(sys.argv[1])
-module = types.ModuleType("torch." + sys.argv[1])
-module.is_available = lambda: True
-torch._register_device_module(sys.argv[1], module)
-from torch.testing._internal import common_device_type as cdt
-class Base:
-    device_type = "privateuse1"
-print("ALIASES", Base in list(cdt.filter_desired_device_types([Base], None, [sys.argv[1]])))
-"""
-
 _aliasing: dict[str, bool] = {}
 
 
 def _filters_alias_backend_name(backend: str) -> bool:
     """Whether pytorch's filter reads the available backend's name (``npu``) as ``privateuse1`` (torch 2.4's
-    compares names as written): asked of it here when its module is imported already (the library never
-    imports it), else in a fresh interpreter registering a backend of that name."""
+    compares names as written): asked of pytorch's own ``filter_desired_device_types``, which is imported
+    for it (only here: a privateuse1 backend is available and a device filter is set)."""
     known = _aliasing.get(backend)
-    if known is not None:
-        return known
-    import sys
-
-    cdt = sys.modules.get("torch.testing._internal.common_device_type")
-    if cdt is not None:
+    if known is None:
+        try:
+            from torch.testing._internal import common_device_type as cdt
+        except Exception as e:  # noqa: BLE001 - a torch without its test helpers
+            raise RoundTripConfigError(
+                f"cannot tell how pytorch's filter_desired_device_types reads {ONLY_FOR}/{EXCEPT_FOR} for the "
+                f"{backend} backend: torch.testing._internal.common_device_type cannot be imported "
+                f"({type(e).__name__}: {e}); unset the filters"
+            ) from None
 
         class Base:
             device_type = "privateuse1"
 
-        known = Base in list(cdt.filter_desired_device_types([Base], None, [backend]))
-    else:
-        import subprocess
-
-        from .probes import FRESH_PROBE_ENV
-
-        env = {k: v for k, v in os.environ.items() if k not in (ONLY_FOR, EXCEPT_FOR)}
-        env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
-        env[FRESH_PROBE_ENV] = "filter_aliasing"
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD_FILTER, backend],
-            capture_output=True,
-            text=True,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            timeout=300,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ALIASES ")]
-        if proc.returncode != 0 or not lines:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RoundTripConfigError(
-                f"cannot tell how pytorch's filter_desired_device_types reads {ONLY_FOR}/{EXCEPT_FOR} for the "
-                f"{backend} backend: asking it in a fresh interpreter failed ({last}); import "
-                "torch.testing._internal.common_device_type before instantiating, or unset the filters"
-            )
-        known = lines[-1] == "ALIASES True"
-    _aliasing[backend] = known
+        known = _aliasing[backend] = Base in list(cdt.filter_desired_device_types([Base], None, [backend]))
     return known
 
 

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
 from ..core.errors import RoundTripConfigError
-from ..core.interrupts import deferred_interrupts
 from ..core.names import torch_key
 
 __all__ = [
@@ -177,97 +176,96 @@ def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
             yield
 
 
-# -- registrations made by modules imported during a test ------------------------------------------
+# -- who registered what --------------------------------------------------------------------------------
 
-
-class ImportRegistrations:
-    """What modules imported during one test registered with ``add_safe_globals`` (a plain class:
-    one is made per test, and a dataclass costs its methods' compilation at import)."""
-
-    __slots__ = ("kept", "refused", "judge")
-
-    def __init__(self, judge: Any = None) -> None:
-        self.kept: list[Any] = []
-        #: (name, importing module, why refused) for every dangerous entry that was not registered.
-        self.refused: list[tuple[str, str, str]] = []
-        #: entry -> why it must not be registered, or None (the trust policy's judgement).
-        self.judge = judge
-
-    def __repr__(self) -> str:
-        return f"ImportRegistrations(kept={self.kept!r}, refused={self.refused!r})"
-
-    def __eq__(self, other: object) -> bool:  # by value, as GlobalState's fields are compared
-        if not isinstance(other, ImportRegistrations):
-            return NotImplemented
-        return (self.kept, self.refused) == (other.kept, other.refused)
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-_recorders: list[ImportRegistrations] = []
+#: Registry entry -> (the module whose code called ``add_safe_globals``, whether an import was running it),
+#: for every registration made while a test ran (:func:`start_recording` .. :func:`stop_recording`).
+_registrars: dict[Any, tuple[str, bool]] = {}
+_recording = 0
 _original_add: Any = None
 
 
-def _importer() -> Optional[str]:
-    """The module whose import is running ``add_safe_globals`` (None: no import on the stack)."""
+def is_torch_module(name: str) -> bool:
+    return name == "torch" or name.startswith("torch.")
+
+
+def _registrar() -> tuple[str, bool]:
+    """(the module calling ``add_safe_globals``, past torch's serialization modules; whether a module
+    import is running that call: a registration at import time)."""
     frame: Any = sys._getframe(2)
     caller: Optional[str] = None
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if name.startswith("importlib._bootstrap") or name == "_frozen_importlib":
-            return caller or "?"
-        if caller is None and not name.startswith(("torch.serialization", "torch._weights_only_unpickler")):
+            return caller or "?", True
+        if caller is None and name not in ("torch.serialization", "torch._weights_only_unpickler"):
             caller = name
         frame = frame.f_back
-    return None
+    return caller or "?", False
 
 
 def _recording_add(safe_globals: Any) -> Any:
-    """torch's ``_add_safe_globals`` while recording: an import's registrations are judged like declarations."""
-    importer = _importer() if _recorders else None
-    if importer is None:
-        return _original_add(safe_globals)
-    accepted = []
-    judge = _recorders[0].judge
-    for entry in list(safe_globals):
-        reason = judge(entry) if judge is not None else None
-        for recorder in list(_recorders):
-            if reason:
-                recorder.refused.append((torch_key(entry) or repr(entry), importer, reason))
-            else:
-                recorder.kept.append(entry)
-        if not reason:
-            accepted.append(entry)
-    return _original_add(accepted)
+    """torch's ``_add_safe_globals``, noting who made each registration."""
+    entries = list(safe_globals)
+    who = _registrar()
+    for entry in entries:
+        try:
+            _registrars[entry] = who
+        except TypeError:  # unhashable: torch's set refuses it too
+            pass
+    return _original_add(entries)
 
 
-def start_recording(judge: Any) -> ImportRegistrations:
-    """Note globals registered by module imports (a backend's import-time ``add_safe_globals``);
-    *judge* (entry -> reason or None) decides which are refused."""
-    global _original_add
+def start_recording() -> None:
+    """Note who registers what until the matching :func:`stop_recording` (nested calls count)."""
+    global _original_add, _recording
     wou = _wou()
-    with registry_lock, deferred_interrupts():
-        recorder = ImportRegistrations(judge)
-        if not _recorders:
+    with registry_lock:
+        if _recording == 0:
             _original_add = wou._add_safe_globals
-            _recorders.append(recorder)
             wou._add_safe_globals = _recording_add
-        else:
-            _recorders.append(recorder)
-        return recorder
+        _recording += 1
 
 
-def stop_recording(recorder: ImportRegistrations) -> None:
+def stop_recording() -> None:
+    global _recording
     wou = _wou()
-    with registry_lock:  # one rebinding each: an interrupt leaves the hook either installed or not
-        _recorders[:] = [r for r in _recorders if r is not recorder]
-        if not _recorders and wou._add_safe_globals is _recording_add:
+    with registry_lock:
+        _recording = max(0, _recording - 1)
+        if _recording == 0 and wou._add_safe_globals is _recording_add:
             wou._add_safe_globals = _original_add
 
 
 def recording_active() -> bool:
-    """Whether torch's ``_add_safe_globals`` is currently replaced by the import recorder."""
+    """Whether torch's ``_add_safe_globals`` is currently wrapped by the recorder."""
     return bool(_wou()._add_safe_globals is _recording_add)
+
+
+def registrar(entry: Any) -> Optional[tuple[str, bool]]:
+    """(module, at import time) of whoever registered *entry* while a test ran, or None (not seen)."""
+    try:
+        return _registrars.get(entry)
+    except TypeError:
+        return None
+
+
+def _stdlib(module: str) -> bool:
+    top = module.partition(".")[0]
+    return top in getattr(sys, "stdlib_module_names", ("builtins",))
+
+
+def registered_by_torch(entry: Any) -> bool:
+    """Whether *entry* is torch's own registration: made by code in a ``torch.*`` module when the library
+    saw it; registered before (at ``import torch``, by a module imported at collection time), an object
+    torch's own modules register: defined in ``torch.*`` or Python's standard library (torch 2.14
+    registers the builtin exceptions)."""
+    seen = registrar(entry)
+    if seen is not None:
+        return is_torch_module(seen[0])
+    obj = entry[0] if isinstance(entry, tuple) and len(entry) == 2 else entry
+    real = torch_key(obj)
+    module = real.rpartition(".")[0] if real else ""
+    return bool(module) and (is_torch_module(module) or _stdlib(module))
 
 
 # -- torch's own registrations -----------------------------------------------------------------------
@@ -368,11 +366,11 @@ def torch_own_registrations() -> frozenset[str]:
 _confirmed_own: dict[Any, bool] = {}
 
 
-def registered_by_torch(entry: Any) -> bool:
-    """Whether *entry* is one torch's own modules register: a ``torch.*`` object registered under its
-    own ``module.qualname``, which resolves to that very object here and which a fresh interpreter
-    importing the same ``torch.*`` modules registers too (:func:`torch_own_registrations`; asked
-    only for such entries, and a confirmed one is remembered).  Cannot tell: :class:`ProbeFailed`."""
+def torch_registers_itself(entry: Any) -> bool:
+    """For judging a registry from outside a test (the tools): whether *entry* is one torch's own modules
+    register, as a fresh interpreter importing the same ``torch.*`` modules reports
+    (:func:`torch_own_registrations`): a ``torch.*`` object registered under its own name, resolving
+    to that very object here.  Cannot tell: :class:`ProbeFailed`."""
     obj, name = entry if isinstance(entry, tuple) and len(entry) == 2 else (entry, None)
     real = torch_key(obj)
     if real is None or not real.startswith("torch.") or (name is not None and name != real):
