@@ -32,8 +32,8 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import CheckpointFormatError, scan_checkpoint  # noqa: E402
-from torch_serial_testing.core.limits import default_scan_limits  # noqa: E402
+from torch_serial_testing import CheckpointFormatError, scan_checkpoint
+from torch_serial_testing.checkpoint import default_scan_limits
 
 
 def _families() -> dict[str, Callable[[int], bytes]]:
@@ -73,7 +73,7 @@ def bounds() -> list[str]:
 
 
 def report() -> list[str]:
-    from torch_serial_testing.cli import main
+    from torch_serial_testing.tools.cli import main
 
     body = b"\x80\x02" + b"".join(H.glob("os", f"n{i}") + b"0" for i in range(9_000)) + b"N."
     rows = []

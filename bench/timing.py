@@ -104,7 +104,7 @@ def library_round_trip(obj: Any, mode: str, declared: tuple[Any, ...]) -> Any:
 
 def forget_scans() -> None:
     """Drop the library's memory of checkpoints it has scanned (its one scan cache, of small checkpoints)."""
-    from torch_serial_testing.scan import checkpoint
+    from torch_serial_testing import checkpoint
 
     checkpoint._small_infos.clear()
 

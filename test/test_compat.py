@@ -31,11 +31,11 @@ from test.helpers.roundtrip_fixtures import (
     clean_env,
 )
 from torch_serial_testing import Checkpoint, LoadMode, UnexpectedLoadOutcome, instantiate_round_trip_tests
-from torch_serial_testing.loading import load as load_modes
-from torch_serial_testing.loading.prediction import predict
-from torch_serial_testing.policy.declared import normalize_safe_globals
-from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
-from torch_serial_testing.torch_facts.probes import ProbeFailed
+from torch_serial_testing import load as load_modes
+from torch_serial_testing.prediction import predict
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing.modes import torch_default_weights_only
+from torch_serial_testing.probes import ProbeFailed
 from test.helpers.other_torches import as_genuine_load
 from test.helpers.python_compat import decorator_skipped, expected_tests_run
 from test.helpers.subprocess_env import child_env

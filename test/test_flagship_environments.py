@@ -17,8 +17,8 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from torch_serial_testing.torch_facts.registry import torch_allowlist
-from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
+from torch_serial_testing.registry import torch_allowlist
+from torch_serial_testing.modes import torch_default_weights_only
 
 from test.helpers.roundtrip_fixtures import MODE_SKIPS, READS_FORCE_NO_WEIGHTS_ONLY
 from test.helpers.python_compat import expected_tests_run

@@ -12,7 +12,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .core.errors import (
+from .case import SerializationRoundTripTestCase
+from .declarations import UnsafeCallable
+from .devices import available_device_types
+from .engines import override_qengine, supported_qengines
+from .errors import (
     AllowlistError,
     CheckpointFormatError,
     ConflictingEnvironmentError,
@@ -20,39 +24,41 @@ from .core.errors import (
     RoundTripConfigError,
     UnexpectedLoadOutcome,
     UnsafeLoadRefused,
+    qualified_name,
 )
-from .core.limits import ScanLimits, scan_limits
-from .core.modes import LoadMode
-from .core.names import qualified_name
-from .policy.declared import UnsafeCallable
-from .policy.trust import dangerous_reason, judge_global
-from .testing.case import CaseSpec, ExpectedRejection, SerializationRoundTripTestCase
-from .testing.instantiation import (
+from .instantiation import (
     cross_engine,
     import_round_trip_tests,
     instantiate_round_trip_tests,
     no_round_trip_dims,
     round_trip_dims,
 )
-from .testing.isolation import GlobalState
-from .torch_facts.devices import available_device_types
-from .torch_facts.engines import override_qengine, supported_qengines
+from .isolation import GlobalState
+from .model import ScanLimits, scan_limits
+from .modes import LoadMode
+from .outcomes import ExpectedRejection
+from .variants import CaseSpec
 
 # What only a round trip or a scan needs is imported on first use, so ``import
 # torch_serial_testing`` and defining test classes stay cheap.  Name -> its module.
 _ON_FIRST_USE = {
-    **dict.fromkeys(("Checkpoint", "CheckpointInfo", "scan_checkpoint"), "scan.checkpoint"),
-    **dict.fromkeys(("RoundTripMismatch", "assert_round_trip_equal"), "testing.comparison"),
-    **dict.fromkeys(("Expectation", "predict"), "loading.prediction"),
-    **dict.fromkeys(("LoadResult", "load", "round_trip"), "loading.load"),
-    "required_globals": "loading.required",
-    **dict.fromkeys(("refusal_notes", "safe_globals_snippet"), "policy.snippet"),
+    **dict.fromkeys(("Checkpoint", "CheckpointInfo", "scan_checkpoint"), "checkpoint"),
+    **dict.fromkeys(("RoundTripMismatch", "assert_round_trip_equal"), "comparison"),
+    **dict.fromkeys(("Expectation", "predict", "required_globals"), "prediction"),
+    **dict.fromkeys(("LoadResult", "load", "round_trip"), "load"),
 }
+#: Names that judge bytes from strangers: they live in the tools, which the core never imports.
+_IN_THE_TOOLS = ("judge_global", "dangerous_reason", "refusal_notes", "safe_globals_snippet")
 
 
 def __getattr__(name: str) -> Any:
     module = _ON_FIRST_USE.get(name)
     if module is None:
+        if name in _IN_THE_TOOLS:
+            raise AttributeError(
+                f"{name} judges checkpoints from strangers and lives in the tools since 0.2.0: "
+                f"from {__name__}.tools import {name}"
+            )
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later lookups are plain attribute reads
@@ -88,20 +94,16 @@ __all__ = [
     "assert_round_trip_equal",
     "available_device_types",
     "cross_engine",
-    "dangerous_reason",
     "import_round_trip_tests",
     "instantiate_round_trip_tests",
-    "judge_global",
     "load",
     "no_round_trip_dims",
     "override_qengine",
     "predict",
     "qualified_name",
-    "refusal_notes",
     "required_globals",
     "round_trip",
     "round_trip_dims",
-    "safe_globals_snippet",
     "scan_checkpoint",
     "scan_limits",
     "supported_qengines",

@@ -6,7 +6,7 @@ import tempfile
 import torch
 
 from torch_serial_testing import Checkpoint, CheckpointFormatError, scan_checkpoint
-from torch_serial_testing.core.limits import scan_limits
+from torch_serial_testing.checkpoint import scan_limits
 
 with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, "model.pt")

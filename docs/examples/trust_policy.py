@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from torch_serial_testing import RoundTripConfigError, UnsafeCallable, dangerous_reason, judge_global
-from torch_serial_testing.policy.declared import normalize_safe_globals
+from torch_serial_testing.declarations import normalize_safe_globals
 
 
 class Log:

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from torch_serial_testing.audit import observe
-from torch_serial_testing.audit.analysis import needs_of, verified_fix
-from torch_serial_testing.audit.summary import verdict
+from torch_serial_testing.tools.audit import observe
+from torch_serial_testing.tools.audit.analysis import needs_of, verified_fix
+from torch_serial_testing.tools.audit.summary import verdict
 
 
 def saved(obj: Any) -> bytes:
@@ -124,8 +124,8 @@ class TestObserverInProcess(unittest.TestCase):
         self.assertTrue(loads[0]["site"].endswith(f"test_analysis.py:{_line('torch.load(io.BytesIO(data))')}"))
 
     def test_the_librarys_saves_by_torchs_own_function_are_observed(self) -> None:
-        from torch_serial_testing.audit.analysis import digest
-        from torch_serial_testing.scan.checkpoint import Checkpoint
+        from torch_serial_testing.tools.audit.analysis import digest
+        from torch_serial_testing.checkpoint import Checkpoint
 
         checkpoint = Checkpoint.save({"w": torch.ones(2)})  # torch's genuine save: the torch.save wrapper never sees it
         data = checkpoint.rewound().read()

@@ -9,8 +9,8 @@ import unittest
 import torch
 
 import torch_serial_testing as tst
-from torch_serial_testing.audit.summary import VERDICTS, verdict
-from torch_serial_testing.torch_facts.load_call import torch_reads_force_no_weights_only
+from torch_serial_testing.tools.audit.summary import VERDICTS, verdict
+from torch_serial_testing.tools.facts import torch_reads_force_no_weights_only
 
 from .runs import TEST_ROOT, audit, fixture_line, run, unittest_cmd
 

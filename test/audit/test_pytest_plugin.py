@@ -6,7 +6,7 @@ import subprocess
 import sys
 import unittest
 
-from torch_serial_testing.audit.summary import VERDICTS, verdict
+from torch_serial_testing.tools.audit.summary import VERDICTS, verdict
 
 from .runs import PLUGIN, pytest_audit
 from .test_audit_cli import SEED, SEED_TESTS

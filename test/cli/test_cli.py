@@ -25,21 +25,14 @@ import torch
 
 from torch_serial_testing import Checkpoint
 
-from torch_serial_testing.cli import contract
-from torch_serial_testing.cli.contract import (
-    EXIT_ATTENTION,
-    EXIT_CODES,
-    EXIT_DANGEROUS,
-    EXIT_OK,
-    EXIT_USAGE,
-    SCHEMA_VERSION,
-)
-from torch_serial_testing.cli.doctor import AUTOLOAD, ENV_VARS, WAIT_LIMIT
-from torch_serial_testing.cli.inspection import MODES
-from torch_serial_testing.loading import load as load_modes
-from torch_serial_testing.torch_facts.registry import preserved_registry, torch_allowlist
-from torch_serial_testing.torch_facts.engines import override_qengine
-from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
+from torch_serial_testing.tools.cli import contract
+from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_CODES, EXIT_DANGEROUS, EXIT_OK, EXIT_USAGE, SCHEMA_VERSION
+from torch_serial_testing.tools.cli.doctor import AUTOLOAD, ENV_VARS, WAIT_LIMIT
+from torch_serial_testing.tools.cli.inspection import MODES
+from torch_serial_testing import load as load_modes
+from torch_serial_testing.registry import preserved_registry, torch_allowlist
+from torch_serial_testing.engines import override_qengine
+from torch_serial_testing.modes import torch_default_weights_only
 
 from test.helpers.hostile_checkpoints import DANGEROUS_GLOBALS, build_all, legacy_tar
 from test.helpers.roundtrip_fixtures import FORCE_NO_WO, FORCE_WO, READS_FORCE_NO_WEIGHTS_ONLY, SAFE_GLOBALS_SKIP
@@ -885,7 +878,7 @@ class TestDoctor(CLITestBase):
         # doctor's default_weights_only (value, warns) for a switch setting is what a bare
         # torch.load does under it: refused weights-only (True), fully unpickled (False; warned or
         # not), or RuntimeError for every load (None) -- checked here against torch itself.
-        from torch_serial_testing.cli.doctor import doctor_report
+        from torch_serial_testing.tools.cli.doctor import doctor_report
 
         buf = io.BytesIO()
         torch.save(_NotAllowlisted(), buf)
@@ -941,7 +934,7 @@ class TestDoctor(CLITestBase):
                 self.assertEqual(wo["reason"], reason)
 
     def test_near_miss_names_and_no_false_alarms(self):
-        from torch_serial_testing.cli.doctor import near_miss_switches
+        from torch_serial_testing.tools.cli.doctor import near_miss_switches
 
         typos = {
             "TORCH_FORCE_WEIGHTS_ONLY": FORCE_WO,

@@ -12,9 +12,9 @@ from unittest import mock
 
 import torch
 
-from torch_serial_testing.cli import build_parser
-from torch_serial_testing.cli.inspection import format_inspect, inspect_report
-from torch_serial_testing.torch_facts.load_call import torch_reads_force_no_weights_only
+from torch_serial_testing.tools.cli import build_parser
+from torch_serial_testing.tools.cli.inspection import format_inspect, inspect_report
+from torch_serial_testing.tools.facts import torch_reads_force_no_weights_only
 
 from test.cli.test_cli import EXPECTED_EXIT_CODES, _seed_module, exit_code_blocks
 

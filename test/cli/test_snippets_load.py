@@ -16,7 +16,7 @@ import tempfile
 import textwrap
 import unittest
 
-from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK
+from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK
 
 from test.helpers.subprocess_env import child_env
 

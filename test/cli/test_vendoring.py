@@ -34,8 +34,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import torch_serial_testing
-from torch_serial_testing.cli import vendor as vendor_mod
-from torch_serial_testing.torch_facts.probes import FRESH_PROBE_ENV
+from torch_serial_testing.tools.cli import vendor as vendor_mod
+from torch_serial_testing.probes import FRESH_PROBE_ENV
 
 from test.helpers.source_lines import def_lines_of
 from test.test_flagship_environments import skipped_tests

@@ -27,7 +27,7 @@ import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
 
-from torch_serial_testing.torch_facts import engines
+from torch_serial_testing import engines
 
 warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
 

@@ -49,9 +49,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the project root: 
 import torch  # noqa: E402
 
 import torch_serial_testing  # noqa: E402
-from torch_serial_testing.loading import load as loading  # noqa: E402
-from torch_serial_testing.testing.case import SerializationRoundTripTestCase  # noqa: E402
-from torch_serial_testing.torch_facts import engines, loader, registry  # noqa: E402
+from torch_serial_testing import load as loading
+from torch_serial_testing.case import SerializationRoundTripTestCase
+from torch_serial_testing import engines, serialization as loader, registry
 
 from test.helpers.isolation_fixtures import Gate, READS_FORCE_NO, clean_env, process_state, run_tests  # noqa: E402
 from test.testing.test_interrupts import _interrupted_class  # noqa: E402

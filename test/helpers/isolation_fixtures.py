@@ -17,9 +17,9 @@ from unittest import mock
 
 import torch
 
-from torch_serial_testing.core.names import qualified_name
-from torch_serial_testing.policy.declared import normalize_safe_globals
-from torch_serial_testing.torch_facts import engines, load_call, loader, registry
+from torch_serial_testing.errors import qualified_name
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing import engines, modes as load_call, serialization as loader, registry
 
 _hook: Optional[Callable[[], None]] = None
 

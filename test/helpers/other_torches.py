@@ -32,11 +32,11 @@ from unittest import mock
 import torch
 from torch import _weights_only_unpickler as wou
 
-from torch_serial_testing.loading import prediction
-from torch_serial_testing.scan import walk_rules
-from torch_serial_testing.torch_facts import records, unpickler
-from torch_serial_testing.torch_facts.probes import innermost_frame
-from torch_serial_testing.torch_facts.unpickler import UnpicklerRules, unpickler_rules
+from torch_serial_testing import prediction
+from torch_serial_testing import unpickler as walk_rules
+from torch_serial_testing import unpickler as records, unpickler
+from torch_serial_testing.probes import innermost_frame
+from torch_serial_testing.unpickler import UnpicklerRules, unpickler_rules
 
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -413,7 +413,7 @@ def load_standin(load: Callable[..., Any]) -> Iterator[None]:
 def as_genuine_load(load: Callable[..., Any]) -> Any:
     """Inside the block the library takes *load* (a function playing another torch's
     ``torch.serialization.load``) for torch's own (``serialization_state.genuine``)."""
-    from torch_serial_testing.torch_facts import serialization_state
+    from torch_serial_testing import serialization as serialization_state
 
     entry = (load, load.__code__, load.__defaults__, serialization_state._kwdefaults(load))
     return mock.patch.dict(serialization_state._genuine, {"load": entry})

@@ -165,8 +165,8 @@ def default_outcome(missing) -> str:
 
 
 def _mode_facts() -> dict:
-    from torch_serial_testing.core.modes import LoadMode
-    from torch_serial_testing.loading.load import mode_skip_reason
+    from torch_serial_testing.modes import LoadMode
+    from torch_serial_testing.load import mode_skip_reason
 
     skips = {mode.value: reason for mode in LoadMode if (reason := mode_skip_reason(mode)) is not None}
     return {
@@ -191,7 +191,7 @@ def assert_mode_skips_here(test, mode, call) -> bool:
     """
     import unittest
 
-    from torch_serial_testing.core.modes import LoadMode
+    from torch_serial_testing.modes import LoadMode
 
     reason = _mode_facts()["MODE_SKIPS"].get(LoadMode.parse(mode).value)
     if reason is None:

@@ -26,14 +26,14 @@ from test.helpers.roundtrip_fixtures import (
 )
 from test.helpers.other_torches import RaisingUnpickler, load_standin, switch_reader, unpickler_standin
 from torch_serial_testing import Checkpoint, LoadMode, predict
-from torch_serial_testing.loading import load as load_modes
-from torch_serial_testing.loading import prediction
-from torch_serial_testing.torch_facts import load_call
-from torch_serial_testing.torch_facts.loader import torch_load_replacement
-from torch_serial_testing.torch_facts.probes import ProbeFailed
-from torch_serial_testing.policy.declared import normalize_safe_globals
-from torch_serial_testing.torch_facts.registry import preserved_registry
-from torch_serial_testing.core.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
+from torch_serial_testing import load as load_modes
+from torch_serial_testing import prediction
+from torch_serial_testing import modes as load_call
+from torch_serial_testing.serialization import torch_load_replacement
+from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing.registry import preserved_registry
+from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
 
 WO, NO_WO = load_call.FORCE_WO, load_call.FORCE_NO_WO
 TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)  # TinyNet, and set where torch's allowlist lacks it
@@ -172,7 +172,7 @@ class TestOpcodes(unittest.TestCase):
 
     def test_opcode_set_asked_of_torch_without_fallback(self):
         from test.helpers.other_torches import torch_zip_of
-        from torch_serial_testing.torch_facts.unpickler import unpickler_rules
+        from torch_serial_testing.unpickler import unpickler_rules
 
         opcodes = unpickler_rules().opcodes
         self.assertTrue({"GLOBAL", "REDUCE", "BINPERSID", "STOP"} <= opcodes)

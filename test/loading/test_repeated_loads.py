@@ -12,13 +12,13 @@ import torch
 import torch_serial_testing as tst
 from test.helpers.roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet, clean_env
 from torch_serial_testing import Checkpoint, LoadMode
-from torch_serial_testing.torch_facts import load_call as decision
-from torch_serial_testing.core import environ
-from torch_serial_testing.loading import load as load_modes
-from torch_serial_testing.torch_facts import load_call as switches
-from torch_serial_testing.torch_facts.registry import allowlisted
-from torch_serial_testing.policy.declared import as_safe_globals
-from torch_serial_testing.core.errors import RoundTripConfigError
+from torch_serial_testing import modes as decision
+from torch_serial_testing import modes as environ
+from torch_serial_testing import load as load_modes
+from torch_serial_testing import modes as switches
+from torch_serial_testing.registry import allowlisted
+from torch_serial_testing.declarations import as_safe_globals
+from torch_serial_testing.errors import RoundTripConfigError
 
 WO, NO_WO = switches.FORCE_WO, switches.FORCE_NO_WO
 

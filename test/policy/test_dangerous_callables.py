@@ -19,12 +19,12 @@ import torch.utils.collect_env  # noqa: E402,F401
 import torch.utils.data.datapipes.utils.decoder as decoder  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import RoundTripConfigError, UnsafeCallable, dangerous_reason, judge_global  # noqa: E402
-from torch_serial_testing.cli.contract import EXIT_DANGEROUS  # noqa: E402
-from torch_serial_testing.cli.inspection import inspect_report  # noqa: E402
-from torch_serial_testing.policy.declared import normalize_safe_globals  # noqa: E402
-from torch_serial_testing.policy.snippet import refusal_notes  # noqa: E402
-from torch_serial_testing.policy.trust import judge_name  # noqa: E402
+from torch_serial_testing import RoundTripConfigError, UnsafeCallable, dangerous_reason, judge_global
+from torch_serial_testing.tools.cli.contract import EXIT_DANGEROUS
+from torch_serial_testing.tools.cli.inspection import inspect_report
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing.tools.policy.snippet import refusal_notes
+from torch_serial_testing.tools.policy.trust import judge_name
 
 #: The review's samples and our own, by name: (name, what the reason must say).
 BY_NAME = {

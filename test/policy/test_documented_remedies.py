@@ -15,19 +15,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import numpy as np  # noqa: E402  (torch imports numpy already)
 
-from torch_serial_testing import (  # noqa: E402
-    Checkpoint,
-    SerializationRoundTripTestCase,
-    UnsafeCallable,
-    judge_global,
-    required_globals,
-)
-from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_OK  # noqa: E402
-from torch_serial_testing.cli.inspection import inspect_report  # noqa: E402
-from torch_serial_testing.policy.declared import normalize_safe_globals  # noqa: E402
-from torch_serial_testing.policy.trust import judge_name  # noqa: E402
-from torch_serial_testing.torch_facts import remedies  # noqa: E402
-from torch_serial_testing.torch_facts.probes import Outcome, ProbeFailed  # noqa: E402
+from torch_serial_testing import Checkpoint, SerializationRoundTripTestCase, UnsafeCallable, judge_global, required_globals
+from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_OK
+from torch_serial_testing.tools.cli.inspection import inspect_report
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing.tools.policy.trust import judge_name
+from torch_serial_testing.tools.policy import remedies
+from torch_serial_testing.probes import Outcome, ProbeFailed
 
 from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 

@@ -29,14 +29,14 @@ import torch.cuda.gds  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import RoundTripConfigError, SerializationRoundTripTestCase, judge_global  # noqa: E402
-from torch_serial_testing.cli import main as cli_main  # noqa: E402
-from torch_serial_testing.cli.contract import EXIT_DANGEROUS, EXIT_OK  # noqa: E402
-from torch_serial_testing.cli.inspection import format_inspect, inspect_report  # noqa: E402
-from torch_serial_testing.policy.declared import normalize_safe_globals  # noqa: E402
-from torch_serial_testing.policy.reach import TRUSTED_NATIVE  # noqa: E402
-from torch_serial_testing.policy.snippet import refusal_notes, safe_globals_snippet  # noqa: E402
-from torch_serial_testing.policy.trust import judge_name  # noqa: E402
+from torch_serial_testing import RoundTripConfigError, SerializationRoundTripTestCase, judge_global
+from torch_serial_testing.tools.cli import main as cli_main
+from torch_serial_testing.tools.cli.contract import EXIT_DANGEROUS, EXIT_OK
+from torch_serial_testing.tools.cli.inspection import format_inspect, inspect_report
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing.tools.policy.reach import TRUSTED_NATIVE
+from torch_serial_testing.tools.policy.snippet import refusal_notes, safe_globals_snippet
+from torch_serial_testing.tools.policy.trust import judge_name
 
 from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 

@@ -33,24 +33,12 @@ import torch  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 import torch_serial_testing as tst  # noqa: E402
-from torch_serial_testing import (  # noqa: E402
-    AllowlistError,
-    Checkpoint,
-    CheckpointFormatError,
-    ExpectedRejection,
-    LoadMode,
-    RoundTripConfigError,
-    SerializationRoundTripTestCase,
-    UnsafeLoadRefused,
-    dangerous_reason,
-    required_globals,
-    scan_checkpoint,
-)
-from torch_serial_testing.policy.declared import SafeGlobal, normalize_safe_globals  # noqa: E402
-from torch_serial_testing.torch_facts.load_call import torch_default_weights_only  # noqa: E402
-from torch_serial_testing.torch_facts.loader import torch_load_replacement  # noqa: E402
-from torch_serial_testing.torch_facts.records import torchscript_refusal  # noqa: E402
-from torch_serial_testing.torch_facts.registry import torch_allowlist  # noqa: E402
+from torch_serial_testing import AllowlistError, Checkpoint, CheckpointFormatError, ExpectedRejection, LoadMode, RoundTripConfigError, SerializationRoundTripTestCase, UnsafeLoadRefused, dangerous_reason, required_globals, scan_checkpoint
+from torch_serial_testing.declarations import SafeGlobal, normalize_safe_globals
+from torch_serial_testing.modes import torch_default_weights_only
+from torch_serial_testing.serialization import torch_load_replacement
+from torch_serial_testing.unpickler import torchscript_refusal
+from torch_serial_testing.registry import torch_allowlist
 
 from test.helpers.roundtrip_fixtures import READS_FORCE_NO_WEIGHTS_ONLY, SAFE_GLOBALS_SKIP, assert_mode_skips_here  # noqa: E402
 from test.helpers.subprocess_env import child_env  # noqa: E402

@@ -21,11 +21,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402,F401
 
-from torch_serial_testing import Checkpoint  # noqa: E402
-from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS  # noqa: E402
-from torch_serial_testing.cli.inspection import inspect_report  # noqa: E402
-from torch_serial_testing.core.names import pickle_forms  # noqa: E402
-from torch_serial_testing.policy.trust import judge_name  # noqa: E402
+from torch_serial_testing import Checkpoint
+from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS
+from torch_serial_testing.tools.cli.inspection import inspect_report
+from torch_serial_testing.tools.names import pickle_forms
+from torch_serial_testing.tools.policy.trust import judge_name
 
 from test.policy.test_trust_policy import _call_checkpoint  # noqa: E402
 

@@ -20,9 +20,9 @@ import torch  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 import torch_serial_testing as tst  # noqa: E402
-from torch_serial_testing import Checkpoint, RoundTripConfigError, SerializationRoundTripTestCase  # noqa: E402
-from torch_serial_testing.policy.declared import SafeGlobal, as_safe_globals, normalize_safe_globals  # noqa: E402
-from torch_serial_testing.policy.trust import judge_global  # noqa: E402
+from torch_serial_testing import Checkpoint, RoundTripConfigError, SerializationRoundTripTestCase
+from torch_serial_testing.declarations import SafeGlobal, as_safe_globals, normalize_safe_globals
+from torch_serial_testing.tools.policy.trust import judge_global
 
 from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 
@@ -162,8 +162,8 @@ class TestSmuggledIdentities(unittest.TestCase):
                 self.assertIsNone(judge_global(sg.obj, sg.name))
 
     def test_doctor_judges_registered_objects(self) -> None:
-        from torch_serial_testing.torch_facts.registry import preserved_registry
-        from torch_serial_testing.cli.doctor import doctor_report
+        from torch_serial_testing.registry import preserved_registry
+        from torch_serial_testing.tools.cli.doctor import doctor_report
 
         with preserved_registry():
             clean = [p for p in doctor_report()["problems"] if "trust policy" in p]

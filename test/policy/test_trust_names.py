@@ -22,22 +22,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import (  # noqa: E402
-    AllowlistError,
-    Checkpoint,
-    RoundTripConfigError,
-    SerializationRoundTripTestCase,
-    refusal_notes,
-    safe_globals_snippet,
-)
-from torch_serial_testing import cli  # noqa: E402
-from torch_serial_testing.policy.declared import normalize_safe_globals  # noqa: E402
-from torch_serial_testing.torch_facts.registry import preserved_registry  # noqa: E402
-from torch_serial_testing.cli.doctor import doctor_report, format_doctor  # noqa: E402
-from torch_serial_testing.cli.contract import EXIT_DANGEROUS  # noqa: E402
-from torch_serial_testing.cli.inspection import format_inspect, inspect_report  # noqa: E402
-from torch_serial_testing.core.names import escape_text, name_problem, show_name  # noqa: E402
-from torch_serial_testing.policy.trust import judge_name  # noqa: E402
+from torch_serial_testing import AllowlistError, Checkpoint, RoundTripConfigError, SerializationRoundTripTestCase, refusal_notes, safe_globals_snippet
+from torch_serial_testing.tools import cli
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing.registry import preserved_registry
+from torch_serial_testing.tools.cli.doctor import doctor_report, format_doctor
+from torch_serial_testing.tools.cli.contract import EXIT_DANGEROUS
+from torch_serial_testing.tools.cli.inspection import format_inspect, inspect_report
+from torch_serial_testing.errors import escape_text, name_problem, show_name
+from torch_serial_testing.tools.policy.trust import judge_name
 
 from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 

@@ -17,21 +17,12 @@ import numpy as np  # noqa: E402  (torch imports numpy already)
 import torch  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import (  # noqa: E402
-    AllowlistError,
-    Checkpoint,
-    RoundTripConfigError,
-    SerializationRoundTripTestCase,
-    UnsafeCallable,
-    dangerous_reason,
-    judge_global,
-    required_globals,
-)
-from torch_serial_testing.policy.declared import normalize_safe_globals  # noqa: E402
-from torch_serial_testing.torch_facts.registry import torch_allowlist_objects  # noqa: E402
-from torch_serial_testing.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS  # noqa: E402
-from torch_serial_testing.cli.inspection import format_inspect, inspect_report  # noqa: E402
-from torch_serial_testing.policy.trust import judge_name  # noqa: E402
+from torch_serial_testing import AllowlistError, Checkpoint, RoundTripConfigError, SerializationRoundTripTestCase, UnsafeCallable, dangerous_reason, judge_global, required_globals
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing.registry import torch_allowlist_objects
+from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS
+from torch_serial_testing.tools.cli.inspection import format_inspect, inspect_report
+from torch_serial_testing.tools.policy.trust import judge_name
 
 from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 

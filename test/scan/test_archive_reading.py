@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 
-from torch_serial_testing import Checkpoint, CheckpointFormatError, predict, scan_checkpoint  # noqa: E402
-from torch_serial_testing.core.limits import scan_limits  # noqa: E402
+from torch_serial_testing import Checkpoint, CheckpointFormatError, predict, scan_checkpoint
+from torch_serial_testing.checkpoint import scan_limits
 
 GOOD = pickle.dumps({"a": 1}, protocol=2)
 EVIL = pickle.dumps(__import__("collections").deque([1]), protocol=2)  # names collections.deque
@@ -293,7 +293,7 @@ class TestRememberedScans(unittest.TestCase):
     def test_a_shared_key_is_a_miss(self) -> None:
         from unittest import mock
 
-        from torch_serial_testing.scan import checkpoint as ck
+        from torch_serial_testing import checkpoint as ck
 
         a, b = self.saved({"x": Alpha()}), self.saved({"x": Omega()})
         self.assertEqual(len(a), len(b))  # the same size: only the key's tail could tell them apart

@@ -21,9 +21,9 @@ from contextlib import redirect_stdout
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import CheckpointFormatError, scan_checkpoint  # noqa: E402
-from torch_serial_testing.cli import main  # noqa: E402
-from torch_serial_testing.core.limits import ScanLimits, scan_limits  # noqa: E402
+from torch_serial_testing import CheckpointFormatError, scan_checkpoint
+from torch_serial_testing.tools.cli import main
+from torch_serial_testing.checkpoint import ScanLimits, scan_limits
 
 OBJ = H.glob("mymod", "Y") + b")\x81q\x00}q\x010"  # an object, a dict state in memo 1
 

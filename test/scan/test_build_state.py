@@ -20,11 +20,11 @@ import torch
 
 import torch_serial_testing as tst
 from torch_serial_testing import Checkpoint, predict
-from torch_serial_testing.loading import prediction
-from torch_serial_testing.torch_facts.registry import allowlisted
-from torch_serial_testing.scan.build_state import build_failure, state_shape
-from torch_serial_testing.core.errors import UnexpectedLoadOutcome
-from torch_serial_testing.torch_facts.unpickler import BuildRules, unpickler_rules
+from torch_serial_testing import prediction
+from torch_serial_testing.registry import allowlisted
+from torch_serial_testing.model import build_failure, state_shape
+from torch_serial_testing.errors import UnexpectedLoadOutcome
+from torch_serial_testing.unpickler import BuildRules, unpickler_rules
 
 from test.helpers.other_torches import Torch24Build, simulated_rules, unpickler_standin
 from test.helpers.roundtrip_fixtures import assert_mode_skips_here

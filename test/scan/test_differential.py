@@ -25,10 +25,10 @@ import torch
 from test.helpers.other_torches import load_standin, switch_reader
 from test.helpers.roundtrip_fixtures import TinyNet
 from torch_serial_testing import Checkpoint, CheckpointInfo, load, predict, required_globals
-from torch_serial_testing.core.errors import CheckpointFormatError, RoundTripConfigError
-from torch_serial_testing.loading.prediction import declared_names
-from torch_serial_testing.torch_facts import load_call
-from torch_serial_testing.torch_facts.probes import ProbeFailed
+from torch_serial_testing.errors import CheckpointFormatError, RoundTripConfigError
+from torch_serial_testing.prediction import declared_names
+from torch_serial_testing import modes as load_call
+from torch_serial_testing.probes import ProbeFailed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from tools.differential import corpus, corpus_classes, oracle, worker  # noqa: E402
@@ -103,7 +103,7 @@ class TestSwitchReadings(unittest.TestCase):
             self.assertEqual((exp.weights_only, exp.loads), (True, False))
 
     def test_doctor_names_this_torchs_spellings(self) -> None:
-        from torch_serial_testing.cli import doctor
+        from torch_serial_testing.tools.cli import doctor
 
         problems: list[str] = []
         with load_standin(switch_reader(**TORCH_28_LIKE)):

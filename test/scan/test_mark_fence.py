@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 from tools.differential import mark_cases  # noqa: E402
-from torch_serial_testing import CheckpointFormatError, predict, scan_checkpoint  # noqa: E402
-from torch_serial_testing.scan.checkpoint import Checkpoint  # noqa: E402
+from torch_serial_testing import CheckpointFormatError, predict, scan_checkpoint
+from torch_serial_testing.checkpoint import Checkpoint
 
 
 def _weights_only_raises(data: bytes) -> bool:

@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 from test.helpers.polyglots import ascii_pickle, tar_legacy_polyglot  # noqa: E402
-from torch_serial_testing import CheckpointFormatError, scan_checkpoint  # noqa: E402
-from torch_serial_testing.cli import main  # noqa: E402
+from torch_serial_testing import CheckpointFormatError, scan_checkpoint
+from torch_serial_testing.tools.cli import main
 
 #: builtins.exec('1'): what a full load of the stream reading would run.
 EXEC_PICKLE = b"\x80\x02" + H.glob("builtins", "exec") + b"X\x01\x00\x00\x001\x85R."

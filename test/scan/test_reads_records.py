@@ -15,7 +15,7 @@ import unittest
 import torch
 
 from torch_serial_testing import scan_checkpoint
-from torch_serial_testing.scan.checkpoint import Checkpoint
+from torch_serial_testing.checkpoint import Checkpoint
 
 TENSOR_BYTES = 16 << 20
 

@@ -19,9 +19,9 @@ from contextlib import redirect_stdout
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import CheckpointFormatError, scan_checkpoint  # noqa: E402
-from torch_serial_testing.cli import main  # noqa: E402
-from torch_serial_testing.scan.checkpoint import Checkpoint  # noqa: E402
+from torch_serial_testing import CheckpointFormatError, scan_checkpoint
+from torch_serial_testing.tools.cli import main
+from torch_serial_testing.checkpoint import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

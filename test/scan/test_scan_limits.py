@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 
-from torch_serial_testing import CheckpointFormatError, scan_checkpoint  # noqa: E402
-from torch_serial_testing.core.limits import ScanLimits, default_scan_limits, scan_limits  # noqa: E402
+from torch_serial_testing import CheckpointFormatError, scan_checkpoint
+from torch_serial_testing.checkpoint import ScanLimits, default_scan_limits, scan_limits
 
 MB = 1 << 20
 

@@ -26,10 +26,10 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import Checkpoint, predict, required_globals, scan_checkpoint
-from torch_serial_testing.torch_facts.registry import allowlisted
-from torch_serial_testing.scan.model import numpy_dtype_class
-from torch_serial_testing.torch_facts.probes import ProbeFailed
-from torch_serial_testing.torch_facts.unpickler import PersidRules, global_refusal, unpickler_rules
+from torch_serial_testing.registry import allowlisted
+from torch_serial_testing.model import numpy_dtype_class
+from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import PersidRules, global_refusal, unpickler_rules
 
 from test.helpers.other_torches import (
     Torch26Spelling,

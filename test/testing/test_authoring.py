@@ -33,13 +33,7 @@ from test.helpers.roundtrip_fixtures import (
     TinyNet,
 )
 from test.helpers.subprocess_env import child_env
-from torch_serial_testing import (
-    ExpectedRejection,
-    LoadMode,
-    RoundTripConfigError,
-    SerializationRoundTripTestCase,
-    supported_qengines,
-)
+from torch_serial_testing import ExpectedRejection, LoadMode, RoundTripConfigError, SerializationRoundTripTestCase, supported_qengines
 
 TEST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TEST_DIR)

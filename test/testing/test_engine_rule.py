@@ -17,7 +17,7 @@ import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, cross_engine, instantiate_round_trip_tests
 
-from torch_serial_testing.torch_facts import engines
+from torch_serial_testing import engines
 
 from test.helpers.isolation_fixtures import process_state, run_tests
 

@@ -21,7 +21,7 @@ import textwrap
 import unittest
 import xml.etree.ElementTree as ET
 
-from torch_serial_testing.torch_facts import engines
+from torch_serial_testing import engines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELPERS = os.path.join(ROOT, "test", "helpers")

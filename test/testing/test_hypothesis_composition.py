@@ -64,7 +64,7 @@ def _run(test: unittest.TestCase) -> tuple[unittest.TestResult, str]:
 @unittest.skipIf(given is None, "hypothesis is not installed (pip install -e .[test] brings it)")
 class TestHypothesisComposition(unittest.TestCase):
     def setUp(self) -> None:
-        from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
+        from torch_serial_testing.modes import torch_default_weights_only
 
         forced = sorted(k for k in os.environ if k.startswith("TORCH_FORCE_"))
         if forced or not torch_default_weights_only()[0]:

@@ -16,16 +16,9 @@ import torch
 from test.helpers.python_compat import verbose_ids
 from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, TINY_SAFE_GLOBALS, TinyNet
 from test.helpers.subprocess_env import child_env, import_path
-from torch_serial_testing import (
-    RoundTripConfigError,
-    SerializationRoundTripTestCase,
-    cross_engine,
-    instantiate_round_trip_tests,
-    no_round_trip_dims,
-    round_trip_dims,
-)
-from torch_serial_testing.torch_facts import devices, engines
-from torch_serial_testing.torch_facts.devices import resolve_devices
+from torch_serial_testing import RoundTripConfigError, SerializationRoundTripTestCase, cross_engine, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims
+from torch_serial_testing import devices, engines
+from torch_serial_testing.devices import resolve_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEST_DIR = os.path.dirname(HERE)

@@ -24,8 +24,8 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import GlobalState, SerializationRoundTripTestCase, instantiate_round_trip_tests
-from torch_serial_testing.testing import isolation
-from torch_serial_testing.torch_facts import engines, loader, registry
+from torch_serial_testing import isolation
+from torch_serial_testing import engines, serialization as loader, registry
 
 from test.helpers.isolation_fixtures import (
     Gate,
@@ -320,7 +320,7 @@ class TestInterruptInEachRestoreStep(StateCase):
     def test_warning_observation_restore(self) -> None:
         if not READS_FORCE_NO:
             self.skipTest(f"torch {torch.__version__} does not read {NO_WO} (torch < 2.6)")
-        from torch_serial_testing.loading import load as loading
+        from torch_serial_testing import load as loading
 
         for when in ("before", "after"):
             with self.subTest(when=when), clean_env(**{NO_WO: "1"}):

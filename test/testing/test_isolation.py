@@ -24,16 +24,13 @@ from typing import Any
 
 import torch
 
-from torch_serial_testing import (
-    LeakedGlobalStateError,
-    SerializationRoundTripTestCase,
-)
-from torch_serial_testing.core.names import qualified_name
-from torch_serial_testing.loading import load as loading
-from torch_serial_testing.policy.declared import normalize_safe_globals
-from torch_serial_testing.torch_facts import engines
-from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
-from torch_serial_testing.torch_facts.registry import snapshot_registry
+from torch_serial_testing import LeakedGlobalStateError, SerializationRoundTripTestCase
+from torch_serial_testing.errors import qualified_name
+from torch_serial_testing import load as loading
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing import engines
+from torch_serial_testing.modes import torch_default_weights_only
+from torch_serial_testing.registry import snapshot_registry
 
 from test.helpers.roundtrip_fixtures import MODE_SKIPS, SAFE_GLOBALS_SKIP, assert_mode_skips_here
 from test.helpers.subprocess_env import child_env

@@ -26,14 +26,10 @@ from test.helpers.roundtrip_fixtures import (
     default_outcome,
     tiny_qlinear,
 )
-from torch_serial_testing import (
-    LoadMode,
-    RoundTripConfigError,
-    SerializationRoundTripTestCase,
-)
-from torch_serial_testing.testing.case import REPORT_ENV
-from torch_serial_testing.scan.checkpoint import Checkpoint
-from torch_serial_testing.torch_facts.registry import allowlisted
+from torch_serial_testing import LoadMode, RoundTripConfigError, SerializationRoundTripTestCase
+from torch_serial_testing.outcomes import REPORT_ENV
+from torch_serial_testing.checkpoint import Checkpoint
+from torch_serial_testing.registry import allowlisted
 
 from test.helpers.subprocess_env import child_env
 

@@ -12,7 +12,7 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
-from torch_serial_testing.testing.outcomes import REPORT_ENV, RoundTripRecord, records, rejection_status
+from torch_serial_testing.outcomes import REPORT_ENV, RoundTripRecord, records, rejection_status
 
 
 class Net(torch.nn.Module):
@@ -50,7 +50,7 @@ class TestOutcomes(unittest.TestCase):
     def setUp(self) -> None:
         if torch.serialization.load.__module__ != "torch.serialization":
             self.skipTest("torch.load is replaced here: its rejection wording is the replacement's")
-        from torch_serial_testing.torch_facts.load_call import torch_default_weights_only
+        from torch_serial_testing.modes import torch_default_weights_only
 
         forced = sorted(k for k in os.environ if k.startswith("TORCH_FORCE_"))
         if forced or not torch_default_weights_only()[0]:

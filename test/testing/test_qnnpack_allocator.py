@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests, round_trip_dims
-from torch_serial_testing.torch_facts import engines
+from torch_serial_testing import engines
 
 
 class AllocatorProbe(torch.nn.Module):

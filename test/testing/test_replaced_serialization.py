@@ -20,9 +20,9 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import Checkpoint, LeakedGlobalStateError, SerializationRoundTripTestCase
-from torch_serial_testing.loading.load import load
-from torch_serial_testing.torch_facts.loader import torch_load_replacement
-from torch_serial_testing.torch_facts.serialization_state import genuine
+from torch_serial_testing.load import load
+from torch_serial_testing.serialization import torch_load_replacement
+from torch_serial_testing.serialization import genuine
 
 from test.helpers import hostile_tests as ht
 from test.helpers.isolation_fixtures import run_tests

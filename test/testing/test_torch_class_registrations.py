@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from torch_serial_testing import LeakedGlobalStateError, RoundTripConfigError, SerializationRoundTripTestCase
-from torch_serial_testing.testing.isolation import judge_registration
-from torch_serial_testing.torch_facts.registry import preserved_registry, snapshot_registry
+from torch_serial_testing.isolation import judge_registration
+from torch_serial_testing.registry import preserved_registry, snapshot_registry
 
 from test.helpers.isolation_fixtures import run_tests
 from test.torch_facts import test_import_registrations as imports

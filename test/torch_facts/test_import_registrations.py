@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from torch_serial_testing import LeakedGlobalStateError, RoundTripConfigError, SerializationRoundTripTestCase
-from torch_serial_testing.core.names import qualified_name
-from torch_serial_testing.torch_facts.registry import snapshot_registry
+from torch_serial_testing.errors import qualified_name
+from torch_serial_testing.registry import snapshot_registry
 
 from test.helpers.isolation_fixtures import run_tests
 

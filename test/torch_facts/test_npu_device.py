@@ -364,7 +364,7 @@ class TestPrivateuse1IsJudgedByTheRegisteredBackend(unittest.TestCase):
     """device_skip_reason("privateuse1") asks the registered backend (the class used to always skip)."""
 
     def test_reason_follows_the_backend(self):
-        from torch_serial_testing.torch_facts import devices
+        from torch_serial_testing import devices
 
         self.assertEqual(
             devices.device_skip_reason("privateuse1"),

@@ -26,9 +26,9 @@ import torch
 
 import torch_serial_testing as tst
 from torch_serial_testing import Checkpoint
-from torch_serial_testing.core.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
-from torch_serial_testing.torch_facts.loader import torch_load_replacement
-from torch_serial_testing.torch_facts.registry import registered_globals
+from torch_serial_testing.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
+from torch_serial_testing.serialization import torch_load_replacement
+from torch_serial_testing.registry import registered_globals
 
 from npu_backend import fake_torch_npu
 from test.helpers.python_compat import failure_ids, verbose_ids
@@ -184,8 +184,8 @@ class TestLibraryUnderTheFake(FakeInstalled):
     def test_torch_own_registrations_unknown_is_said_so(self):
         # Which registered globals are torch's own is asked of a fresh interpreter; when that one
         # cannot run, the note lists every registered global and says why it cannot tell.
-        from torch_serial_testing.cli.doctor import doctor_report
-        from torch_serial_testing.torch_facts import registry
+        from torch_serial_testing.tools.cli.doctor import doctor_report
+        from torch_serial_testing import registry
 
         with (
             clean_env(),

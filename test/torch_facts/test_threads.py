@@ -16,10 +16,10 @@ from typing import Any
 import torch
 
 from torch_serial_testing import Checkpoint
-from torch_serial_testing.loading import load as loading
-from torch_serial_testing.loading.prediction import predict
-from torch_serial_testing.torch_facts import loader
-from torch_serial_testing.torch_facts.registry import snapshot_registry
+from torch_serial_testing import load as loading
+from torch_serial_testing.prediction import predict
+from torch_serial_testing import serialization as loader
+from torch_serial_testing.registry import snapshot_registry
 
 from test.helpers.isolation_fixtures import (
     import_registering_modules,

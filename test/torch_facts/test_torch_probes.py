@@ -44,18 +44,11 @@ from test.helpers.other_torches import (
 )
 from test.helpers.roundtrip_fixtures import clean_env
 from torch_serial_testing import Checkpoint, predict
-from torch_serial_testing.core.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
-from torch_serial_testing.torch_facts import load_call, records
-from torch_serial_testing.torch_facts.probes import ProbeFailed
-from torch_serial_testing.torch_facts.registry import allowlisted
-from torch_serial_testing.torch_facts.unpickler import (
-    APPEND_TARGETS,
-    SETITEM_TARGETS,
-    ContainerRule,
-    PersidRules,
-    global_refusal,
-    unpickler_rules,
-)
+from torch_serial_testing.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
+from torch_serial_testing import modes as load_call, unpickler as records
+from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.registry import allowlisted
+from torch_serial_testing.unpickler import APPEND_TARGETS, SETITEM_TARGETS, ContainerRule, PersidRules, global_refusal, unpickler_rules
 
 # -- objects torch.save writes container opcodes for, onto targets of every kind ----------------------
 
@@ -532,7 +525,7 @@ class TestOtherReleasesReadRight(unittest.TestCase):
             self.assertEqual((exp.weights_only, exp.loads, exp.rejection), (True, False, records.torchscript_refusal()))
 
     def test_torch_28_reads_the_switches_case_sensitively(self) -> None:
-        from torch_serial_testing.cli import doctor
+        from torch_serial_testing.tools.cli import doctor
 
         with load_standin(switch_reader(lower=False)):
             self.assertEqual(

@@ -21,15 +21,11 @@ from unittest import mock
 
 import torch
 
-from torch_serial_testing.loading.load import replacement_notes
-from torch_serial_testing.torch_facts import registry
-from torch_serial_testing.torch_facts.probes import ProbeFailed
-from torch_serial_testing.torch_facts.registry import (
-    registered_globals,
-    restore_registry,
-    snapshot_registry,
-    torch_own_registrations,
-)
+from torch_serial_testing.load import replacement_notes
+from torch_serial_testing import registry
+from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.registry import registered_globals, restore_registry, snapshot_registry
+from torch_serial_testing.tools.facts import torch_own_registrations
 
 from test.helpers.subprocess_env import child_env
 

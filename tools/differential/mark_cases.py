@@ -67,7 +67,7 @@ def cases() -> Iterator[tuple[str, bytes]]:
     """``(label, checkpoint bytes)``: each popping opcode after a MARK, as a zip and as a legacy stream."""
     import torch
 
-    from torch_serial_testing.scan.archive import LEGACY_MAGIC, LEGACY_PROTOCOL_VERSION
+    from torch_serial_testing.checkpoint import LEGACY_MAGIC, LEGACY_PROTOCOL_VERSION
 
     for op in popping_opcodes():
         body = _stream(op)

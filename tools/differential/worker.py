@@ -62,7 +62,7 @@ def actual(variant: str, data: bytes, declared: list[Any]) -> dict[str, Any]:
             elif variant == "default":
                 torch.load(buf)
             else:
-                from torch_serial_testing.torch_facts.registry import allowlisted
+                from torch_serial_testing.registry import allowlisted
 
                 with allowlisted(declared):  # the safe_globals context, or the registry before torch 2.5
                     torch.load(buf, weights_only=True)
@@ -98,8 +98,8 @@ def probe(data: bytes) -> dict[str, Any]:
 
 def predicted(variant: str, checkpoint: Any, declared: list[Any]) -> dict[str, Any]:
     """What the library's predict() says about *variant* here."""
-    from torch_serial_testing.core.errors import ConflictingEnvironmentError
-    from torch_serial_testing.loading.prediction import predict
+    from torch_serial_testing.errors import ConflictingEnvironmentError
+    from torch_serial_testing.prediction import predict
 
     mode = variant.partition(":")[0]
     try:
@@ -130,10 +130,10 @@ def declared_for(variant: str, checkpoint: Any) -> tuple[list[Any], Optional[str
     """
     if variant != "safe_globals:required":
         return [], None
-    from torch_serial_testing.core.names import qualified_name
-    from torch_serial_testing.loading.required import required_globals
-    from torch_serial_testing.policy.declared import resolve_global
-    from torch_serial_testing.torch_facts.registry import registry_takes_named_entries
+    from torch_serial_testing.errors import qualified_name
+    from torch_serial_testing.prediction import required_globals
+    from torch_serial_testing.declarations import resolve_global
+    from torch_serial_testing.registry import registry_takes_named_entries
 
     try:
         names = required_globals(checkpoint)
@@ -188,7 +188,7 @@ def _similar(a: str, b: str) -> bool:
 
 def compare(pred: dict[str, Any], act: dict[str, Any], kind: str, fmt: str, checkpoint: Any) -> Optional[str]:
     """None when predict() agrees with torch, else the cause label."""
-    from torch_serial_testing.loading import load as load_modes
+    from torch_serial_testing import load as load_modes
 
     po, ao = pred["outcome"], act["outcome"]
     message = act.get("message", "")
@@ -294,7 +294,7 @@ def _qengine(name: Optional[str]) -> Iterator[None]:
 
 def _compare_all(pass_no: int, entry: dict[str, Any], data: bytes) -> list[dict[str, Any]]:
     """Every variant of one pass for one checkpoint: the real load next to predict()."""
-    from torch_serial_testing.scan.checkpoint import Checkpoint
+    from torch_serial_testing.checkpoint import Checkpoint
 
     checkpoint = Checkpoint.from_bytes(data)
     results = []

@@ -85,15 +85,8 @@ except ImportError as e:  # a torch without sparse quantization: every test skip
 else:
     SPARSE_MISSING = None
 
-from torch_serial_testing import (
-    SerializationRoundTripTestCase,
-    cross_engine,
-    instantiate_round_trip_tests,
-    override_qengine,
-    qualified_name,
-    supported_qengines,
-)
-from torch_serial_testing.torch_facts.registry import torch_allowlist
+from torch_serial_testing import SerializationRoundTripTestCase, cross_engine, instantiate_round_trip_tests, override_qengine, qualified_name, supported_qengines
+from torch_serial_testing.registry import torch_allowlist
 
 try:  # what upstream test files use; plain unittest when it cannot be imported
     from torch.testing._internal.common_utils import TestCase, run_tests

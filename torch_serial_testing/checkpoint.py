@@ -1,0 +1,350 @@
+"""Checkpoint bytes: who produced them, and what a static scan finds in them.
+
+*Ownership*: only a :class:`Checkpoint` made by :meth:`Checkpoint.save` (bytes this process just wrote
+with torch's own ``torch.save``) may ever be loaded with ``weights_only=False``; bytes from anywhere
+else are *foreign* and only ever loaded weights-only.  *The scan* (:attr:`Checkpoint.info`,
+:func:`scan_checkpoint`) reads what ``torch.load`` reads of the zip archive ``torch.save`` writes --
+``data.pkl``, through torch's own reader -- and walks it (:mod:`.walker`): nothing is imported or
+executed, tensor storages are never touched, the work is bounded (:class:`~.model.ScanLimits`).  A
+TorchScript archive is recognised as ``torch.load`` recognises it.  Files on disk and the formats
+before torch 1.6 (legacy streams, tar archives) are read by :mod:`torch_serial_testing.tools.formats`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Optional, Union
+
+from .errors import CheckpointFormatError
+from .model import Check, ScanLimits, ScanState, default_scan_limits
+from .probes import ProbeFailed
+from .stream import check_budget
+from .unpickler import is_torchscript, torchscript_refusal, walk_rules, zip_reader
+from .walker import scan_pickle
+
+#: Told the bytes of every :meth:`Checkpoint.save` (an observer such as the audit's): a copy, after the save.
+_SAVE_LISTENERS: list[Callable[[bytes], None]] = []
+
+
+def add_save_listener(listener: Callable[[bytes], None]) -> None:
+    """Have *listener* told the bytes of every :meth:`Checkpoint.save` (idempotent).  The save itself is
+    torch's own function, which no replacement of ``torch.save`` (an observer's wrapper included) sees."""
+    if listener not in _SAVE_LISTENERS:
+        _SAVE_LISTENERS.append(listener)
+
+
+#: Formats a scan may report (``legacy`` and ``tar``: read by the tools only).
+FORMATS = ("zip", "torchscript", "legacy", "tar")
+
+
+BufferLike = Union[bytes, bytearray, memoryview, IO[bytes], "Checkpoint"]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a static scan found: the format, the globals the pickles name and the checks torch's
+    weights-only unpickler would make (in its order, duplicates dropped)."""
+
+    format: str
+    #: Globals as torch's weights-only unpickler spells them (its Python-2 renames applied), sorted.
+    globals: tuple[str, ...]
+    nbytes: int
+    #: Opcodes torch's weights-only unpickler refuses ("Unsupported operand"), e.g. STACK_GLOBAL.
+    unsupported_opcodes: tuple[str, ...] = ()
+    #: torch's reason when NO allowlist can make ``weights_only=True`` load this (TorchScript, tar, an
+    #: unsupported opcode, SETITEM on a defaultdict, a non-storage persistent id...), else None.
+    weights_only_blocker: Optional[str] = None
+    #: Every global a *full* unpickle resolves, as it resolves it (``_compat_pickle``, ``load_module_mapping``).
+    full_load_globals: tuple[str, ...] = ()
+    checks: tuple[Check, ...] = ()
+    #: Work the scan did: opcodes walked, pickle bytes read, the largest memo held.
+    opcodes_walked: int = 0
+    bytes_scanned: int = 0
+    memo_entries: int = 0
+    #: Every format torch may read the bytes as: one, or ``("tar", "legacy")`` for bytes that are both a
+    #: tar archive (what ``torch.load`` of a path reads) and a legacy stream (what it reads from
+    #: ``io.BytesIO``); the names and checks above are then those of both readings.
+    readings: tuple[str, ...] = ()
+
+    @property
+    def type_checks(self) -> tuple[str, ...]:
+        """Types BUILD is applied to that must be allowlisted (e.g. ``numpy.dtypes.Float64DType``)."""
+        return tuple(c.name for c in self.checks if c.kind == "type")
+
+    @property
+    def unresolved(self) -> bool:
+        """True when a global is built at unpickling time and cannot be named statically."""
+        return any(g.startswith("<") for g in self.globals)
+
+
+class Checkpoint:
+    """Checkpoint bytes plus whether this process produced them: :meth:`save` for your own (the only
+    ones ever loaded with ``weights_only=False``), :meth:`from_bytes` / :meth:`from_buffer` for others."""
+
+    __slots__ = ("_buffer", "_owned", "_info")
+
+    def __init__(self, buffer: IO[bytes], *, _owned: bool = False) -> None:
+        self._buffer = buffer
+        self._owned = _owned
+        self._info: Optional[CheckpointInfo] = None
+
+    @classmethod
+    def save(cls, obj: Any) -> Checkpoint:
+        """``torch.save`` *obj* into a private in-memory buffer (no copy is ever made of it), with torch's
+        own function (:func:`~.serialization.genuine`): a replaced ``torch.save`` could write any bytes
+        into a buffer that is then trusted with a full load."""
+        from .serialization import genuine
+
+        buffer = io.BytesIO()
+        genuine("save")(obj, buffer)
+        for listener in tuple(_SAVE_LISTENERS):
+            listener(buffer.getvalue())
+        return cls(buffer, _owned=True)
+
+    @classmethod
+    def from_bytes(cls, data: Union[bytes, bytearray, memoryview]) -> Checkpoint:
+        """Wrap foreign bytes; they will only ever be loaded weights-only."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"Checkpoint.from_bytes expects bytes, got {type(data).__name__}; "
+                "use Checkpoint.from_buffer for file objects"
+            )
+        return cls(io.BytesIO(bytes(data)))
+
+    @classmethod
+    def from_buffer(cls, f: BufferLike) -> Checkpoint:
+        """Wrap a foreign buffer or binary file object (read into memory once, from where it is)."""
+        if isinstance(f, Checkpoint):
+            return f
+        if isinstance(f, (bytes, bytearray, memoryview)):
+            return cls.from_bytes(f)
+        _require_binary_seekable(f)
+        start = f.tell()
+        data = f.read()
+        f.seek(start)
+        return cls(io.BytesIO(data))
+
+    @property
+    def owned(self) -> bool:
+        """True only for bytes produced by :meth:`save` in this process."""
+        return self._owned
+
+    @property
+    def nbytes(self) -> int:
+        if isinstance(self._buffer, io.BytesIO):
+            return self._buffer.getbuffer().nbytes
+        return os.fstat(self._buffer.fileno()).st_size
+
+    @property
+    def info(self) -> CheckpointInfo:
+        """The static scan, computed once (under the default :class:`~.model.ScanLimits`)."""
+        if self._info is None:
+            self._info = _small_checkpoint_info(self._buffer, self._read) or _scan(
+                self.rewound(), default_scan_limits(), self._read
+            )
+        return self._info
+
+    def _read(self, f: IO[bytes], nbytes: int, state: ScanState) -> str:
+        """Walk what torch would unpickle from *f* into *state*; the format (a subclass reads more)."""
+        return read_zip(f, nbytes, state)
+
+    @property
+    def format(self) -> str:
+        """``zip`` or ``torchscript`` (``legacy``, ``tar``: :mod:`~torch_serial_testing.tools.formats`).
+        Known without a scan for a zip archive :meth:`save` wrote (``torch.save`` writes no
+        ``constants.pkl``): a full load needs no scan."""
+        if self._info is None and self._owned and isinstance(self._buffer, io.BytesIO):
+            with self._buffer.getbuffer() as view:
+                head = bytes(view[:4])
+            if head == ZIP_MAGIC:
+                return "zip"
+        return self.info.format
+
+    def rewound(self) -> IO[bytes]:
+        """The underlying buffer (or file) at position 0 (for ``torch.load``)."""
+        self._buffer.seek(0)
+        return self._buffer
+
+    def __repr__(self) -> str:
+        return f"<Checkpoint {'owned' if self._owned else 'foreign'} {self.nbytes} bytes>"
+
+
+# Scans of small checkpoints by content: a test file saves the same module once per load mode and
+# engine, byte-identical each time.  A scan depends on the bytes, the limits, this torch's rules and
+# whether numpy is imported; failed scans and scans without this torch's rules are not kept.  Keyed
+# by the size and the last 256 bytes (a zip's central directory: every record's CRC-32 and size),
+# cheaper to hash than all of them; a hit counts only when the bytes are equal (one memcmp).
+_SMALL_CHECKPOINT = 64 * 1024
+
+
+_SMALL_ENTRIES = 64
+
+
+_TAIL = 256
+
+
+_small_infos: dict[tuple[Any, ...], tuple[bytes, ScanLimits, Any, CheckpointInfo]] = {}
+
+
+_small_lock = threading.Lock()
+
+
+def _small_checkpoint_info(buffer: IO[bytes], read: Any) -> Optional[CheckpointInfo]:
+    """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones (and files)."""
+    if (
+        not isinstance(buffer, io.BytesIO) or len(buffer.getbuffer()) > _SMALL_CHECKPOINT
+    ):  # the view is released at once (no reference kept)
+        return None
+    limits = default_scan_limits()
+    rules = walk_rules()
+    data = buffer.getvalue()  # at most a memcpy; comparing bytes is a memcmp
+    key = (len(data), data[-_TAIL:], id(limits), id(rules), "numpy" in sys.modules)
+    known = _small_infos.get(key)
+    if known is not None and known[1] is limits and known[2] is rules and data == known[0]:
+        return known[3]
+    info = _scan(io.BytesIO(data), limits, read)
+    if rules.rules is not None:
+        with _small_lock:
+            if len(_small_infos) >= _SMALL_ENTRIES:
+                _small_infos.pop(next(iter(_small_infos)), None)
+            _small_infos[key] = (data, limits, rules, info)  # kept alive: their ids stay theirs
+    return info
+
+
+def _require_binary_seekable(f: Any) -> None:
+    if not hasattr(f, "read"):
+        raise TypeError(
+            f"expected a checkpoint buffer (bytes, io.BytesIO, a file opened 'rb' or a "
+            f"Checkpoint), got {type(f).__name__}"
+        )
+    seekable = getattr(f, "seekable", None)
+    if seekable is None or not seekable():
+        raise CheckpointFormatError(
+            "the checkpoint stream is not seekable (a pipe or socket?); read it into memory first: "
+            "io.BytesIO(stream.read())"
+        )
+    if isinstance(f, io.TextIOBase):
+        raise TypeError("the checkpoint file is open in text mode; open it with 'rb'")
+
+
+def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> CheckpointInfo:
+    """The format, the globals and torch's weights-only checks of a checkpoint, without unpickling it.
+
+    *f*: bytes, a binary buffer (from where it is positioned, as for ``torch.load``) or a
+    :class:`Checkpoint`.  Raises :class:`CheckpointFormatError` naming what is wrong for empty,
+    truncated, damaged, unrecognised or over-limit bytes (*limits*, default the current
+    :func:`~.model.scan_limits`).  A file path: ``torch_serial_testing.tools.scan_checkpoint``.
+    """
+    limits = default_scan_limits() if limits is None else limits
+    if isinstance(f, (str, os.PathLike)):
+        raise TypeError(
+            f"scan_checkpoint takes bytes, a buffer or a Checkpoint, not the path {os.fspath(f)!r}: files are "
+            "read by torch_serial_testing.tools.scan_checkpoint(path)"
+        )
+    checkpoint = f if isinstance(f, Checkpoint) else Checkpoint.from_buffer(f)
+    if limits == default_scan_limits():
+        return checkpoint.info
+    return _scan(checkpoint.rewound(), limits, checkpoint._read)
+
+
+def _scan(f: IO[bytes], limits: ScanLimits, read: Callable[[IO[bytes], int, ScanState], str]) -> CheckpointInfo:
+    """Scan the checkpoint of *f* (from its position 0 to its end) with the archive reader *read*."""
+    nbytes = f.seek(0, io.SEEK_END)
+    f.seek(0)
+    if nbytes == 0:
+        raise CheckpointFormatError("the checkpoint is empty (0 bytes): was the buffer rewound or written at all?")
+    state = ScanState(limits)
+    try:
+        fmt = read(f, nbytes, state)
+    finally:
+        f.seek(0)
+    check_budget(state.opcodes, limits.max_opcodes, 0, 0, limits)  # the walk checks every 1024 opcodes only
+    return CheckpointInfo(
+        format=fmt,
+        globals=tuple(sorted(state.globals)),
+        nbytes=nbytes,
+        unsupported_opcodes=tuple(sorted(state.refused_opcodes)),
+        weights_only_blocker=state.blocker,
+        full_load_globals=tuple(sorted(state.full_load_globals)),
+        checks=tuple(state.checks),
+        opcodes_walked=state.opcodes,
+        bytes_scanned=state.bytes_scanned,
+        memo_entries=state.max_memo,
+        readings=state.readings or (fmt,),
+    )
+
+
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def read_zip(f: IO[bytes], nbytes: int, state: ScanState) -> str:
+    """Walk the pickle torch would unpickle from the zip archive *f*; the format (``zip``,
+    ``torchscript``).  Anything else is a format only :mod:`torch_serial_testing.tools.formats` reads."""
+    head = f.read(4)
+    f.seek(0)
+    if head != ZIP_MAGIC:
+        raise CheckpointFormatError(
+            f"not a zip archive (the first bytes are {head!r}): torch.save has written zip archives since "
+            "torch 1.6; read other formats (legacy streams, tar archives) and files with "
+            "torch_serial_testing.tools.scan_checkpoint"
+        )
+    return _scan_zip(f, state)
+
+
+def _one_line(e: BaseException) -> str:
+    """The first line of *e*, without the boilerplate torch's reader appends ("This is an internal miniz error...")."""
+    text = str(e).strip().splitlines()
+    first = text[0] if text else type(e).__name__
+    return first.split(". This is an internal miniz error")[0].split("  (Could this error")[0]
+
+
+def _scan_zip(f: IO[bytes], state: ScanState) -> str:
+    try:
+        reader = zip_reader(f)
+    except (RuntimeError, ValueError, OSError) as e:
+        raise CheckpointFormatError(
+            f"the zip archive is truncated or its central directory is damaged (torch's reader: {_one_line(e)}); "
+            "re-save the checkpoint"
+        ) from None
+    try:
+        if is_torchscript(reader):
+            try:
+                refusal = torchscript_refusal()
+            except ProbeFailed as e:
+                state.check("unknown", "", f"what this torch does with a TorchScript archive is unknown: {e}")
+            else:
+                if refusal is not None:  # else torch.jit.load takes it (torch 2.4)
+                    state.check("refused", "", refusal)
+            state.weights_only_live = False
+            return "torchscript"
+        if not reader.has_record("data.pkl"):
+            raise CheckpointFormatError(
+                "the zip archive has no data.pkl record (torch.load would fail): not a torch.save checkpoint"
+            )
+        size_of = getattr(reader, "get_record_size", None)
+        if size_of is not None:
+            _cap(size_of("data.pkl"), "data.pkl", state)
+        data = reader.get_record("data.pkl")
+    except RuntimeError as e:
+        raise CheckpointFormatError(f"torch cannot read the zip archive: {_one_line(e)}") from None
+    _cap(len(data), "data.pkl", state)
+    scan_pickle(data, 0, state, zip_format=True)
+    return "zip"
+
+
+def _cap(size: int, what: str, state: ScanState) -> None:
+    limits = state.limits
+    if size > limits.max_pickle_bytes:
+        raise CheckpointFormatError(
+            f"{what} is {size} bytes, over ScanLimits.max_pickle_bytes={limits.max_pickle_bytes}; "
+            "raise it with scan_limits(max_pickle_bytes=...) if the checkpoint is trusted to be that large"
+        )
+    if state.bytes_scanned + size > limits.max_scan_bytes:
+        raise CheckpointFormatError(
+            f"the checkpoint's pickles exceed ScanLimits.max_scan_bytes={limits.max_scan_bytes}; "
+            "raise it with scan_limits(max_scan_bytes=...)"
+        )

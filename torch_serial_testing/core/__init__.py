@@ -1,1 +1,0 @@
-"""Pure-Python foundations every layer may use: errors, names, load modes, scan limits, interrupts."""

@@ -1,0 +1,358 @@
+"""A declaration of safe globals, read once: what each entry is, the name torch matches it by.
+
+Entries are objects, ``'module.Name'`` strings, ``(object, 'module.Name')`` pairs (torch's form for a
+class pickled under another name) or :class:`UnsafeCallable` wrappers (accepted as plain entries).
+The author's declaration is trusted as torch trusts it, with one small check
+(:func:`declaration_problem`): what can never be a safe global is refused, saying the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
+
+from .errors import (
+    AllowlistError,
+    RoundTripConfigError,
+    imported_prefix,
+    name_problem,
+    qualified_name,
+    quote_name,
+    show_name,
+    torch_key,
+)
+from .registry import registered_globals, torch_allowlist
+
+
+@dataclass(frozen=True)
+class SafeGlobal:
+    """One declared safe global: the object and the name torch matches it by."""
+
+    obj: Any
+    name: str
+    explicit_name: bool = False
+    #: The author's reason, for an :class:`UnsafeCallable` entry.
+    unsafe_reason: Optional[str] = None
+
+    @property
+    def torch_entry(self) -> Any:
+        """The form ``torch.serialization.safe_globals`` takes."""
+        return (self.obj, self.name) if self.explicit_name else self.obj
+
+
+class UnsafeCallable:
+    """A function declared with the reason the checkpoint calls it:
+    ``UnsafeCallable("numpy._core.multiarray._reconstruct", reason="numpy arrays")``.  Functions may be
+    declared plainly too; the tools (``inspect``, ``audit``) ask for this form before suggesting one."""
+
+    __slots__ = ("target", "reason")
+
+    def __init__(self, target: Any, *, reason: str) -> None:
+        if not isinstance(reason, str) or not reason.strip():
+            raise RoundTripConfigError(
+                "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)"
+            )
+        self.target = target
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        target = self.target if isinstance(self.target, str) else torch_key(self.target) or type(self.target).__name__
+        return f"UnsafeCallable({show_name(target)}, reason={self.reason!r})"
+
+
+def _check_declaration(declared: Any) -> None:
+    if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
+        raise RoundTripConfigError(
+            f"safe_globals must be a tuple or list of globals, got {type(declared).__name__}; "
+            "write safe_globals = (MyModule,) (objects, 'module.Name' strings or (obj, 'module.Name') tuples)"
+        )
+
+
+def split_entry(item: Any) -> tuple[Any, Optional[str], bool, Optional[str]]:
+    """(object or None for a bare name, the name torch matches it by or None when the object has none,
+    whether that name was explicit, the :class:`UnsafeCallable` reason) of one entry; imports nothing."""
+    if isinstance(item, SafeGlobal):
+        return item.obj, item.name, item.explicit_name, item.unsafe_reason
+    if isinstance(item, UnsafeCallable):
+        if isinstance(item.target, str):
+            return None, item.target, True, item.reason
+        return item.target, torch_key(item.target), False, item.reason
+    if isinstance(item, str):
+        return None, item, True, None
+    if isinstance(item, tuple):
+        if len(item) != 2 or not isinstance(item[1], str):
+            raise RoundTripConfigError(
+                f"safe global tuple {show_name(repr(item)[:80])} must be (object, 'module.Name')"
+            )
+        return item[0], item[1], True, None
+    return item, torch_key(item), False, None
+
+
+def resolve_global(name: str) -> Any:
+    """Import ``module.attr[.attr]`` (longest importable module prefix) of an author's declaration."""
+    problem = name_problem(name)
+    if problem:
+        raise RoundTripConfigError(
+            f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'"
+        )
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            break
+        return obj
+    raise RoundTripConfigError(
+        f"safe global {quote_name(name)} is not importable; fix the spelling ('package.module.Name') or "
+        "declare the object itself"
+    )
+
+
+#: Modules whose every global runs code or reaches the system, and globals elsewhere that do (or
+#: build calls of anything: partial, attrgetter): never a safe global, however it is declared.
+CODE_RUNNING_MODULES = frozenset(
+    {"os", "posix", "nt", "subprocess", "_posixsubprocess", "pty", "runpy", "code", "codeop", "ctypes", "marshal"}
+    | {"pickle", "_pickle", "shutil", "importlib", "sys", "socket", "webbrowser", "pdb", "multiprocessing"}
+)
+
+
+CODE_RUNNING = frozenset(
+    {f"builtins.{n}" for n in ("eval", "exec", "compile", "__import__", "open", "breakpoint", "input", "exit")}
+    | {f"builtins.{n}" for n in ("getattr", "setattr", "delattr", "globals", "locals", "vars", "quit", "help")}
+    | {"functools.partial", "operator.attrgetter", "operator.methodcaller", "operator.itemgetter"}
+    | {"torch.load", "torch.serialization.load", "torch.jit.load", "torch.hub.load", "torch.package.PackageImporter"}
+)
+
+
+def _code_running(name: Optional[str]) -> bool:
+    if not name:
+        return False
+    module = name.rpartition(".")[0]
+    return name in CODE_RUNNING or any(module == m or module.startswith(m + ".") for m in CODE_RUNNING_MODULES)
+
+
+def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
+    """Why *obj* can never be the safe global *name* (*explicit*: the author wrote the name), or None.
+
+    Refused: a module; a known code-running callable (``eval``, ``os.system``, ``subprocess.*``), by its
+    own identity and by the declared name; an object that is not importable under the name it pickles
+    by (``module.qualname``).  Anything else the author may trust, as torch lets them: their classes,
+    torch's (``torch.testing._internal.two_tensor.TwoTensor`` included), functions."""
+    if isinstance(obj, types.ModuleType):
+        return f"it is the module {show_name(obj.__name__)}: a pickle names globals in modules, never a module itself"
+    real = torch_key(obj)
+    for n in {real, name}:
+        if _code_running(n):
+            return f"{show_name(n)} runs code or reaches the system when a pickle calls it"
+    if explicit:
+        return None  # (obj, 'module.Name'): torch matches the name the pickle wrote, as the author says
+    try:
+        found = resolve_global(name)
+    except RoundTripConfigError as e:
+        return str(e)
+    if found is not obj:
+        return (
+            f"{name} resolves to another object: a pickle names it by its module and qualified name, so "
+            f"declare it as ({getattr(obj, '__name__', 'obj')}, '<the name the checkpoint uses>')"
+        )
+    return None
+
+
+def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
+    """A declaration as :class:`SafeGlobal` entries; what can never be a safe global is refused here."""
+    _check_declaration(declared)
+    out: list[SafeGlobal] = []
+    for item in declared:
+        obj, name, explicit, unsafe = split_entry(item)
+        if obj is None:  # a name the author wrote: imported to find the object
+            obj = resolve_global(name)  # type: ignore[arg-type]
+            explicit = torch_key(obj) != name
+        elif name is None:
+            raise RoundTripConfigError(
+                f"refusing to allowlist {obj!r}: it has no __module__/__qualname__ of its own; declare a "
+                "class or function itself, a 'module.Name' string, or an (object, 'module.Name') tuple"
+            )
+        elif explicit and name_problem(name):
+            raise RoundTripConfigError(
+                f"safe global tuple names {quote_name(name)}, not a dotted Python name ({name_problem(name)})"
+            )
+        problem = declaration_problem(obj, name, explicit)  # type: ignore[arg-type]
+        if problem:
+            raise RoundTripConfigError(f"refusing to allowlist {show_name(name)}: {problem}")
+        out.append(SafeGlobal(obj, name, explicit, unsafe))  # type: ignore[arg-type]
+    names = [sg.name for sg in out]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise RoundTripConfigError(f"safe global declared twice: {', '.join(map(show_name, dupes))}")
+    return tuple(out)
+
+
+as_safe_globals = normalize_safe_globals
+
+
+def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
+    """``(object or None, name)`` per entry, refusing nothing (a prediction only predicts).  Objects are
+    named by ``module.qualname`` as torch's ``_get_user_allowed_globals`` does (never their ``.name``);
+    ``'module.Name'`` strings are not imported."""
+    _check_declaration(safe_globals)
+    entries = (split_entry(item)[:2] for item in safe_globals)
+    return tuple((obj, qualified_name(obj) if name is None else name) for obj, name in entries)  # raises, saying why
+
+
+#: Globals a later torch put on its own allowlist (``builtins.set``: torch 2.6).  Declaring one is
+#: never over-trust, so one declaration serves every torch and module, whether or not its
+#: checkpoint names it (a quantized ``Conv2d`` pickles through ``__getstate__``, never naming ``set``).
+LATER_ALLOWLISTED = frozenset({"builtins.set"})
+
+
+_CONTAINER_CHECKS = ("append", "appends", "setitem", "setitems")
+
+
+def allowed_anyway() -> frozenset[str]:
+    """What declaring changes nothing for: torch's allowlist (now or later) and the registry."""
+    return torch_allowlist() | registered_globals() | LATER_ALLOWLISTED
+
+
+def names_used(info: Any) -> set[str]:
+    """Every name a scanned checkpoint's weights-only load may need allowed (globals, BUILD types,
+    container targets)."""
+    return set(info.globals) | {c.name for c in info.checks if c.kind == "type" or c.kind in _CONTAINER_CHECKS}
+
+
+def paste_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(import lines, references) that name *names* in code: builtins bare, ``torch.X`` through
+    ``torch``, the rest imported from their longest imported module (aliased when two share a name)."""
+    imports: list[str] = []
+    refs: list[str] = []
+    bound: dict[str, str] = {"torch": "torch"}
+    for name in sorted(names, key=lambda n: (not n.startswith("builtins."), n)):
+        module, _, attr = name.rpartition(".")
+        if module in ("builtins", "torch"):
+            refs.append(attr if module == "builtins" else name)
+            bound.setdefault(attr, name)
+            continue
+        parts = name.split(".")
+        cut = imported_prefix(name) or len(parts) - 1
+        module, head, rest = ".".join(parts[:cut]), parts[cut], parts[cut + 1 :]
+        local, n = head, 1
+        while bound.get(local, f"{module}.{head}") != f"{module}.{head}":
+            n += 1
+            local = f"{head}_{n}"
+        if local not in bound:
+            bound[local] = f"{module}.{head}"
+            imports.append(f"from {module} import {head}" + (f" as {local}" if local != head else ""))
+        refs.append(".".join([local, *rest]))
+    return sorted(imports), refs
+
+
+class Declaration:
+    """Where the declared globals live: class *owner*'s *attribute*, or (None) the ``safe_globals=``
+    argument of *method*."""
+
+    __slots__ = ("owner", "attribute", "method")
+
+    def __init__(self, owner: str, attribute: Optional[str], method: str = "round_trip") -> None:
+        self.owner, self.attribute, self.method = owner, attribute, method
+
+    @property
+    def label(self) -> str:
+        return f"{self.owner}.{self.attribute}" if self.attribute else f"the safe_globals= argument of {self.method}()"
+
+    def fix(self, names: Sequence[str]) -> str:
+        """The declaration of exactly *names*, where it lives, then the plain ``torch.load`` form."""
+        import torch
+
+        imports, refs = paste_parts(names)
+        tuple_text = "(" + ", ".join(refs) + ("," if len(refs) == 1 else "") + ")"
+        where = (
+            [f"class {self.owner}(...):", f"    {self.attribute} = {tuple_text}"]
+            if self.attribute
+            else [f"self.{self.method}(..., safe_globals={tuple_text})"]
+        )
+        listed = ", ".join(refs)
+        call = (
+            [f"with torch.serialization.safe_globals([{listed}]):", "    obj = torch.load(f, weights_only=True)"]
+            if hasattr(torch.serialization, "safe_globals")
+            else [f"torch.serialization.add_safe_globals([{listed}])", "obj = torch.load(f, weights_only=True)"]
+        )
+        head = "\n".join(["import torch", *imports, ""])
+        return (
+            f"{head}\n" + "\n".join(where) + "\n\n(outside a test class, the same globals in a torch.load call:)\n"
+            f"{head}\n" + "\n".join(call)
+        )
+
+    def error(
+        self,
+        declared: Iterable[str],
+        missing: Iterable[str] = (),
+        unneeded: Iterable[str] = (),
+        saved_types: Sequence[Optional[str]] = (),
+    ) -> AllowlistError:
+        """One error for what the declaration misses and what it over-trusts, with the declaration that
+        fixes both (*saved_types*: the saved objects' types when they are not modules)."""
+        missing, unneeded = sorted(set(missing)), sorted(set(unneeded))
+        keep = sorted((set(declared) - set(unneeded)) | set(missing))
+        shown_missing, shown_unneeded = ", ".join(map(show_name, missing)), ", ".join(map(show_name, unneeded))
+        parts = []
+        if missing:
+            parts.append(f"{self.label} misses {len(missing)} global(s) the checkpoint needs: {shown_missing}")
+            if unneeded:
+                parts.append(f"and over-trusts {len(unneeded)} it does not need: {shown_unneeded}")
+        elif unneeded:
+            parts.append(f"{self.label} over-trusts: the checkpoint does not need {shown_unneeded}.")
+        saved_type = next((t for t in saved_types if t is not None), None)
+        hint = (
+            f"\nClass-level safe_globals apply to every round_trip in the class; this one saves a "
+            f"{saved_type}, not a module: pass safe_globals=() (or the globals it needs) to this "
+            "call, or use round_trip_state_dict (which uses state_dict_safe_globals)."
+            if unneeded and self.attribute == "safe_globals" and saved_type is not None
+            else ""
+        )
+        fixing = "" if missing else "Remove them, or set allow_unneeded_safe_globals = True on the class. "
+        return AllowlistError(
+            " ".join(parts)
+            + f"\n{fixing}The exact declaration (declare only what you trust):{hint}\n\n"
+            + self.fix(keep)
+        )
+
+    def blocked(self, blocker: str, named: Sequence[str]) -> AllowlistError:
+        also = f" (it also names {', '.join(map(show_name, named))} beyond torch's allowlist)" if named else ""
+        return AllowlistError(
+            f"{self.label}: this checkpoint cannot load weights-only, whatever is allowlisted: {blocker}{also}\n"
+            "The safe_globals mode cannot pass for it. Save something weights-only can load (a "
+            "state_dict, plain containers), or drop this test's safe_globals mode with "
+            "@round_trip_dims(load_modes=('weights_only_false', 'default'))."
+        )
+
+
+def local_class_message(name: str) -> str:
+    return (
+        f"{name} is defined inside a function ('<locals>' in its name): pickle, and so torch.save, "
+        "can only store classes importable by module path, so no checkpoint can name it.  Move the "
+        "class to module level -- checkpointed classes belong in an importable module."
+    )
+
+
+def refuse_local(declared: Iterable[object], attribute: str) -> None:
+    """Refuse a declared function-local class: no checkpoint can name one.  Judged on the raw
+    declaration first, so the message says what to do, not why the name does not resolve."""
+    if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
+        return  # normalize_safe_globals names that mistake
+    for item in declared:
+        try:
+            obj, name, _explicit, _unsafe = split_entry(item)
+        except RoundTripConfigError:
+            continue  # normalize_safe_globals names that mistake
+        names = {name, torch_key(obj) if obj is not None else None}
+        local = sorted(n for n in names if isinstance(n, str) and "<locals>" in n)
+        if local:
+            raise RoundTripConfigError(
+                f"{attribute} lists {local[0]}, which is not importable: " + local_class_message(local[0])
+            )

@@ -1,0 +1,401 @@
+"""The load: one exact ``torch.load`` call per mode, asserted to do what :func:`~.prediction.predict` says.
+
+* ``weights_only_false``: ``torch.load(buf, weights_only=False)``
+* ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
+* ``default``: ``torch.load(buf)``, no ``weights_only`` argument at all
+
+Loaded, or rejected naming a predicted cause: a test is green for the right reason everywhere.  When
+``torch.load`` is not torch's own (torch_npu replaces it), how it *reports* may differ (the
+TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD notice printed instead of warned, a reworded rejection, globals it
+registered): that is recorded in the outcome text, never turned into a skip or a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import pickle
+import shutil
+import tempfile
+import unittest
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from .checkpoint import Checkpoint
+from .declarations import as_safe_globals, declared_entries
+from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused, torch_key
+from .modes import FORCE_NO_WO, LoadMode, decide
+from .prediction import Expectation, _as_checkpoint, decided
+from .registry import (
+    registered_by_torch,
+    registry_lock,
+    restore_registry,
+    safe_globals_context_missing,
+    snapshot_registry,
+)
+from .serialization import (
+    FORCE_NO_NOTICE,
+    Observation,
+    genuine,
+    observe_serialization_warnings,
+    raised_by_torch,
+    raiser,
+    watch_stdout,
+)
+
+#: What a load without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment observes: nothing.
+_UNOBSERVED = Observation()
+
+
+def mode_skip_reason(mode: LoadMode) -> Optional[str]:
+    """Why *mode* cannot run on this torch (the ``safe_globals`` context is torch >= 2.5), or None."""
+    return safe_globals_context_missing() if mode is LoadMode.SAFE_GLOBALS else None
+
+
+@dataclass
+class LoadResult:
+    """A performed load: the object (when it loaded) and the expectation it met."""
+
+    expectation: Expectation
+    loaded: bool
+    value: Any = None
+    error: Optional[BaseException] = None
+    #: How a replaced ``torch.load`` reported differently from torch's own (empty otherwise).
+    notes: tuple[str, ...] = ()
+    warned: Optional[bool] = None
+
+    @property
+    def summary(self) -> str:
+        return self.expectation.summary(self.loaded, self.notes, self.warned)
+
+
+#: ``torch.load`` keyword arguments a load may pass on (``map_location`` and the mode have their own).
+LOAD_KWARGS = ("mmap",)
+
+
+_PICKLE_LOAD_ARGS = ("encoding", "errors", "fix_imports")
+
+
+def load_kwargs(given: Optional[Mapping[str, Any]]) -> dict[str, Any]:
+    """*given* checked: only :data:`LOAD_KWARGS`; anything else fails naming the right argument."""
+    extra = dict(given or {})
+    own = {"weights_only": "the load mode (mode=...)", "map_location": "map_location=...", "f": "the checkpoint"}
+    for key in extra:
+        if key in own:
+            raise RoundTripConfigError(f"torch.load's {key!r} is not a load kwarg here: it is {own[key]}")
+        if key in _PICKLE_LOAD_ARGS:
+            raise RoundTripConfigError(
+                f"torch.load's {key!r} is a pickle_load_arg: those only apply to weights_only=False loads "
+                "(torch warns and ignores them otherwise), so a round trip in every load mode cannot use it"
+            )
+        if key not in LOAD_KWARGS:
+            raise RoundTripConfigError(
+                f"torch.load keyword {key!r} is not supported by round trips (supported: {', '.join(LOAD_KWARGS)}); "
+                "a custom pickle_module cannot be combined with weights_only loads"
+            )
+    return extra
+
+
+@contextlib.contextmanager
+def _source(checkpoint: Checkpoint, to_file: bool) -> Iterator[Optional[str]]:
+    """None (load from memory) or the path of a private temporary file holding *checkpoint*'s bytes,
+    removed after the load (tensors loaded with ``mmap=True`` keep their mapping)."""
+    if not to_file:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix="tst-checkpoint-") as folder:  # mode 0700: nobody swaps the bytes
+        path = os.path.join(folder, "checkpoint.pt")
+        with open(path, "wb") as fh:
+            shutil.copyfileobj(checkpoint.rewound(), fh)
+        yield path
+
+
+def load(
+    checkpoint: Checkpoint,
+    mode: LoadMode | str,
+    safe_globals: Sequence[Any] = (),
+    map_location: Any = None,
+    *,
+    from_file: bool = False,
+    extra_kwargs: Optional[Mapping[str, Any]] = None,
+) -> LoadResult:
+    """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says; never retried.
+
+    Only a checkpoint this process saved (:meth:`Checkpoint.save`) is ever fully unpickled: else a
+    full load raises :class:`UnsafeLoadRefused` before torch sees it.  Foreign bytes are loaded with
+    an explicit ``weights_only=True`` (the predicted bare call, robust to a replaced ``torch.load`` or
+    another thread changing the environment).  Dangerous *safe_globals* are refused; a TorchScript or
+    legacy tar checkpoint raises :class:`CheckpointFormatError`.  *from_file* loads through a path
+    (a private temporary file), as does ``mmap=True`` in *extra_kwargs* (:data:`LOAD_KWARGS`).
+    """
+    if isinstance(checkpoint, (LoadMode, str)) and isinstance(mode, Checkpoint):
+        raise RoundTripConfigError("load() got the load mode first: the order is load(checkpoint, mode, ...)")
+    mode = LoadMode.parse(mode)
+    checkpoint = _as_checkpoint(checkpoint, "load")
+    reason = mode_skip_reason(mode)
+    if reason:
+        raise unittest.SkipTest(reason)
+    safe_globals = as_safe_globals(safe_globals)
+    extra = load_kwargs(extra_kwargs)
+    with registry_lock, _source(checkpoint, from_file or bool(extra.get("mmap"))) as path:
+        # The environment is read once per load; undecided, it is loaded all the same (see _verify).
+        decision, expectation = decided(mode, checkpoint, declared_entries(safe_globals))
+        if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
+            raise UnsafeLoadRefused(
+                f"refusing a weights_only=False load ({expectation.reason}) of bytes this process "
+                "did not just produce: only Checkpoint.save() output may be fully unpickled"
+            )
+        fmt = checkpoint.format
+        if fmt == "torchscript":
+            raise CheckpointFormatError(
+                "this is a TorchScript archive: load it with torch.jit.load; torch.load would hand it "
+                "to torch.jit.load, and weights_only does not apply"
+            )
+        if fmt == "tar":
+            raise CheckpointFormatError(
+                "this is a legacy tar checkpoint (torch < 0.4): torch.load reads that format only from a "
+                "real file and never with weights_only=True; re-save it with a current torch"
+            )
+        kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
+        if not checkpoint.owned and expectation.replaced_by is not None:
+            # Foreign bytes go to torch's own function only (see _torch_load): judged as torch's own.
+            expectation = dataclasses.replace(
+                expectation,
+                replaced_by=None,
+                reason=f"{expectation.reason}; loaded with torch's own torch.serialization.load, not the "
+                f"replaced torch.load ({expectation.replaced_by}), which foreign bytes never reach",
+            )
+        kwargs.update(extra)
+        replaced = expectation.replaced_by is not None
+        registered = registered_entries() if replaced else []
+        # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment: without
+        # it there is nothing to observe (a replaced loader is always watched; see torch_facts.loader).
+        observing = replaced or (decision is not None and decision.force_no_set)
+        # torch's safe_globals context exit drops entries registered before it (and a replaced loader
+        # may register its own): the registry is restored after those loads.
+        snapshot = snapshot_registry() if mode is LoadMode.SAFE_GLOBALS or replaced else None
+        try:
+            if observing:
+                watch = replaced and expectation.warns
+                with observe_serialization_warnings() as observed, watch_stdout(watch) as printed:
+                    value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
+            else:
+                observed, printed = _UNOBSERVED, None
+                value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
+        finally:
+            if snapshot is not None:
+                restore_registry(snapshot)
+    notice_printed = bool(FORCE_NO_NOTICE.search(printed.getvalue())) if printed is not None else False
+    result = _verify(expectation, value, error, observed.seen, notice_printed, registered)
+    if error is not None:
+        _drop_tracebacks(error)
+    return result
+
+
+def _drop_tracebacks(error: BaseException) -> None:
+    """Detach a judged rejection (and its chain) from the frames it was raised in: they hold the result
+    that holds the error, a reference cycle (torch's unpickler, the buffer...) left to the collector."""
+    seen: set[int] = set()
+    stack: list[Optional[BaseException]] = [error]
+    while stack:
+        e = stack.pop()
+        if e is not None and id(e) not in seen:  # each exception once, even in a cyclic chain
+            seen.add(id(e))
+            e.__traceback__ = None
+            stack += (e.__cause__, e.__context__)
+
+
+def _torch_load(
+    checkpoint: Checkpoint,
+    mode: LoadMode,
+    safe_globals: Sequence[Any],
+    kwargs: dict[str, Any],
+    exp: Expectation,
+    path: Optional[str] = None,
+) -> tuple[Any, Optional[BaseException]]:
+    """The one ``torch.load`` call of *mode* (from memory, or *path*): (value, None) or (None, torch's rejection).
+
+    Bytes this process saved go to ``torch.load`` as the process has it (a backend's replacement is
+    judged by its outcome); foreign bytes only ever to torch's own ``torch.serialization.load``,
+    verified by identity (:func:`~..torch_facts.serialization_state.genuine`): a replaced
+    ``torch.load`` (a "force weights_only=False" shim) never sees them."""
+    import torch
+
+    torch_load = torch.load if checkpoint.owned else genuine("load")
+    buf: Any = checkpoint.rewound() if path is None else path
+    try:
+        if mode is LoadMode.WEIGHTS_ONLY_FALSE:
+            return torch_load(buf, weights_only=False, **kwargs), None
+        if mode is LoadMode.SAFE_GLOBALS:
+            with torch.serialization.safe_globals([sg.torch_entry for sg in safe_globals]):
+                return torch_load(buf, weights_only=True, **kwargs), None
+        if checkpoint.owned:
+            return torch_load(buf, **kwargs), None
+        return torch_load(buf, weights_only=True, **kwargs), None  # foreign bytes: the predicted call, explicit
+    except pickle.UnpicklingError as e:
+        return None, e
+    except Warning:
+        raise  # a warning the caller's filters turned into an error (-W error): theirs, as raised
+    except Exception as e:  # noqa: BLE001 - reported as an unexpected outcome
+        if exp.unknown or (not exp.loads and _is_error_type(e, exp.error_type)):
+            return None, e  # predicted, not as UnpicklingError (torch 2.4/2.5's BUILD of a slotted class)
+        raise UnexpectedLoadOutcome(
+            f"{mode.value}: expected to be {'loaded' if exp.loads else 'rejected'} "
+            f"({exp.reason}); torch.load raised {type(e).__name__}: {e}"
+        ) from e
+
+
+def _is_error_type(error: Optional[BaseException], type_name: str) -> bool:
+    """Whether *error* is a *type_name* (by class name, subclasses included); no error is none."""
+    return error is not None and any(c.__name__ == type_name for c in type(error).__mro__)
+
+
+def _torch_spellings(name: str) -> tuple[str, ...]:
+    """How torch's rejection message may spell *name* (it drops the ``builtins.`` prefix)."""
+    return (name, f"GLOBAL {name[len('builtins.') :]} ") if name.startswith("builtins.") else (name,)
+
+
+def _names_a_cause(exp: Expectation, message: str) -> bool:
+    """Whether torch's rejection names a predicted cause: the unpickler stops at the first it meets, so
+    the predicted rejection text, or any missing global or refused opcode, will do."""
+    if (exp.rejection and exp.rejection in message) or any(
+        s in message for name in exp.missing for s in _torch_spellings(name)
+    ):
+        return True
+    codes = {getattr(pickle, op)[0] for op in exp.unsupported_opcodes if hasattr(pickle, op)}
+    return any(f"Unsupported operand {code}" in message for code in codes)
+
+
+def _verify(
+    exp: Expectation,
+    value: Any,
+    error: Optional[BaseException],
+    warned: bool,
+    printed: bool = False,
+    registered: Sequence[tuple[str, Any]] = (),
+) -> LoadResult:
+    """Judge one load: loaded or rejected as predicted, for a predicted cause.  Under a replaced
+    ``torch.load`` the warning is not judged but recorded (:func:`replacement_notes`)."""
+    loaded = error is None
+    notes = replacement_notes(exp.warns, error, warned, printed, registered) if exp.replaced_by else ()
+    problem: Optional[str] = None
+    if exp.unknown:
+        outcome = "loaded it" if loaded else f"rejected it:\n{error}"
+        problem = f"cannot predict this load here ({exp.unknown}); torch {outcome}"
+    elif exp.loads and not loaded:
+        problem = f"expected to load ({exp.reason}); torch rejected it:\n{error}"
+    elif not exp.loads and loaded:
+        problem = (
+            f"expected rejection ({exp.summary(False).partition('(')[2].rstrip(')')}); torch loaded it: "
+            "unexpected success"
+        )
+    elif not loaded and not _is_error_type(error, exp.error_type):
+        problem = (
+            f"rejected with {type(error).__name__}, but this torch is predicted to raise {exp.error_type} "
+            f"({exp.rejection}):\n{error}"
+        )
+    elif not loaded and not isinstance(error, pickle.UnpicklingError) and str(error) != exp.rejection:
+        # Raised through torch.load as it is (not worded by torch): the message is Python's, exactly.
+        problem = f"rejected with {type(error).__name__} as predicted, but not saying {exp.rejection!r}:\n{error}"
+    elif not loaded and not _names_a_cause(exp, str(error)):
+        problem = (
+            f"rejected, but the message names none of the predicted causes (globals {list(exp.missing)}, "
+            f"opcodes {list(exp.unsupported_opcodes)}):\n{error}"
+        )
+    elif loaded and exp.warns != warned and not exp.replaced_by:
+        problem = (
+            f"expected torch {'to' if exp.warns else 'not to'} warn about {FORCE_NO_WO}; "
+            f"it {'did' if warned else 'did not'}"
+        )
+    if problem is not None:
+        if exp.replaced_by:
+            which = f" (which {'; '.join(notes)})" if notes else ""
+            problem = (
+                f"torch.load is replaced by {exp.replaced_by}{which}, and it did not do what torch's own "
+                f"rules require: {problem}"
+            )
+        raise UnexpectedLoadOutcome(f"{exp.mode.value}: {problem}")
+    return LoadResult(exp, loaded, value, error, notes, warned if exp.replaced_by and warned != exp.warns else None)
+
+
+def round_trip(
+    obj: Any, mode: LoadMode | str, safe_globals: Sequence[Any] = (), map_location: Any = None
+) -> LoadResult:
+    """``torch.save`` *obj* to memory and :func:`load` it back in *mode* (outside any test class)."""
+    return load(Checkpoint.save(obj), mode, safe_globals, map_location)
+
+
+def registered_entries() -> list[tuple[str, Any]]:
+    """(name, entry) of every process-wide registration, sorted by name."""
+    named = ((torch_key(g) or f"<unnamed {type(g).__name__}>", g) for g in snapshot_registry())
+    return sorted(named, key=lambda pair: pair[0])
+
+
+def replacement_notes(
+    torch_warns: bool,
+    error: Optional[BaseException],
+    warned: bool,
+    printed: bool,
+    registered: Sequence[tuple[str, Any]],
+) -> tuple[str, ...]:
+    """How a replaced ``torch.load`` reported differently from torch's own: facts, not verdicts."""
+    notes = []
+    if torch_warns and not warned:
+        notes.append(
+            f"printed the {FORCE_NO_WO} notice instead of warning"
+            if printed
+            else f"did not warn about {FORCE_NO_WO} (torch does)"
+        )
+    elif warned and not torch_warns:
+        notes.append(f"warned about {FORCE_NO_WO} where torch would not")
+    if error is not None and not raised_by_torch(error):
+        last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
+        notes.append(
+            f"worded the rejection itself ({type(error).__name__} raised in {raiser(error)}"
+            + (f", ending {last[:120]!r}" if last else "")
+            + ")"
+        )
+    # torch registers some globals itself (2.14: every builtin exception); the others come from
+    # backends (torch_npu's _rebuild_npu_tensor) or user code, and they decide what loads.
+    foreign = [name for name, entry in registered if not registered_by_torch(entry)]
+    if foreign:
+        notes.append(f"runs with process-wide safe globals {', '.join(foreign)}")
+    return tuple(notes)
+
+
+#: The name a pickled storage is rebuilt by (``torch.storage._load_from_bytes``), in the pickle's bytes.
+_STORAGE_FROM_BYTES = b"_load_from_bytes"
+
+
+@dataclass(frozen=True)
+class PickleResult:
+    value: Any
+    #: The inner ``torch.load`` calls' effective ``weights_only`` (forced True by TORCH_FORCE_WEIGHTS_ONLY_LOAD).
+    weights_only: bool
+    summary: str
+
+
+def pickle_round_trip(obj: Any, protocol: Optional[int] = None) -> PickleResult:
+    """``pickle.loads(pickle.dumps(obj, protocol))``; the environment conflict raises
+    ConflictingEnvironmentError first, any other difference from torch's decision UnexpectedLoadOutcome."""
+    data = pickle.dumps(obj, protocol=protocol)
+    if _STORAGE_FROM_BYTES not in data:  # no storage in it: torch.load is never called
+        return PickleResult(pickle.loads(data), False, "pickle.loads: loaded as expected (no tensor storage in it)")
+    decision = decide(LoadMode.WEIGHTS_ONLY_FALSE)  # the call torch.storage._load_from_bytes makes
+    where = f"its storages through torch.load: {decision.reason}"
+    with observe_serialization_warnings() as observed:
+        try:
+            value = pickle.loads(data)  # noqa: S301 - the bytes pickled on the line above
+        except Warning:
+            raise  # a warning the caller's filters turned into an error: theirs
+        except Exception as e:  # noqa: BLE001 - reported with what torch was predicted to do
+            raise UnexpectedLoadOutcome(
+                f"pickle.loads: expected to load ({where}); it raised {type(e).__name__}: {e}"
+            ) from e
+    if observed.seen != decision.warns and decision.replaced_by is None:
+        raise UnexpectedLoadOutcome(
+            f"pickle.loads: expected torch {'to' if decision.warns else 'not to'} warn about {FORCE_NO_WO} "
+            f"({where}); it {'did' if observed.seen else 'did not'}"
+        )
+    return PickleResult(value, decision.weights_only, f"pickle.loads: loaded as expected ({where})")

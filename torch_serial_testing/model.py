@@ -1,0 +1,597 @@
+"""The abstract machine of the walker (:mod:`.walker`): values, checks, and torch's rules applied to them.
+
+Values are a global by name, an object by its type, a dict with its few known keys, a small int or
+short str as itself.  Which container targets and persistent ids torch refuses, and with which
+messages, are the running torch's (:class:`~..torch_facts.unpickler.UnpicklerRules`).  Also here:
+what REDUCE of an allowlisted callable builds (``numpy.dtype('f8')`` a ``numpy.dtypes.Float64DType``)
+and the names a *full* unpickle resolves instead (``_compat_pickle``, torch's ``load_module_mapping``).
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import re
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+if TYPE_CHECKING:
+    from .unpickler import UnpicklerRules
+import itertools
+
+from .unpickler import BuildRules
+
+# -- caps on the work of a scan ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScanLimits:
+    """Upper bounds for one :func:`~torch_serial_testing.scan_checkpoint` call."""
+
+    #: Bytes of one pickle record after decompression (zip ``data.pkl``, tar member, legacy stream).
+    max_pickle_bytes: int = 256 * 1024 * 1024
+    #: Bytes of pickle read in total, over every pickle of the checkpoint.
+    max_scan_bytes: int = 512 * 1024 * 1024
+    #: Opcodes walked in total (GLOBAL and INST count 4): the cap that bounds time, ~1 us each at worst.
+    max_opcodes: int = 3_000_000
+    #: Memo entries (PUT/MEMOIZE) held at once by one pickle.
+    max_memo_entries: int = 2_000_000
+    #: Characters of one global name (``module.qualname``).
+    max_name_length: int = 1024
+    #: Distinct global names over the checkpoint (torch's own allowlist has a few hundred).
+    max_globals: int = 10_000
+    #: Digits of an integer written as text (protocol 0/1); Python itself refuses more than 4300.
+    max_int_digits: int = 4300
+    #: Stack depth (values plus MARK levels) of one pickle.
+    max_stack_depth: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        for name, value in self.__dict__.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ScanLimits.{name} must be a positive int, got {value!r}")
+
+
+_lock = threading.Lock()
+
+
+_current = ScanLimits()
+
+
+def default_scan_limits() -> ScanLimits:
+    """The limits scans use when none are passed (see :func:`scan_limits`)."""
+    return _current
+
+
+@contextmanager
+def scan_limits(**overrides: Any) -> Iterator[ScanLimits]:
+    """Change the default caps inside a ``with`` block, e.g. ``scan_limits(max_opcodes=10**8)``;
+    restored on exit.  Checkpoints already scanned keep their result."""
+    global _current
+    with _lock:
+        previous = _current
+        _current = replace(previous, **overrides)
+    try:
+        yield _current
+    finally:
+        with _lock:
+            _current = previous
+
+
+UNRESOLVED = "<unresolved STACK_GLOBAL>"
+
+
+# torch.serialization._load's module renames for a full unpickle of a zip checkpoint.
+_LOAD_MODULE_MAPPING = {"torch.tensor": "torch._tensor"}
+
+
+# The type BUILD sees after REDUCE of numpy.dtype('<str>', ...).
+_NUMPY_NUMERIC = {
+    "b": {1: "BoolDType"},
+    "M": {8: "DateTime64DType"},
+    "m": {8: "TimeDelta64DType"},
+    "i": {1: "Int8DType", 2: "Int16DType", 4: "Int32DType", 8: "Int64DType"},
+    "u": {1: "UInt8DType", 2: "UInt16DType", 4: "UInt32DType", 8: "UInt64DType"},
+    "f": {2: "Float16DType", 4: "Float32DType", 8: "Float64DType", 12: "LongDoubleDType", 16: "LongDoubleDType"},
+    "c": {8: "Complex64DType", 16: "Complex128DType", 24: "CLongDoubleDType", 32: "CLongDoubleDType"},
+}
+
+
+_NUMPY_FLEXIBLE = {"O": "ObjectDType", "U": "StrDType", "S": "BytesDType", "V": "VoidDType"}
+
+
+_NUMPY_DTYPE_STR = re.compile(r"([biufcMmOUSV])(\d{0,6})")
+
+
+def numpy_dtype_class(spec: Any) -> Optional[str]:
+    """``numpy.dtypes.<X>DType`` for the type ``numpy.dtype(spec)`` builds, or None if unknown: numpy's
+    own answer when it is imported, else derived from the string (numpy >= 1.25 naming)."""
+    if not isinstance(spec, str):
+        return None
+    m = _NUMPY_DTYPE_STR.fullmatch(spec)
+    if m is None:
+        return None
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and hasattr(numpy, "dtypes"):
+        try:
+            t = type(numpy.dtype(spec))
+            return f"{t.__module__}.{t.__qualname__}"
+        except (TypeError, ValueError):
+            return None
+    kind, size = m.group(1), m.group(2)
+    if kind in _NUMPY_FLEXIBLE:
+        return f"numpy.dtypes.{_NUMPY_FLEXIBLE[kind]}"
+    name = _NUMPY_NUMERIC[kind].get(int(size)) if size else None
+    return f"numpy.dtypes.{name}" if name else None
+
+
+class Global:
+    """A global pushed by GLOBAL: its weights-only name."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class Obj:
+    """An object whose type the model knows by name (None: cannot tell statically)."""
+
+    __slots__ = ("type",)
+
+    def __init__(self, type_name: Optional[str]) -> None:
+        self.type = type_name
+
+
+#: Keys kept per dict while scanning: a BUILD state of more keys has an unknown size.
+_DICT_KEYS_KEPT = 16
+
+
+_NO_KEYS: Any = frozenset()  # shared until a key is added
+
+
+class DictValue(Obj):
+    """A dict the pickle builds (EMPTY_DICT, DICT), with its keys while they are few and known."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: Any = ()) -> None:  # made for every EMPTY_DICT: kept cheap
+        self.type = "builtins.dict"
+        self.keys: Optional[set[Any]] = _NO_KEYS
+        if keys:
+            add_dict_keys(self, keys)
+
+
+def add_dict_keys(target: Any, keys: Any) -> None:
+    """SETITEM(S) onto *target*: count its keys while they are concrete and few."""
+    if type(target) is not DictValue or target.keys is None:
+        return
+    known = target.keys
+    if known is _NO_KEYS:
+        known = target.keys = set()
+    for k in keys:
+        if (type(k) is not str and type(k) is not int) or (k not in known and len(known) >= _DICT_KEYS_KEPT):
+            target.keys = None
+            return
+        known.add(k)
+
+
+LIST = Obj("builtins.list")
+
+
+SET = Obj("builtins.set")
+
+
+FROZENSET = Obj("builtins.frozenset")
+
+
+BOOL = Obj("builtins.bool")
+
+
+NONE = Obj("builtins.NoneType")
+
+
+FLOAT = Obj("builtins.float")
+
+
+INT = Obj("builtins.int")  # an int the model did not decode
+
+
+BYTES = Obj("builtins.bytes")
+
+
+BYTEARRAY = Obj("builtins.bytearray")
+
+
+STR = Obj("builtins.str")  # a str too long to keep
+
+
+PICKLEBUFFER = Obj("pickle.PickleBuffer")
+
+
+UNKNOWN = Obj(None)
+
+
+STORAGE = Obj("torch.storage.TypedStorage")
+
+
+#: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
+PUSHES = {
+    0x8B: INT,
+    0x47: FLOAT,
+    0x46: FLOAT,
+    0x42: BYTES,
+    0x43: BYTES,
+    0x8E: BYTES,
+    0x96: BYTEARRAY,
+    0x97: PICKLEBUFFER,
+    0x8F: SET,
+}
+
+
+TENSOR = "torch.Tensor"
+
+
+PARAMETER = "torch.nn.parameter.Parameter"
+
+
+#: Types whose BUILD torch handles itself, never through the allowlist.
+BUILD_FREE = frozenset([TENSOR, PARAMETER, "collections.OrderedDict"])
+
+
+# What REDUCE of these (allowlisted) callables returns, for the type checks after it.
+_REDUCE_RESULT = {
+    **dict.fromkeys(
+        [
+            "torch._utils._rebuild_tensor",
+            "torch._utils._rebuild_tensor_v2",
+            "torch._utils._rebuild_tensor_v3",
+            "torch._utils._rebuild_qtensor",
+            "torch._utils._rebuild_sparse_tensor",
+            "torch._utils._rebuild_nested_tensor",
+            "torch._utils._rebuild_meta_tensor_no_storage",
+            "torch._utils._rebuild_device_tensor_from_numpy",
+            "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+        ],
+        TENSOR,
+    ),
+    "torch._utils._rebuild_parameter": PARAMETER,
+    "torch._utils._rebuild_parameter_with_state": PARAMETER,
+    "_codecs.encode": "builtins.bytes",
+    "torch.serialization._get_layout": "torch.layout",
+}
+
+
+# REDUCE of these returns an instance of the class given as their argument 0 (or 1).
+_REDUCE_ARG_TYPE = {
+    **dict.fromkeys(
+        [
+            "copyreg._reconstructor",
+            "copyreg.__newobj__",
+            "torch._utils._rebuild_wrapper_subclass",
+            "numpy.core.multiarray._reconstruct",
+            "numpy._core.multiarray._reconstruct",
+        ],
+        0,
+    ),
+    "torch._tensor._rebuild_from_type_v2": 1,
+}
+
+
+#: The concrete values the walk keeps as themselves.
+_CONCRETE = {str: "builtins.str", bool: "builtins.bool", int: "builtins.int", tuple: "builtins.tuple"}
+
+
+def type_of(v: Any) -> Optional[str]:
+    """The type name of an abstract value (None: a global, a class or a function the scan cannot tell
+    without importing it, or not known)."""
+    return v.type if isinstance(v, Obj) else _CONCRETE.get(type(v))
+
+
+def class_repr(type_name: Optional[str]) -> str:
+    """How torch's messages print ``type(x)``: ``<class 'collections.deque'>``, ``<class 'list'>``."""
+    name = "?" if type_name is None else type_name.removeprefix("builtins.")
+    return f"<class '{name}'>"
+
+
+def describe_value(v: Any) -> str:
+    t = type_of(v)
+    return f"an object of {class_repr(t)}" if t else "an object the scan cannot name"
+
+
+def reduce_result(func: str, args: Any) -> Optional[str]:
+    """The type REDUCE of the allowlisted *func* builds, or None when it cannot be told statically."""
+    if func in _REDUCE_RESULT:
+        return _REDUCE_RESULT[func]
+    if func == "numpy.dtype":
+        return numpy_dtype_class(args[0]) if isinstance(args, tuple) and args else None
+    index = _REDUCE_ARG_TYPE.get(func)
+    if index is not None:
+        if isinstance(args, tuple) and len(args) > index and isinstance(args[index], Global):
+            return args[index].name
+        return None
+    return func  # calling a class builds an instance of it
+
+
+@dataclass(frozen=True)
+class Check:
+    """One thing torch's weights-only unpickler verifies.  ``kind``: ``"global"`` (*name* must be
+    allowlisted; *message* is the GLOBAL's own name part, which torch 2.4's hint names alone);
+    ``"type"`` (BUILD onto an instance of *name*, which must be allowlisted); ``"build"``
+    (its state's *shape*, :mod:`.build_state`); ``"append"``, ``"appends"``, ``"setitem"``, ``"setitems"``
+    (onto a *name*, refused with *message* depending on the allowlist: :func:`container_refused`);
+    ``"refused"`` (never loads: *message* says why); ``"unknown"`` (a rule could not be probed)."""
+
+    kind: str
+    name: str = ""
+    message: str = ""
+    shape: Any = None
+
+
+@dataclass
+class ScanState:
+    """Facts gathered over every pickle of one checkpoint (and the work spent so far)."""
+
+    limits: ScanLimits
+    checks: list[Check] = field(default_factory=list)
+    seen: set[Any] = field(default_factory=set)
+    globals: set[str] = field(default_factory=set)
+    full_load_globals: dict[str, str] = field(default_factory=dict)
+    refused_opcodes: set[str] = field(default_factory=set)
+    opcodes: int = 0
+    bytes_scanned: int = 0
+    max_memo: int = 0
+    #: False once the weights-only unpickler would have stopped: no more weights-only checks.
+    weights_only_live: bool = True
+
+    #: The formats torch may read these bytes as, depending on the source it is given (a polyglot: two).
+    readings: tuple[str, ...] = ()
+
+    def fork(self) -> ScanState:
+        """A fresh state for another reading of the same bytes (its work counted on from this one's)."""
+        return ScanState(self.limits, opcodes=self.opcodes, bytes_scanned=self.bytes_scanned, max_memo=self.max_memo)
+
+    def absorb(self, other: ScanState) -> None:
+        """Add what the reading *other* (made by :meth:`fork`) found: its names and checks, its work."""
+        for c in other.checks:
+            self.check(c.kind, c.name, c.message, c.shape)
+        self.globals |= other.globals
+        self.full_load_globals = {**other.full_load_globals, **self.full_load_globals}
+        self.refused_opcodes |= other.refused_opcodes
+        self.opcodes, self.bytes_scanned = other.opcodes, other.bytes_scanned  # forked: counted on from ours
+        self.max_memo = max(self.max_memo, other.max_memo)
+        self.weights_only_live = other.weights_only_live
+
+    def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> None:
+        key = (kind, name, message, shape)
+        if key not in self.seen:
+            self.seen.add(key)
+            self.checks.append(Check(kind, name, message, shape))
+
+    @property
+    def blocker(self) -> Optional[str]:
+        return next((c.message for c in self.checks if c.kind == "refused"), None)
+
+
+def loaded_class(name: str) -> Optional[type]:
+    """The class *name* if its module is already imported, else None; read from ``__dict__``\\ s, so
+    nothing is imported and no module ``__getattr__`` runs."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        obj: Any = sys.modules.get(".".join(parts[:cut]))
+        if obj is None:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, "__dict__", {}).get(attr)
+            if obj is None:
+                return None
+        return obj if isinstance(obj, type) else None
+    return None
+
+
+#: Per container family: the builtin it targets, and the target kinds of exact types by name.
+_CONTAINERS = {
+    "list": (list, {"builtins.list": "list"}),
+    "dict": (
+        dict,
+        {"builtins.dict": "dict", "collections.OrderedDict": "ordered_dict", "collections.Counter": "counter"},
+    ),
+}
+
+
+def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, Any]] = None) -> tuple[str, ...]:
+    """The target kinds (see ..torch_facts.unpickler) an instance of *type_name* may be for *opcode*.
+    *user_classes*: user-allowlisted names -> objects (a prediction); None: the allowlist is unknown (a scan)."""
+    family = "list" if opcode.startswith("APPEND") else "dict"
+    base, exact = _CONTAINERS[family]
+    if type_name in exact:
+        return (exact[type_name],)
+    sub = f"{family}_subclass"
+    if user_classes is not None and type_name in user_classes:
+        obj = user_classes[type_name]
+        return (f"allowlisted_{sub}",) if isinstance(obj, type) and issubclass(obj, base) else ("allowlisted_other",)
+    cls = loaded_class(type_name)
+    is_sub = None if cls is None else issubclass(cls, base)
+    if user_classes is not None:  # known not to be allowlisted
+        return (sub,) if is_sub else ("other",) if is_sub is False else (sub, "other")
+    if is_sub is None:
+        return (sub, f"allowlisted_{sub}", "other", "allowlisted_other")
+    return (sub, f"allowlisted_{sub}") if is_sub else ("other", "allowlisted_other")
+
+
+def container_check(rules: UnpicklerRules, opcode: str, target: Any) -> Optional[Check]:
+    """The check before *opcode* (APPEND(S), SETITEM(S)) onto the value *target*: None when it passes
+    whatever is allowlisted (or its type is unknown), ``"refused"`` when it never does (a deque), else
+    one the allowlist decides at load time (torch 2.14.1 lets an allowlisted list subclass through)."""
+    type_name = type_of(target)
+    if type_name is None:
+        return None
+    rule = rules.container(opcode)
+    if rule is None:
+        return None
+    refused = [kind in rule.refused for kind in _target_kinds(opcode, type_name)]
+    if not any(refused):
+        return None
+    message = rule.message + class_repr(type_name)
+    return Check("refused", "", message) if all(refused) else Check(opcode.lower(), type_name, message)
+
+
+def container_refused(rules: UnpicklerRules, check: Check, user_classes: dict[str, Any]) -> bool:
+    """Whether torch refuses the container *check* given *user_classes* (allowlisted names -> objects)."""
+    rule = rules.container(check.kind.upper())
+    return rule is not None and any(
+        kind in rule.refused for kind in _target_kinds(check.kind.upper(), check.name, user_classes)
+    )
+
+
+def persid_refusal(rules: UnpicklerRules, pid: Any) -> Optional[str]:
+    """torch's refusal of a persistent id, or None: first its type, then a tuple's first item must be
+    ``"storage"`` (one that passes may still fail in ``torch.load``'s ``persistent_load``: a damaged file)."""
+    persid = rules.persid
+    if isinstance(pid, tuple):  # what torch.save writes: decided without a call
+        category = "tuple"
+    else:
+        category = "int" if type_of(pid) == "builtins.int" else "other"
+    if category in persid.refused:
+        return persid.type_message + class_repr(type_of(pid))
+    if isinstance(pid, tuple) and pid and not (isinstance(pid[0], str) and pid[0] == "storage"):
+        first = pid[0]
+        if isinstance(first, (str, Obj)):
+            return persid.storage_message + (class_repr(type_of(first)) if persid.names_type else str(first))
+        return persid.storage_message.rstrip()  # still a part of what torch says
+    return None
+
+
+def full_load_name(module: str, name: str, proto: int, zip_format: bool, storage_names: frozenset[str]) -> str:
+    """The global a full unpickle in torch.load resolves for GLOBAL *module* *name*."""
+    if "Storage" in name and name in storage_names:
+        return f"torch.{name}"  # torch.load's find_class returns its own StorageType, importing nothing
+    if zip_format:
+        module = _LOAD_MODULE_MAPPING.get(module, module)
+    if proto < 3:
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
+    return f"{module}.{name}"
+
+
+#: A hashable description of a BUILD state: ``("dict", n)`` (n keys, None: not known),
+#: ``("none",)``, ``("value", v)`` (a small str or int), ``("tuple", (shape, ...))`` or
+#: ``("type", "module.Name")`` (an object known only by its type; None: not even that).
+StateShape = tuple
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
+
+
+def state_shape(value: Any, depth: int = 0) -> StateShape:
+    """The shape of a BUILD state on the scan's stack (see :data:`StateShape`)."""
+    if type(value) is DictValue:
+        return ("dict", None if value.keys is None else len(value.keys))
+    if isinstance(value, tuple):
+        if depth < 2 and len(value) <= 4:
+            return ("tuple", tuple(state_shape(v, depth + 1) for v in value))
+        return ("type", "builtins.tuple")
+    if type(value) is str or type(value) is int:
+        return ("value", value)
+    if isinstance(value, Obj):
+        if value.type == "builtins.NoneType":
+            return ("none",)
+        if value.type == "builtins.dict":
+            return ("dict", None)
+        return ("type", value.type)
+    return ("type", None)  # a Global, or nothing the scan models
+
+
+# What an object known only by its type may be, for the truthiness and iteration BUILD uses.
+_TYPE_STANDINS: dict[str, list[Any]] = {
+    "builtins.bool": [False, True],
+    "builtins.int": [0, 1],
+    "builtins.float": [0.0, 1.0],
+    "builtins.str": ["?" * 1024],  # a string too long for the scan to keep: never empty
+}
+
+
+_MAX_STANDINS = 32
+
+
+def _standins(shape: StateShape) -> Optional[list[Any]]:
+    """Concrete values of *shape* that cover what BUILD's outcome depends on; None: cannot stand in."""
+    kind = shape[0]
+    if kind == "none":
+        return [None]
+    if kind == "value":
+        return [shape[1]]
+    if kind == "dict":
+        sizes = [shape[1]] if shape[1] is not None else [0, 1, 2, 3]
+        return [{i: i for i in range(n)} for n in sizes]
+    if kind == "tuple":
+        options = [_standins(s) for s in shape[1]]
+        if any(o is None for o in options):
+            return None
+        combos = list(itertools.islice(itertools.product(*options), _MAX_STANDINS + 1))  # type: ignore[arg-type]
+        return combos if len(combos) <= _MAX_STANDINS else None
+    return _TYPE_STANDINS.get(shape[1]) if kind == "type" and shape[1] else None
+
+
+def _class_facts(cls: Any) -> Optional[tuple[bool, bool, str]]:
+    """(has ``__setstate__``, instances have a ``__dict__``, the message of a missing ``__dict__``) of a
+    class made by a class statement; None when only running its code could tell (a C type, a custom
+    ``__getattr__``/``__getattribute__``)."""
+    if (
+        not isinstance(cls, type)
+        or not cls.__flags__ & _HEAPTYPE
+        or hasattr(cls, "__getattr__")
+        or cls.__getattribute__ is not object.__getattribute__
+    ):
+        return None
+    return hasattr(cls, "__setstate__"), getattr(cls, "__dictoffset__", 0) != 0, _no_dict_message(cls.__name__)
+
+
+def _no_dict_message(name: str) -> str:
+    """Python's message for ``inst.__dict__`` of a slotted class *name*, from a bare stand-in of that name."""
+    standin = type(name, (), {"__slots__": ()})
+    try:
+        object.__new__(standin).__dict__  # noqa: B018 - the error is the point
+    except AttributeError as e:
+        return str(e)
+    return f"'{name}' object has no attribute '__dict__'"  # pragma: no cover - a slotted class has none
+
+
+def _apply(rules: BuildRules, has_dict: bool, no_dict: str, state: Any) -> Optional[tuple[str, str]]:
+    """This torch's BUILD of *state* onto an instance without ``__setstate__``: None or (type, message)."""
+    slotstate = None
+    if rules.splits_slotstate and isinstance(state, tuple) and len(state) == 2:
+        state, slotstate = state
+    if state or not rules.skips_falsy_state:
+        if not has_dict:
+            return ("AttributeError", no_dict)
+        try:
+            {}.update(state)  # torch's inst.__dict__.update(state), on a plain stand-in
+        except Exception as e:  # noqa: BLE001 - the error is the answer
+            return (type(e).__name__, str(e))
+    if slotstate:
+        try:
+            slotstate.items()  # torch: for k, v in slotstate.items(): setattr(inst, k, v)
+        except AttributeError as e:
+            return ("AttributeError", str(e))
+    return None
+
+
+def build_failure(cls: Any, shape: StateShape, rules: BuildRules) -> Optional[tuple[str, str]]:
+    """``(exception type name, message)`` when this torch's BUILD of a state of *shape* onto an instance
+    of the allowlisted *cls* raises; None when it does not or cannot be told statically (its own
+    ``__setstate__`` runs, the outcome depends on unknown contents): the prediction stays "loads"."""
+    facts = _class_facts(cls)
+    if facts is None:
+        return None
+    has_setstate, has_dict, no_dict = facts
+    if has_setstate and rules.calls_setstate:
+        return None  # the class's own code applies it, as in a full load
+    standins = _standins(shape)
+    if not standins:
+        return None
+    outcomes = {_apply(rules, has_dict, no_dict, s) for s in standins}
+    return outcomes.pop() if len(outcomes) == 1 else None

@@ -1,0 +1,293 @@
+"""The three load modes, each one exact ``torch.load`` call, named as in test ids.
+
+* ``weights_only_false``: ``torch.load(buf, weights_only=False)``
+* ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
+* ``default``: ``torch.load(buf)``, no ``weights_only`` argument at all
+"""
+
+from __future__ import annotations
+
+import enum
+import io
+import os
+import pickle
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+from .errors import ConflictingEnvironmentError, RoundTripConfigError
+from .interrupts import deferred_interrupts
+from .probes import ProbeFailed
+from .registry import registry_lock
+from .serialization import genuine, observe_serialization_warnings, torch_load_replacement
+
+
+class LoadMode(enum.Enum):
+    """How a round trip is loaded; the value is the stable name used in test ids."""
+
+    WEIGHTS_ONLY_FALSE = "weights_only_false"
+    SAFE_GLOBALS = "safe_globals"
+    DEFAULT = "default"
+
+    @property
+    def explicit_weights_only(self) -> Optional[bool]:
+        """The ``weights_only`` argument this mode passes (None: not passed at all)."""
+        return _EXPLICIT[self._value_]
+
+    @classmethod
+    def parse(cls, value: LoadMode | str) -> LoadMode:
+        if value.__class__ is LoadMode:  # the common case first: parse runs on every load
+            return value  # type: ignore[return-value]
+        found = (_BY_SPELLING.get(value) or _BY_SPELLING.get(value.upper())) if isinstance(value, str) else None
+        if found is not None:
+            return found
+        raise RoundTripConfigError(
+            f"unknown load mode {value!r}; use one of {', '.join(m.value for m in cls)} "
+            "(or LoadMode.WEIGHTS_ONLY_FALSE / SAFE_GLOBALS / DEFAULT)"
+        )
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_EXPLICIT = {"weights_only_false": False, "safe_globals": True, "default": None}
+
+
+#: Each mode by its value and by its member name (``"default"``, ``"DEFAULT"``).
+_BY_SPELLING = {**{m.value: m for m in LoadMode}, **{m.name: m for m in LoadMode}}
+
+
+#: CPython's class of ``os.environ`` (None elsewhere: every mapping is then read as it is).
+_ENVIRON = getattr(os, "_Environ", None)
+
+
+_Decode = Callable[[Any], str]
+
+
+def stored_environ(env: Mapping[str, str]) -> Optional[tuple[dict[Any, Any], Callable[[str], Any], _Decode]]:
+    """``(stored mapping, key encoder, key decoder)`` when *env* is exactly ``os._Environ``, else None
+    (read *env* through its public interface)."""
+    if type(env) is not _ENVIRON:
+        return None
+    return env._data, env.encodekey, env.decodekey  # type: ignore[attr-defined]
+
+
+FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
+
+
+FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+
+
+class Canary:
+    """Saved once per process: weights-only loads refuse it, a full load builds it."""
+
+
+_canary: list[bytes] = []
+
+
+#: A probe's answer: the effective weights_only (None: RuntimeError, both switches set), torch warned.
+_Answer = tuple[Optional[bool], bool]
+
+
+_answers: dict[tuple[Any, ...], _Answer] = {}
+
+
+_lock = threading.RLock()
+
+
+def _torch_key() -> tuple[Any, ...]:
+    import torch
+
+    ser = torch.serialization
+    return (genuine("load"), getattr(ser, "_default_to_weights_only", None), torch.__version__)
+
+
+def _text(value: Any) -> Optional[str]:
+    return value if value is None or isinstance(value, str) else os.fsdecode(value)
+
+
+def _set_switches(values: tuple[Optional[str], ...]) -> None:
+    with deferred_interrupts():
+        for name, value in zip((FORCE_WO, FORCE_NO_WO), values):
+            if value is None:
+                os.environ.pop(name, None)
+        for name, value in zip((FORCE_WO, FORCE_NO_WO), values):
+            if value is not None:
+                os.environ[name] = value
+
+
+@contextmanager
+def _environment(values: tuple[Optional[str], Optional[str]]) -> Iterator[None]:
+    """The two switches set to *values* (None: unset) for the block, as they were after it."""
+    before = (os.environ.get(FORCE_WO), os.environ.get(FORCE_NO_WO))
+    if before != values:
+        _set_switches(values)
+    try:
+        yield
+    finally:
+        if before != values:
+            _set_switches(before)
+
+
+def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Answer:
+    """What ``torch.serialization.load(canary[, weights_only=explicit])`` does under (wo, no)."""
+    key = (explicit, wo, no, *_torch_key())
+    known = _answers.get(key)
+    if known is not None:
+        return known
+
+    if not _canary:
+        buf = io.BytesIO()
+        genuine("save")(Canary(), buf)
+        _canary.append(buf.getvalue())
+    kwargs: dict[str, Any] = {} if explicit is None else {"weights_only": explicit}
+    with registry_lock, _lock, _environment((wo, no)), observe_serialization_warnings(consume_all=True) as seen:
+        try:
+            value = genuine("load")(io.BytesIO(_canary[0]), **kwargs)
+        except pickle.UnpicklingError:
+            answer: _Answer = (True, seen.seen)
+        except RuntimeError as e:
+            if wo is None or no is None:
+                raise ProbeFailed(f"torch.load of the library's canary raised RuntimeError: {e}") from None
+            answer = (None, False)
+        except Exception as e:  # noqa: BLE001 - anything else is a probe that cannot be read
+            raise ProbeFailed(f"torch.load of the library's canary raised {type(e).__name__}: {e}") from None
+        else:
+            if type(value) is not Canary:
+                raise ProbeFailed(f"torch.load of the library's canary returned {type(value).__name__}")
+            answer = (False, seen.seen)
+    if len(_answers) > 256:
+        _answers.clear()
+    _answers[key] = answer
+    return answer
+
+
+def is_truthy(value: Optional[str], name: str = FORCE_WO) -> bool:
+    """Whether this torch acts on the switch *name* set to *value* alone (FORCE_WO refuses an explicit
+    ``weights_only=False`` load; FORCE_NO_WO makes a bare load warn that it was forced to a full one)."""
+    value = _text(value)
+    if value is None:
+        return False
+    if name == FORCE_WO:
+        return _ask(False, value, None)[0] is True
+    if name == FORCE_NO_WO:
+        return _ask(None, None, value)[1]
+    raise ValueError(f"{name} is not one of torch's weights_only switches")
+
+
+def torch_default_weights_only() -> tuple[bool, str]:
+    """torch's default for a bare ``torch.load`` (asked with neither switch set), and why (the version
+    only words the reason)."""
+    import torch
+
+    if _ask(None, None, None)[0] is True:
+        return True, "since torch 2.6"
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        release = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        release = (0, 0)
+    if release >= (2, 6):
+        return False, "this torch build (fbcode) keeps the old default"
+    return False, f"the default before torch 2.6 (torch {torch.__version__})"
+
+
+def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Any]:
+    """The two switches' raw values (None when unset), read on every load: from ``os.environ``'s
+    stored mapping (:mod:`..core.environ`), values the platform's (bytes on POSIX)."""
+    env = os.environ if environ is None else environ
+    stored = stored_environ(env)
+    if stored is None:
+        return env.get(FORCE_WO), env.get(FORCE_NO_WO)
+    data, encode, _decode = stored
+    return data.get(encode(FORCE_WO)), data.get(encode(FORCE_NO_WO))
+
+
+def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
+    return (
+        f"{FORCE_WO}={wo!s} and {FORCE_NO_WO}={no!s} "
+        "are both set: torch.load raises RuntimeError on every load. Unset one of them."
+    )
+
+
+@dataclass(eq=False)
+class WeightsOnlySwitches:
+    """The two TORCH_FORCE_* switches as this torch reads them."""
+
+    force_weights_only: bool
+    force_no_weights_only: bool
+    raw: Mapping[str, Optional[str]]
+    #: torch raises RuntimeError on every load (both set, as torch reads them).
+    conflict: bool
+
+    @classmethod
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> WeightsOnlySwitches:
+        wo, no = (_text(v) for v in switch_values(environ))
+        conflict = wo is not None and no is not None and _ask(None, wo, no)[0] is None
+        return cls(is_truthy(wo, FORCE_WO), is_truthy(no, FORCE_NO_WO), {FORCE_WO: wo, FORCE_NO_WO: no}, conflict)
+
+    def conflict_message(self) -> str:
+        return conflict_message(self.raw.get(FORCE_WO), self.raw.get(FORCE_NO_WO))
+
+
+class Decision:
+    """The effective ``weights_only`` of one load mode here and now, and what it was read from."""
+
+    __slots__ = ("weights_only", "warns", "reason", "replaced_by", "force_no_set", "cause")
+
+    def __init__(
+        self,
+        weights_only: bool,
+        warns: bool,
+        reason: str,
+        replaced_by: Optional[str],
+        force_no_set: bool,
+        cause: str = "default",
+    ) -> None:
+        self.weights_only = weights_only
+        #: What decided: "explicit" (the argument), "force_wo" / "force_no" (a switch) or "default".
+        self.cause = cause
+        #: torch warns that TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD made the load a full one.
+        self.warns = warns
+        self.reason = reason
+        #: Who replaced ``torch.load`` (see :func:`.loader.torch_load_replacement`), or None.
+        self.replaced_by = replaced_by
+        #: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is in the environment (any value: torch may warn).
+        self.force_no_set = force_no_set
+
+    def __repr__(self) -> str:
+        return f"<Decision weights_only={self.weights_only} ({self.reason})>"
+
+
+def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decision:
+    """torch.load's decision for *mode* in *environ* (default ``os.environ``), read on every load (the
+    canary's answers are remembered); both switches set raises ConflictingEnvironmentError."""
+    values = switch_values(environ)
+    wo, no = (_text(v) for v in values)
+    explicit = mode.explicit_weights_only
+    weights_only, warns = _ask(explicit, wo, no)
+    if weights_only is None:
+        raise ConflictingEnvironmentError(conflict_message(wo, no))
+    if explicit is False and weights_only:
+        cause, reason = "force_wo", f"weights_only=True forced by {FORCE_WO}={wo} over explicit weights_only=False"
+    elif weights_only and wo is not None and is_truthy(wo, FORCE_WO):
+        cause, reason = "force_wo", f"weights_only=True forced by {FORCE_WO}={wo}"
+    elif explicit is not None:
+        cause = "explicit"
+        reason = (
+            f"weights_only={explicit} explicit"
+            if weights_only == explicit
+            else f"weights_only={weights_only} although weights_only={explicit} was passed"
+        )
+    elif warns:
+        cause, reason = "force_no", f"weights_only=False forced by {FORCE_NO_WO}={no}"
+    else:
+        default, why = torch_default_weights_only()
+        cause = "default"
+        reason = (
+            f"weights_only={weights_only} {why}"
+            if default == weights_only
+            else f"weights_only={weights_only} (the environment overrides the default)"
+        )
+    return Decision(weights_only, warns, reason, torch_load_replacement(), values[1] is not None, cause)

@@ -1,1 +1,0 @@
-"""The trust policy: which globals may ever be allowlisted, and the snippets that allowlist them."""

@@ -1,0 +1,378 @@
+"""What torch *should* do with one load, here and now: :func:`predict`.
+
+The effective ``weights_only`` is what torch decides for the mode's call in this environment
+(:func:`~..torch_facts.load_call.decide`).  Weights-only, the scan's checks are replayed in torch's
+order against what is allowed (torch's allowlist, the process-wide registry, the declared globals):
+the first that fails is the rejection torch raises.  Nothing is loaded or refused here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+from .checkpoint import Checkpoint
+from .declarations import declared_entries
+from .errors import CheckpointFormatError, RoundTripConfigError, show_name, torch_key
+from .model import Check, build_failure, class_repr, container_refused, loaded_class
+from .modes import Decision, LoadMode, decide
+from .probes import ProbeFailed
+from .registry import (
+    registered_globals,
+    registry_lock,
+    torch_allowed_type_names,
+    torch_allowlist,
+    torch_allowlist_objects,
+    torch_allowlist_table,
+)
+from .serialization import torch_load_replacement
+from .unpickler import UnpicklerRules, global_refusal, torchscript_refusal, unpickler_rules
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """What torch should do with one load, and why."""
+
+    mode: LoadMode
+    weights_only: bool
+    warns: bool
+    loads: bool
+    missing: tuple[str, ...]
+    reason: str
+    replaced_by: Optional[str] = None
+    unsupported_opcodes: tuple[str, ...] = ()
+    #: Why no allowlist can make it load weights-only (CheckpointInfo.weights_only_blocker), else None.
+    blocker: Optional[str] = None
+    #: The text torch's rejection must contain: the first check the weights-only unpickler fails.
+    rejection: Optional[str] = None
+    #: What torch raises rejecting it (RuntimeError for a TorchScript or tar archive, refused unread).
+    error_type: str = "UnpicklingError"
+    #: Why the outcome cannot be predicted here (a probe of this torch failed), else None.
+    unknown: Optional[str] = None
+
+    def summary(self, loaded: Optional[bool] = None, notes: Sequence[str] = (), warned: Optional[bool] = None) -> str:
+        """``default: rejected as expected (weights_only=True since torch 2.6; X not allowlisted)``, with
+        the *notes* of a replaced ``torch.load`` and what was *warned* when it differs from the prediction."""
+        loaded = self.loads if loaded is None else loaded
+        verb = "loaded" if loaded else "rejected"
+        why = self.reason
+        if self.unknown:
+            return f"{self.mode.value}: {verb}, not predicted ({why}; {self.unknown})"
+        if not loaded and self.missing:
+            why += f"; {', '.join(map(show_name, self.missing))} not allowlisted"  # names are data: escaped
+        if not loaded and self.unsupported_opcodes:
+            why += f"; opcode {', '.join(self.unsupported_opcodes)} not supported by the weights-only unpickler"
+        if not loaded and self.blocker and not self.unsupported_opcodes:
+            why += f"; cannot load weights-only: {self.blocker}"
+        if self.warns if warned is None else warned:
+            why += "; torch warned"
+        if self.replaced_by:
+            why += f"; torch.load is replaced by {self.replaced_by}"
+            if notes:
+                why += ", which " + "; ".join(notes)
+        return f"{self.mode.value}: {verb} as expected ({why})"
+
+
+def declared_names(safe_globals: Any) -> tuple[str, ...]:
+    """The names torch matches *safe_globals* by (see :func:`declared_entries`)."""
+    return tuple(name for _obj, name in declared_entries(safe_globals))
+
+
+def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
+    if isinstance(checkpoint, Checkpoint):
+        return checkpoint
+    if isinstance(checkpoint, LoadMode) or (isinstance(checkpoint, str) and not os.path.exists(checkpoint)):
+        try:
+            LoadMode.parse(checkpoint)
+        except RoundTripConfigError:
+            pass
+        else:
+            raise RoundTripConfigError(
+                f"{caller}() got the load mode {str(checkpoint)!r} where the checkpoint goes: the order is "
+                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)")
+            )
+    if isinstance(checkpoint, (str, os.PathLike)):
+        raise TypeError(
+            f"{caller}() takes a Checkpoint (or, to predict, bytes or a buffer), not the path "
+            f"{os.fspath(checkpoint)!r}: wrap a file with torch_serial_testing.tools.FileCheckpoint.from_path(path)"
+        )
+    if caller == "predict":
+        # Predicting never unpickles, so any checkpoint form scan_checkpoint reads will do.
+        return Checkpoint.from_buffer(checkpoint)
+    raise TypeError(
+        f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
+        "Checkpoint.from_bytes(...) (they will only be loaded weights-only)"
+    )
+
+
+def predict(
+    mode: LoadMode | str, checkpoint: Any, safe_globals: Sequence[Any] = (), environ: Optional[Mapping[str, str]] = None
+) -> Expectation:
+    """What torch should do loading *checkpoint* in *mode*, here and now (see the module's docstring).
+
+    *checkpoint* is a :class:`Checkpoint` or anything :func:`scan_checkpoint` reads; *safe_globals*
+    takes objects, ``'module.Name'`` strings and ``(obj, 'module.Name')`` tuples.
+    """
+    if isinstance(mode, Checkpoint):
+        raise RoundTripConfigError(
+            "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
+        )
+    mode = LoadMode.parse(mode)
+    return decided(mode, _as_checkpoint(checkpoint, "predict"), declared_entries(safe_globals), environ)[1]
+
+
+def decided(
+    mode: LoadMode,
+    checkpoint: Checkpoint,
+    declared: tuple[tuple[Any, str], ...],
+    environ: Optional[Mapping[str, str]] = None,
+) -> tuple[Optional[Decision], Expectation]:
+    """(torch's decision for the call, None when it could not be asked; the expectation)."""
+    try:
+        decision = decide(mode, environ)
+    except ProbeFailed as e:
+        return None, undecided(mode, e)
+    return decision, _expected(mode, checkpoint, declared, decision)
+
+
+def undecided(mode: LoadMode, error: ProbeFailed) -> Expectation:
+    """The unknown expectation of a load whose ``weights_only`` torch could not be asked: the call's
+    argument, True for a bare call (the safe reading: foreign bytes are loaded weights-only anyway)."""
+    return Expectation(
+        mode,
+        mode.explicit_weights_only is not False,
+        False,
+        False,
+        (),
+        "what torch.load decides here is unknown",
+        torch_load_replacement(),
+        unknown=str(error),
+    )
+
+
+def _expected(
+    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], decision: Decision
+) -> Expectation:
+    """The expectation of loading *checkpoint* under *decision*."""
+    if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
+        return Expectation(mode, False, decision.warns, True, (), decision.reason, decision.replaced_by)
+    reason = decision.reason
+    try:  # (the scan itself raises no ProbeFailed)
+        if checkpoint.format == "torchscript" and torchscript_refusal() is None:
+            reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
+            return Expectation(mode, False, decision.warns, True, (), reason, decision.replaced_by)
+        info = checkpoint.info
+        rules = unpickler_rules()
+    except ProbeFailed as e:
+        return Expectation(mode, True, decision.warns, False, (), reason, decision.replaced_by, unknown=str(e))
+    # Under the registry lock: no library round trip is inside its safe_globals context now.
+    with registry_lock:
+        allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else (), rules)
+    return _expect(mode, decision, reason, info, rules, allowed)
+
+
+@dataclass(eq=False)
+class _Allowed:
+    """What a weights-only load accepts here: global names, the types BUILD accepts, those types'
+    objects by name, and the user-allowlisted objects by name (for container target checks)."""
+
+    names: frozenset[str]
+    types: frozenset[str]
+    classes: dict[str, Any]
+    user: dict[str, Any]
+
+
+def _expect(
+    mode: LoadMode, decision: Decision, reason: str, info: Any, rules: UnpicklerRules, allowed: _Allowed
+) -> Expectation:
+    """A weights-only load: replay the checkpoint's checks against what is allowed."""
+    missing, rejection, build, unknown = _replay(info.checks, allowed, rules)
+    # Globals past the point where torch stops (an unsupported opcode...) are still reported.
+    missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in allowed.names}))
+    error_type = "RuntimeError" if info.format in ("torchscript", "tar") else build[0] if build else "UnpicklingError"
+    return Expectation(
+        mode,
+        True,
+        decision.warns,
+        rejection is None and unknown is None,
+        missing,
+        reason,
+        decision.replaced_by,
+        info.unsupported_opcodes,
+        info.weights_only_blocker or (build[1] if build else None),
+        rejection,
+        error_type,
+        unknown,
+    )
+
+
+def _replay(
+    checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules
+) -> tuple[tuple[str, ...], Optional[str], Optional[tuple[str, str]], Optional[str]]:
+    """(every global/type not allowed, torch's message for the first failing check, (exception type,
+    why) when that is BUILD failing on an allowed class, why it cannot be predicted when a check
+    before any failure is unknown)."""
+    missing: list[str] = []
+    rejection: Optional[str] = None
+    build: Optional[tuple[str, str]] = None
+    unknown: Optional[str] = None
+    for c in checks:
+        if c.kind == "global":
+            if c.name in allowed.names:
+                continue
+            missing.append(c.name)
+            if rejection is None and unknown is None:
+                try:
+                    rejection = global_refusal(c.name, attr=c.message or None, proto=rules.renames == "always")
+                except ProbeFailed as e:
+                    unknown = str(e)
+                if rejection is None and unknown is None:  # allowlisted after all: torch loads it
+                    missing.pop()
+        elif c.kind == "type":
+            if c.name in allowed.types:  # torch < 2.6 builds none of its own allowlist's types
+                continue
+            if c.name not in missing:
+                missing.append(c.name)
+            if rejection is None:
+                rejection = rules.build_refusal + class_repr(c.name)
+        elif c.kind in ("append", "appends", "setitem", "setitems"):
+            if not container_refused(rules, c, allowed.user):
+                continue
+            if (
+                c.name not in allowed.user
+                and not container_refused(rules, c, {c.name: _as_if_allowlisted(c)})
+                and c.name not in missing
+            ):
+                missing.append(c.name)  # allowlisting it (a list subclass) lets it through
+            if rejection is None:
+                rejection = c.message
+        elif c.kind == "build":
+            # Its "type" check came first: an allowed class whose state this torch's BUILD may not apply.
+            if rejection is None and c.name in allowed.classes:
+                failure = build_failure(allowed.classes[c.name], c.shape, rules.build)
+                if failure is not None:
+                    rejection = failure[1]
+                    build = (
+                        failure[0],
+                        f"this torch's BUILD cannot apply the pickled state of {c.name} "
+                        f"(it raises {failure[0]}: {failure[1]})",
+                    )
+        elif c.kind == "unknown":
+            if rejection is None and unknown is None:
+                unknown = c.message
+        elif rejection is None:
+            rejection = c.message
+    return tuple(dict.fromkeys(missing)), rejection, build, unknown if rejection is None else None
+
+
+def _as_if_allowlisted(check: Check) -> Any:
+    """What allowlisting the target of *check* would allowlist: the class where it is loaded, else
+    the container it targets (an unknown class counts as a subclass of it)."""
+    return loaded_class(check.name) or (list if check.kind.startswith("append") else dict)
+
+
+#: key -> (torch's allowlist table it was computed from, the allowed set).
+_allowed_cache: dict[Any, tuple[Any, _Allowed]] = {}
+
+
+def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
+    """What torch accepts with *declared* added, remembered while torch's allowlist, the registry, the
+    declaration and the BUILD rule are the same.  torch matches types by object; the model matches
+    them by their real ``module.qualname`` and any name they are allowed under."""
+    import torch
+
+    table = torch_allowlist_table()
+    buildable = rules.build.torch_types_buildable
+    try:
+        registry = torch.serialization.get_safe_globals()
+        key: Any = (id(table), frozenset(registry) if registry else None, tuple(declared), buildable)
+        hit = _allowed_cache.get(key)
+    except TypeError:  # something unhashable registered or declared: compute every time
+        key, hit = None, None
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    allowed = _compute_allowed(declared, rules)
+    if key is not None:
+        if len(_allowed_cache) > 64:
+            _allowed_cache.clear()
+        _allowed_cache[key] = (table, allowed)  # keeps the table alive: its id stays its own
+    return allowed
+
+
+def _compute_allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
+    import torch
+
+    user_names = set(registered_globals()) | {name for _obj, name in declared}
+    names = set(torch_allowlist()) | user_names
+    types: set[str] = set()
+    classes: dict[str, Any] = {}
+    user: dict[str, Any] = {}
+    if rules.build.torch_types_buildable:
+        types |= torch_allowed_type_names() | set(torch_allowlist())
+        for name, obj in torch_allowlist_objects().items():
+            classes[name] = classes[torch_key(obj) or name] = obj
+    entries = [*torch.serialization.get_safe_globals(), *((obj, name) for obj, name in declared if obj is not None)]
+    for entry in entries:
+        obj, entry_name = entry if isinstance(entry, tuple) else (entry, None)
+        for n in (torch_key(obj), entry_name):
+            if n:
+                types.add(n)
+                classes[n] = user[n] = obj
+    types |= user_names
+    return _Allowed(frozenset(names), frozenset(types), classes, user)
+
+
+_NOT_GIVEN: Any = object()
+
+
+def required_globals(
+    obj_or_buffer: Any = _NOT_GIVEN, *, obj: Any = _NOT_GIVEN, checkpoint: Any = _NOT_GIVEN
+) -> list[str]:
+    """Sorted globals a checkpoint needs beyond torch's own allowlist, found without unpickling.
+
+    ``obj=`` is always ``torch.save``-d first (even a ``str`` or ``bytes``); ``checkpoint=`` (bytes, a
+    buffer or file object, a :class:`~.checkpoint.Checkpoint`) is scanned.  Positionally, bytes-likes,
+    buffers and Checkpoints are scanned and any other object is saved.  Files:
+    ``torch_serial_testing.tools.required_globals(path)``.
+    """
+    given = {k: v for k, v in (("obj", obj), ("checkpoint", checkpoint)) if v is not _NOT_GIVEN}
+    if obj_or_buffer is not _NOT_GIVEN:
+        given["positional"] = obj_or_buffer
+    if len(given) != 1:
+        raise TypeError(
+            "required_globals() takes exactly one of: an object (obj=...) or checkpoint bytes, a buffer or a "
+            f"Checkpoint (checkpoint=...); got {', '.join(sorted(given)) or 'nothing'}"
+        )
+    ((kind, value),) = given.items()
+    from .checkpoint import Checkpoint, scan_checkpoint
+
+    if kind != "obj" and isinstance(value, (str, os.PathLike)):
+        raise TypeError(
+            f"required_globals({value!r}): a file is read by torch_serial_testing.tools.required_globals(path); "
+            "to get the globals of the str object itself, call required_globals(obj=...)"
+        )
+    scanned = kind == "checkpoint" or isinstance(value, (Checkpoint, bytes, bytearray, memoryview))
+    info = scan_checkpoint(value) if scanned or hasattr(value, "read") else Checkpoint.save(value).info
+    if info.format == "torchscript":
+        raise CheckpointFormatError(
+            "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply"
+        )
+    return needed_globals(info)
+
+
+def needed_globals(info: Any, allowed: Any = None) -> list[str]:
+    """Sorted globals the scanned checkpoint *info* needs beyond torch's allowlist (*allowed*, default
+    asked): its GLOBALs and the types BUILD is applied to.  The one place this is computed
+    (:func:`required_globals`, the CLI's ``required_globals`` and snippets)."""
+    from .unpickler import unpickler_rules
+
+    if allowed is None:
+        allowed = torch_allowlist()
+    needed = {g for g in info.globals if g not in allowed}
+    # Types BUILD is applied to count too (numpy.dtypes.Float64DType is never a GLOBAL); those on
+    # torch's own allowlist only where this torch's BUILD does not build them (2.4, 2.5).
+    types = set(info.type_checks)
+    if types and unpickler_rules().build.torch_types_buildable:
+        types -= set(allowed) | torch_allowed_type_names()
+    return sorted(needed | types)

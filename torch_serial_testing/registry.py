@@ -1,0 +1,263 @@
+"""torch's allowlists: its built-in one (``_get_allowed_globals()``), the process-wide registry
+(``add_safe_globals``, or an open ``safe_globals`` context), and changes made to them.
+
+Every change the library makes is serialised behind :data:`registry_lock`; registrations made by
+modules imported during a test are noted, and torch's own are told apart from the rest.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional, Sequence
+
+from .errors import RoundTripConfigError, torch_key
+
+#: Held while the library reads or changes torch's process-wide registry, and around each prediction
+#: and the load it predicts, so both see the same registry.
+registry_lock = threading.RLock()
+
+
+def _wou() -> Any:
+    from torch import _weights_only_unpickler as wou
+
+    return wou
+
+
+def torch_allowlist_table() -> Any:
+    """torch's own allowlist (name -> object) as torch holds it: the same object while it is unchanged."""
+    return _wou()._get_allowed_globals()
+
+
+def torch_allowlist_objects() -> dict[str, Any]:
+    return dict(_wou()._get_allowed_globals())
+
+
+def torch_allowlist() -> frozenset[str]:
+    """Names torch's weights-only unpickler accepts without any registration."""
+    return frozenset(_wou()._get_allowed_globals())
+
+
+def torch_allowed_type_names() -> frozenset[str]:
+    """Real ``module.qualname`` of every value on torch's own allowlist (BUILD accepts instances of
+    the types among them)."""
+    return frozenset(n for n in map(torch_key, _wou()._get_allowed_globals().values()) if n)
+
+
+def registered_globals() -> frozenset[str]:
+    """Names registered process-wide right now (``add_safe_globals`` or an open context)."""
+    import torch
+
+    return frozenset(torch_key(g) or f"<unnamed {type(g).__name__}>" for g in torch.serialization.get_safe_globals())
+
+
+def snapshot_registry() -> list[Any]:
+    import torch
+
+    with registry_lock:
+        return list(torch.serialization.get_safe_globals())
+
+
+def restore_registry(snapshot: Sequence[Any]) -> None:
+    """Make the registry equal *snapshot* again: one rebinding of torch's registry (a set since torch
+    2.5, a list before), so an interrupt never leaves it half restored; else add and remove entries."""
+    import torch
+
+    wou = _wou()
+    with registry_lock:
+        current = torch.serialization.get_safe_globals()
+        if set(current) == set(snapshot):
+            return
+        for attr, kind in (("_marked_safe_globals_set", set), ("_marked_safe_globals_list", list)):
+            if isinstance(getattr(wou, attr, None), kind):
+                setattr(wou, attr, kind(snapshot))
+                return
+        missing = [g for g in snapshot if g not in current]
+        if missing:
+            wou._add_safe_globals(missing)
+        extra = [g for g in current if g not in snapshot]
+        if extra:
+            wou._remove_safe_globals(extra)
+
+
+@contextmanager
+def preserved_registry() -> Iterator[None]:
+    """Restore the registry on exit, whatever happened inside."""
+    with registry_lock:
+        snap = snapshot_registry()
+        try:
+            yield
+        finally:
+            restore_registry(snap)
+
+
+def safe_globals_context_missing() -> Optional[str]:
+    """Why this torch has no ``torch.serialization.safe_globals`` context (torch < 2.5), or None."""
+    import torch
+
+    if hasattr(torch.serialization, "safe_globals"):
+        return None
+    return (
+        f"the safe_globals mode needs torch.serialization.safe_globals (torch >= 2.5); "
+        f"torch {torch.__version__} lacks it"
+    )
+
+
+_named_entries: dict[Any, bool] = {}
+
+
+def registry_takes_named_entries() -> bool:
+    """Whether torch's allowlist takes ``(obj, "module.Name")`` entries (torch 2.4 keys every entry by
+    its own ``__module__.__name__``): registers ``(obj, "<its module>.RenamedProbe")`` and unpickles it."""
+    wou = _wou()
+    key = wou._get_user_allowed_globals
+    known = _named_entries.get(key)
+    if known is None:
+        from .probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
+
+        name = f"{ProbeOther.__module__}.RenamedProbe"
+        with preserved_registry():
+            try:
+                wou._add_safe_globals([(ProbeOther, name)])
+                outcome = unpickle(global_op(name) + STOP)
+            except ProbeFailed:
+                raise
+            except Exception as e:  # noqa: BLE001 - a registry that rejects the tuple form says no
+                outcome = None
+                if not isinstance(e, (TypeError, ValueError, AttributeError)):
+                    raise ProbeFailed(f"registering an (obj, name) entry raised {type(e).__name__}: {e}") from None
+        known = _named_entries[key] = outcome is not None and outcome.loaded and outcome.value is ProbeOther
+    return known
+
+
+@contextmanager
+def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
+    """Trust *entries* for the weights-only loads inside the block: ``safe_globals`` where torch has it
+    (>= 2.5), else ``add_safe_globals``, undone on exit.  For probes and oracles; the ``safe_globals``
+    load mode itself never falls back like this."""
+    import torch
+
+    with preserved_registry():
+        context = getattr(torch.serialization, "safe_globals", None)
+        if context is not None:
+            with context(list(entries)):
+                yield
+        else:
+            named = [e for e in entries if isinstance(e, tuple)]
+            if named and not registry_takes_named_entries():
+                raise RoundTripConfigError(
+                    f"torch {torch.__version__} allowlists objects only, by their own __module__.__name__: "
+                    f"{', '.join(repr(n) for _, n in named)} cannot be allowlisted as (obj, name) here"
+                )
+            torch.serialization.add_safe_globals(list(entries))
+            yield
+
+
+#: Registry entry -> (the module whose code called ``add_safe_globals``, whether an import was running it),
+#: for every registration made while a test ran (:func:`start_recording` .. :func:`stop_recording`).
+_registrars: dict[Any, tuple[str, bool]] = {}
+
+
+_recording = 0
+
+
+_original_add: Any = None
+
+
+def is_torch_module(name: str) -> bool:
+    return name == "torch" or name.startswith("torch.")
+
+
+def _registrar() -> tuple[str, bool]:
+    """(the module calling ``add_safe_globals``, past torch's serialization modules; whether a module
+    import is running that call: a registration at import time)."""
+    frame: Any = sys._getframe(2)
+    caller: Optional[str] = None
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if name.startswith("importlib._bootstrap") or name == "_frozen_importlib":
+            return caller or "?", True
+        if caller is None and name not in ("torch.serialization", "torch._weights_only_unpickler"):
+            caller = name
+        frame = frame.f_back
+    return caller or "?", False
+
+
+def _recording_add(safe_globals: Any) -> Any:
+    """torch's ``_add_safe_globals``, noting who made each registration."""
+    entries = list(safe_globals)
+    who = _registrar()
+    for entry in entries:
+        try:
+            _registrars[entry] = who
+        except TypeError:  # unhashable: torch's set refuses it too
+            pass
+    return _original_add(entries)
+
+
+def start_recording() -> None:
+    """Note who registers what until the matching :func:`stop_recording` (nested calls count)."""
+    global _original_add, _recording
+    wou = _wou()
+    with registry_lock:
+        if _recording == 0:
+            _original_add = wou._add_safe_globals
+            wou._add_safe_globals = _recording_add
+        _recording += 1
+
+
+def stop_recording() -> None:
+    global _recording
+    wou = _wou()
+    with registry_lock:
+        _recording = max(0, _recording - 1)
+        if _recording == 0 and wou._add_safe_globals is _recording_add:
+            wou._add_safe_globals = _original_add
+
+
+def recording_active() -> bool:
+    """Whether torch's ``_add_safe_globals`` is currently wrapped by the recorder."""
+    return bool(_wou()._add_safe_globals is _recording_add)
+
+
+def registrar(entry: Any) -> Optional[tuple[str, bool]]:
+    """(module, at import time) of whoever registered *entry* while a test ran, or None (not seen)."""
+    try:
+        return _registrars.get(entry)
+    except TypeError:
+        return None
+
+
+def _stdlib(module: str) -> bool:
+    top = module.partition(".")[0]
+    return top in getattr(sys, "stdlib_module_names", ("builtins",))
+
+
+def registered_by_torch(entry: Any) -> bool:
+    """Whether *entry* is torch's own registration: made by code in a ``torch.*`` module when the library
+    saw it; registered before (at ``import torch``, by a module imported at collection time), an object
+    torch's own modules register: defined in ``torch.*`` or Python's standard library (torch 2.14
+    registers the builtin exceptions)."""
+    seen = registrar(entry)
+    if seen is not None:
+        return is_torch_module(seen[0])
+    obj = entry[0] if isinstance(entry, tuple) and len(entry) == 2 else entry
+    real = torch_key(obj)
+    module = real.rpartition(".")[0] if real else ""
+    return bool(module) and (is_torch_module(module) or _stdlib(module))
+
+
+def serialization_config() -> Optional[dict[str, Any]]:
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return None
+    # a torch config module: install_config_module adds its functions at import time
+    return dict(config.get_config_copy())  # type: ignore[attr-defined]
+
+
+def restore_serialization_config(saved: dict[str, Any]) -> None:
+    from torch.utils.serialization import config
+
+    config.load_config(saved)  # type: ignore[attr-defined]

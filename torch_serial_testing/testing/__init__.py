@@ -1,1 +1,0 @@
-"""The test-author layer: the mixin, generated tests, per-test isolation, exact comparison."""

@@ -1,0 +1,1 @@
+"""The tools: everything that is not the vendored core."""

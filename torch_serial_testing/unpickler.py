@@ -1,0 +1,463 @@
+"""What the running torch's weights-only unpickler enforces, asked of it by probes (:mod:`.probes`).
+
+Its rules change between releases: the opcodes it implements, whether SETITEM/APPEND check their
+target (2.8 checks no SETITEM target; 2.14.1 lets APPEND onto an allowlisted ``list`` subclass), the
+persistent ids it refuses, how BUILD applies a state, whether Python-2 names are renamed outside
+protocol 2 (2.4: not), its words.  The static model (:mod:`..scan`) replays the rules read here;
+nothing falls back to another torch's.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import io
+import pickle
+import pickletools
+import threading
+from dataclasses import dataclass
+from typing import IO, Any, Optional
+
+from .probes import (
+    STOP,
+    Outcome,
+    ProbeDict,
+    ProbeFailed,
+    ProbeList,
+    ProbeOther,
+    ProbeSlotsAndDict,
+    ProbeSlotted,
+    ProbeWithSetstate,
+    global_op,
+    made,
+    made_op,
+    small_int,
+    text,
+    unlisted_function,
+    unpickle,
+    with_type,
+)
+from .registry import allowlisted, registry_lock
+from .serialization import genuine
+
+#: APPEND(S) targets as torch's check tells them apart; "allowlisted_": the type is user-allowlisted.
+APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
+
+
+#: The same for SETITEM(S).
+SETITEM_TARGETS = (
+    "dict",
+    "ordered_dict",
+    "counter",
+    "dict_subclass",
+    "allowlisted_dict_subclass",
+    "other",
+    "allowlisted_other",
+)
+
+
+@dataclass(frozen=True)
+class ContainerRule:
+    """The targets torch's check before one container opcode refuses, and its message up to the
+    ``type()`` it appends."""
+
+    refused: frozenset[str]
+    message: str
+
+
+@dataclass(frozen=True)
+class BuildRules:
+    """How BUILD applies a state to an instance of an allowlisted class: torch 2.13 calls ``__setstate__``
+    if any, else does what pickle's ``load_build`` does, also for torch's own allowlisted types; torch
+    2.4 and 2.5 do ``inst.__dict__.update(state)`` whatever the state, for user-allowlisted types only."""
+
+    calls_setstate: bool = True
+    splits_slotstate: bool = True
+    skips_falsy_state: bool = True
+    torch_types_buildable: bool = True
+
+
+@dataclass(frozen=True)
+class PersidRules:
+    """Which persistent ids torch refuses, in which words: torch 2.13 refuses an id neither tuple nor int,
+    and a tuple not starting with ``"storage"``, naming that item's type; torch 2.8's inverted check
+    refused only int ids, and named the item itself."""
+
+    #: Of ``"tuple"``, ``"int"`` (exactly int) and ``"other"``: the id types refused.
+    refused: frozenset[str] = frozenset(["other"])
+    type_message: str = "persistent_load id must be tuple or int, but got "
+    storage_message: str = "Only persistent_load of storage is allowed, but got "
+    #: The storage refusal names the first item's type (True) or the item itself (False).
+    names_type: bool = True
+
+
+@dataclass(frozen=True)
+class UnpicklerRules:
+    """Everything the static model replays of this torch's weights-only unpickler."""
+
+    opcodes: frozenset[str]
+    #: ``str.format`` template of the refusal of an opcode it lacks, e.g. ``"Unsupported operand {code}"``.
+    unsupported: str
+    #: Target checks by opcode name (SETITEM, SETITEMS, APPEND, APPENDS); None: no check.
+    containers: dict[str, Optional[ContainerRule]]
+    persid: PersidRules
+    build: BuildRules
+    #: Refusals up to the object torch names: BUILD on a type, NEWOBJ of a class, REDUCE of a function.
+    build_refusal: str
+    newobj_refusal: str
+    reduce_refusal: str
+    #: When torch renames Python-2 globals (``copy_reg``, ``__builtin__``): "always" or "protocol_2".
+    renames: str
+    import_mapping: dict[str, str]
+    name_mapping: dict[tuple[str, str], tuple[str, str]]
+    blocked_modules: frozenset[str]
+
+    def container(self, opcode: str) -> Optional[ContainerRule]:
+        return self.containers.get(opcode)
+
+
+_lock = threading.Lock()
+
+
+_known: dict[Any, Any] = {}
+
+
+def unpickler_rules() -> UnpicklerRules:
+    """This torch's :class:`UnpicklerRules`, asked once per unpickler; the same ProbeFailed every time."""
+    import torch
+    from torch import _weights_only_unpickler as wou
+
+    cls = getattr(wou, "Unpickler", None)
+    key = (cls, getattr(cls, "load", None), getattr(wou, "_get_allowed_globals", None), torch.__version__)
+    known = _known.get(key)
+    if known is None:
+        with registry_lock, _lock:
+            known = _known.get(key)
+            if known is None:
+                try:
+                    known = _probe_rules()
+                except ProbeFailed as e:
+                    known = e
+                _known.clear()
+                _known[key] = known
+    if isinstance(known, ProbeFailed):
+        raise known
+    return known  # type: ignore[no-any-return]
+
+
+def _probe_rules() -> UnpicklerRules:
+    import torch
+
+    template = _unsupported_template()
+    try:
+        import_mapping, name_mapping = torch._utils.IMPORT_MAPPING, torch._utils.NAME_MAPPING
+    except AttributeError as e:
+        raise ProbeFailed(f"torch no longer has the table the library reads: {e}") from None
+    build_refusal, newobj_refusal, reduce_refusal = _refusal_prefixes()
+    return UnpicklerRules(
+        opcodes=_opcodes(template),
+        unsupported=template,
+        containers=_containers(),
+        persid=_persid(),
+        build=_build(),
+        build_refusal=build_refusal,
+        newobj_refusal=newobj_refusal,
+        reduce_refusal=reduce_refusal,
+        renames=_renames(),
+        import_mapping=dict(import_mapping),
+        name_mapping=dict(name_mapping),
+        blocked_modules=_blocked_modules(),
+    )
+
+
+def _refusal(outcome: Outcome, what: str) -> str:
+    if not outcome.refused:
+        raise ProbeFailed(f"torch's weights-only unpickler did not refuse {what} ({outcome!r})")
+    return outcome.message
+
+
+def _blocked_modules() -> frozenset[str]:
+    """Modules whose globals torch refuses whatever is allowlisted (``sys`` since torch 2.5), from its
+    table; without one (2.4), torch must refuse ``sys.modules`` as any unlisted global."""
+    from torch import _weights_only_unpickler as wou
+
+    table = getattr(wou, "_blocklisted_modules", None)
+    if table is not None:
+        return frozenset(table)
+    outcome = unpickle(pickle.GLOBAL + b"sys\nmodules\n" + STOP)
+    if not outcome.refused or "blocked" in outcome.message or "sys.modules" not in outcome.message:
+        raise ProbeFailed(f"torch has no table of blocked modules, yet answered GLOBAL sys.modules with {outcome!r}")
+    return frozenset()
+
+
+def _unsupported_template() -> str:
+    """torch's refusal of a byte that is no opcode (0xFF), as a template of the byte's value."""
+    outcome = unpickle(b"\xff")
+    if not outcome.refused or "255" not in outcome.message:
+        raise ProbeFailed(f"torch's weights-only unpickler answered a byte that is no opcode with {outcome!r}")
+    return outcome.message.replace("255", "{code}")
+
+
+def _opcodes(template: str) -> frozenset[str]:
+    """The opcodes torch implements: those it does not refuse outright, given nothing after them."""
+
+    def lacks(code: int) -> bool:
+        outcome = unpickle(bytes([code]))
+        return outcome.refused and outcome.message == template.format(code=code)
+
+    opcodes = frozenset(op.name for op in pickletools.opcodes if not lacks(ord(op.code)))
+    if not {"GLOBAL", "REDUCE", "BINPERSID", "STOP"} <= opcodes:
+        raise ProbeFailed(f"torch's weights-only unpickler seems to lack basic opcodes (it has {sorted(opcodes)})")
+    return opcodes
+
+
+_CONTAINER_OPS = {
+    "APPEND": small_int(1) + pickle.APPEND,
+    "APPENDS": pickle.MARK + small_int(1) + pickle.APPENDS,
+    "SETITEM": small_int(0) + small_int(0) + pickle.SETITEM,
+    "SETITEMS": pickle.MARK + small_int(0) + small_int(0) + pickle.SETITEMS,
+}
+
+
+#: (kind, the opcodes it is a target of, its type); the first three again with their type allowlisted.
+_TARGETS = (
+    ("list_subclass", "APPEND", ProbeList),
+    ("dict_subclass", "SETITEM", ProbeDict),
+    ("other", "", ProbeOther),
+    ("list", "APPEND", list),
+    ("dict", "SETITEM", dict),
+    ("ordered_dict", "SETITEM", collections.OrderedDict),
+    ("counter", "SETITEM", collections.Counter),
+)
+
+
+def _container_outcomes(allowlisted_types: bool) -> dict[tuple[str, str], tuple[Outcome, type]]:
+    out: dict[tuple[str, str], tuple[Outcome, type]] = {}
+    for kind, family, cls in _TARGETS[:3] if allowlisted_types else _TARGETS:
+        target = {"list": pickle.EMPTY_LIST, "dict": pickle.EMPTY_DICT}.get(kind) or made_op(kind)
+        for opcode, ops in _CONTAINER_OPS.items():
+            if opcode.startswith(family):
+                out[("allowlisted_" if allowlisted_types else "") + kind, opcode] = (unpickle(target + ops + STOP), cls)
+    return out
+
+
+def _containers() -> dict[str, Optional[ContainerRule]]:
+    with allowlisted([made]):
+        outcomes = _container_outcomes(allowlisted_types=False)
+    with allowlisted([made, ProbeList, ProbeDict, ProbeOther]):
+        outcomes.update(_container_outcomes(allowlisted_types=True))
+    rules: dict[str, Optional[ContainerRule]] = {}
+    for opcode in _CONTAINER_OPS:
+        refused = {kind: (o, cls) for (kind, op), (o, cls) in outcomes.items() if op == opcode and o.refused}
+        if not refused:
+            rules[opcode] = None
+            continue
+        if {"list", "dict"} & set(refused):
+            raise ProbeFailed(f"torch refused {opcode} onto a plain {'list' if 'list' in refused else 'dict'}")
+        messages = {with_type(o.message, cls) for o, cls in refused.values()}
+        if len(messages) != 1:
+            raise ProbeFailed(f"torch refuses {opcode} targets with different messages: {sorted(messages)}")
+        rules[opcode] = ContainerRule(frozenset(refused), messages.pop())
+    return rules
+
+
+def _persid() -> PersidRules:
+    def stub(pid: Any) -> Any:
+        return None
+
+    samples = {"tuple": text("storage") + pickle.TUPLE1, "int": small_int(0), "other": text("id")}
+    outcomes = {kind: unpickle(ops + pickle.BINPERSID + STOP, persistent_load=stub) for kind, ops in samples.items()}
+    refused = frozenset(kind for kind, o in outcomes.items() if o.refused)
+    if "tuple" in refused:
+        raise ProbeFailed(f"torch refused a ('storage',) persistent id ({outcomes['tuple']!r})")
+    type_message = PersidRules.type_message
+    if refused:
+        kind = sorted(refused)[0]
+        type_message = with_type(outcomes[kind].message, int if kind == "int" else str)
+    marker = "tstprobe"
+    storage = unpickle(text(marker) + pickle.TUPLE1 + pickle.BINPERSID + STOP, persistent_load=stub)
+    message = _refusal(storage, "a persistent id that is not a storage")
+    if message.endswith(repr(str)):
+        return PersidRules(refused, type_message, with_type(message, str), True)
+    if message.endswith(marker):
+        return PersidRules(refused, type_message, message[: -len(marker)], False)
+    raise ProbeFailed(f"torch's refusal of a non-storage persistent id names neither it nor its type: {message!r}")
+
+
+def _build() -> BuildRules:
+    def build(cls_or_name: Any, state_ops: bytes) -> Outcome:
+        return unpickle(global_op(cls_or_name) + pickle.EMPTY_TUPLE + pickle.REDUCE + state_ops + pickle.BUILD + STOP)
+
+    with allowlisted([ProbeWithSetstate, ProbeSlotsAndDict, ProbeSlotted, ProbeOther]):
+        calls = build(ProbeWithSetstate, pickle.EMPTY_DICT)
+        for what, o in (("a class with __setstate__", calls), ("a plain class", build(ProbeOther, pickle.EMPTY_DICT))):
+            if o.refused:
+                raise ProbeFailed(f"torch refused BUILD on an allowlisted {what} ({o!r})")
+        one_slot = pickle.EMPTY_DICT + text("a") + small_int(1) + pickle.SETITEM
+        splits = build(ProbeSlotsAndDict, pickle.EMPTY_DICT + one_slot + pickle.TUPLE2)
+        from torch import _weights_only_unpickler as wou
+
+        allowed = wou._get_allowed_globals()  # does BUILD apply a state to a type only torch's allowlist has?
+        torch_type = next((n for n in ("torch.Size", "collections.Counter") if isinstance(allowed.get(n), type)), None)
+        if torch_type is None:
+            raise ProbeFailed("torch's allowlist has neither torch.Size nor collections.Counter to probe BUILD with")
+        return BuildRules(
+            calls_setstate=calls.loaded and getattr(calls.value, "set_with", None) == {},
+            splits_slotstate=splits.loaded and getattr(splits.value, "a", None) == 1,
+            skips_falsy_state=build(ProbeSlotted, pickle.EMPTY_DICT).loaded,
+            torch_types_buildable=not build(torch_type, pickle.EMPTY_DICT).refused,
+        )
+
+
+def _renames() -> str:
+    """Whether torch renames Python-2 module names in every pickle ("always") or in protocol 2 ones."""
+    probe = pickle.GLOBAL + b"__builtin__\ntstprobe\n" + STOP
+    at_2, at_0 = unpickle(probe), unpickle(probe, proto=False)
+    for o in (at_2, at_0):
+        if not o.refused:
+            raise ProbeFailed(f"torch did not refuse the unknown global __builtin__.tstprobe ({o!r})")
+    if "__builtin__" in at_2.message:
+        raise ProbeFailed("torch no longer renames Python-2 globals (__builtin__ -> builtins) in protocol 2")
+    return "protocol_2" if "__builtin__" in at_0.message else "always"
+
+
+def _refusal_prefixes() -> tuple[str, str, str]:
+    """torch's words refusing BUILD on an unlisted type, NEWOBJ of an unlisted class and REDUCE of an
+    unlisted function, each up to the object it names."""
+
+    def refused(ops: bytes, what: str) -> str:
+        return _refusal(unpickle(ops + STOP), what)
+
+    shown = repr(unlisted_function)
+    with allowlisted([made]):
+        build = with_type(
+            refused(made_op("other") + pickle.EMPTY_DICT + pickle.BUILD, "BUILD on an unlisted type"), ProbeOther
+        )
+        newobj = with_type(
+            refused(made_op("other_class") + pickle.EMPTY_TUPLE + pickle.NEWOBJ, "NEWOBJ of an unlisted class"),
+            ProbeOther,
+        )
+        reduce = refused(
+            made_op("unlisted_function") + pickle.EMPTY_TUPLE + pickle.REDUCE, "REDUCE of an unlisted function"
+        )
+        if shown not in reduce:
+            raise ProbeFailed(f"torch's message {reduce!r} does not name the object it refused ({shown})")
+    return build, newobj, reduce[: reduce.index(shown)]
+
+
+def global_refusal(name: str, *, attr: Optional[str] = None, proto: bool = True) -> Optional[str]:
+    """torch's own message refusing the global *name* (``module.attr``, Python-2 renames applied) here and
+    now (special cases such as a nested jagged tensor before ``torch.nested`` is imported come with it), or
+    None when it accepts it.  *attr*: the GLOBAL's own name part (default: all after the first dot), which
+    torch 2.4's hint names alone.  ``proto=False`` asks without ``PROTO 2``, where torch 2.4 renames nothing."""
+    if attr is None or not name.endswith(f".{attr}"):
+        attr = name.partition(".")[2]
+    module = name[: len(name) - len(attr) - 1]
+    body = pickle.GLOBAL + module.encode("utf-8", "surrogatepass") + b"\n" + attr.encode("utf-8", "surrogatepass")
+    with registry_lock:
+        outcome = unpickle(body + b"\n" + STOP, proto=proto)
+    if outcome.loaded:
+        return None  # allowlisted right now
+    if not outcome.refused:
+        raise ProbeFailed(f"torch answered GLOBAL {name} with {outcome!r}, not a refusal")
+    return outcome.message
+
+
+class WalkRules:
+    """*rules* (None: not probed, *failure* says why), with the opcode bytes they support."""
+
+    __slots__ = ("rules", "supported", "failure", "storage_names")
+
+    def __init__(self, rules: Optional[UnpicklerRules], failure: Optional[str]) -> None:
+        self.rules = rules
+        self.failure = failure
+        names = rules.opcodes if rules is not None else frozenset(op.name for op in pickletools.opcodes)
+        self.supported = frozenset(ord(op.code) for op in pickletools.opcodes if op.name in names)
+        try:
+            self.storage_names = storage_type_names()
+        except ProbeFailed:
+            self.storage_names = frozenset()
+
+
+_walk_rules: list[tuple[Any, WalkRules]] = []
+
+
+def walk_rules() -> WalkRules:
+    """This torch's rules for a walk, made once per probed :class:`UnpicklerRules`."""
+    try:
+        rules: Optional[UnpicklerRules] = unpickler_rules()
+        failure = None
+    except ProbeFailed as e:
+        rules, failure = None, str(e)
+    if _walk_rules and _walk_rules[0][0] is rules and rules is not None:
+        return _walk_rules[0][1]
+    made = WalkRules(rules, failure)
+    _walk_rules[:] = [(rules, made)]
+    return made
+
+
+def zip_reader(f: IO[bytes]) -> Any:
+    """torch's reader of the zip archive *f* (raises what torch raises for a damaged one)."""
+    import torch
+
+    return torch._C.PyTorchFileReader(f)
+
+
+def is_torchscript(reader: Any) -> bool:
+    """torch.load's own test: a TorchScript archive holds a ``constants.pkl`` record."""
+    import torch
+
+    test = getattr(torch.serialization, "_is_torchscript_zip", None)
+    return bool(test(reader)) if test is not None else "constants.pkl" in reader.get_all_records()
+
+
+@functools.lru_cache(maxsize=1)
+def storage_type_names() -> frozenset[str]:
+    """Names ``torch.load`` resolves to its own StorageType without importing anything."""
+    import torch
+
+    try:
+        return frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
+    except AttributeError as e:
+        raise ProbeFailed(f"torch no longer has the storage type table the library reads: {e}") from None
+
+
+_torchscript_refusal: list[Optional[str]] = []
+
+
+def torchscript_refusal() -> Optional[str]:
+    """torch's message refusing a TorchScript archive weights-only, or None when it hands it to
+    ``torch.jit.load`` whatever ``weights_only`` says (torch 2.4): asked once, with a tiny archive."""
+    if not _torchscript_refusal:
+        import torch
+
+        from .serialization import observe_serialization_warnings, raiser
+
+        buf = io.BytesIO()
+        writer = torch._C.PyTorchFileWriter(buf)
+        for name in ("data.pkl", "constants.pkl"):
+            writer.write_record(name, b"\x80\x02).", 4)
+        writer.write_end_of_file()
+        del writer
+        buf.seek(0)
+        with observe_serialization_warnings(consume_all=True):  # torch warns that it dispatches to jit
+            try:
+                genuine("load")(buf, weights_only=True)
+                error: Optional[BaseException] = None
+            except Exception as e:  # noqa: BLE001 - where it was raised is the answer
+                error = e
+        where = raiser(error) if error is not None else "nowhere"
+        if where.startswith("torch.jit"):
+            _torchscript_refusal.append(None)
+        elif where.startswith("torch.serialization") and isinstance(error, RuntimeError):
+            message = str(error).strip()
+            unsafe = getattr(torch.serialization, "UNSAFE_MESSAGE", "")
+            if unsafe and message.endswith(unsafe):
+                message = message[: -len(unsafe)].strip()
+            _torchscript_refusal.append(message)
+        else:
+            raise ProbeFailed(
+                f"torch.load of a TorchScript archive with weights_only=True raised in {where}: "
+                f"{type(error).__name__}: {error}"
+            )
+    return _torchscript_refusal[0]
