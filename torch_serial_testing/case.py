@@ -1,4 +1,5 @@
-"""The ``SerializationRoundTripTestCase`` mixin: thin wiring of the other modules.
+"""The ``SerializationRoundTripTestCase`` mixin: the author's declarations, the test's coordinates and
+its round trips, wired to the load (:mod:`.outcomes`), isolation (:mod:`.isolation`) and comparison.
 
 When torch should reject a test's load, the test ends there as a pass and says so
 ("default: rejected as expected (...)") in verbose output.
@@ -13,71 +14,27 @@ import warnings
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, Sequence
 
 from .declarations import Declaration, SafeGlobal, as_safe_globals, normalize_safe_globals, refuse_local
-from .engines import override_qengine, validate_qengines
+from .engines import override_qengine, qnnpack_allocator, validate_qengines
 from .errors import LeakedGlobalStateError, RoundTripConfigError, dimension
-from .interrupts import deferred_interrupts, run_all
 from .isolation import GlobalState, start_ignoring, stop_ignoring
 from .modes import LoadMode
 from .outcomes import (
     MISSING,
     OPEN_SUBTESTS_ATTRIBUTE,
+    RoundTripRecord,
     SUBTEST_NO_MESSAGE,
+    current_subtest,
     ExpectedRejection,
     ends_on_rejection,
     load_each_mode,
     load_in_test,
+    note,
     save,
 )
 from .variants import CaseSpec, author_class, resolvable, with_dims
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
-from .engines import qnnpack_allocator
-from .outcomes import RoundTripRecord, current_subtest, note
-
-
-class RoundTripKinds:
-    """Methods of :class:`~.case.SerializationRoundTripTestCase` for the other kinds of round trip."""
-
-    def round_trip_file(
-        self,
-        obj: Any,
-        *,
-        mode: Optional[LoadMode | str] = None,
-        safe_globals: Optional[Sequence[Any]] = None,
-        map_location: Any = MISSING,
-        mmap: bool = False,
-        **load_kwargs: Any,
-    ) -> Any:
-        """As :meth:`round_trip`, loading through a file path: the saved bytes go to a private
-        temporary file (removed after the load) and ``torch.load(path, ..., mmap=mmap, **load_kwargs)``
-        reads them.  *load_kwargs*: any other keyword in ``loading.load.LOAD_KWARGS`` (the mode and
-        *map_location* have their own arguments; pickle_load_args such as ``encoding`` are refused: torch
-        ignores them in weights-only loads)."""
-        extra = {"mmap": True, **load_kwargs} if mmap else dict(load_kwargs)
-        declared, where = self._declared(safe_globals, "safe_globals", "round_trip_file")  # type: ignore[attr-defined]
-        return load_in_test(
-            self, save(obj), mode, declared, where, map_location, obj, from_file=True, extra_kwargs=extra
-        )
-
-    def round_trip_pickle(self, obj: Any, *, protocol: Optional[int] = None) -> Any:
-        """``pickle.loads(pickle.dumps(obj, protocol))``, asserted to do what torch does here: a tensor's
-        pickle rebuilds its storages with ``torch.load(..., weights_only=False)``, which the
-        ``TORCH_FORCE_*`` switches reach (see :mod:`..loading.pickled`).  It has no load mode: in a
-        generated test it runs the same in every mode (``round_trip_dims(load_modes=())`` runs it once)."""
-        from .load import pickle_round_trip
-
-        with self.loading_engine(), qnnpack_allocator(self.load_qengine):  # type: ignore[attr-defined]
-            result = pickle_round_trip(obj, protocol)
-        outcomes: list[str] = self.round_trip_outcomes  # type: ignore[attr-defined]
-        if result.summary not in outcomes:
-            outcomes.append(result.summary)
-            self._tst_say(result.summary)  # type: ignore[attr-defined]
-        note(
-            self,
-            RoundTripRecord("pickle.loads", None, True, result.weights_only, result.summary, current_subtest(self)),
-        )
-        return result.value
 
 
 def _main_module_names() -> list[str]:
@@ -117,9 +74,8 @@ def _stable_names(names: Sequence[str], expect: str) -> list[str]:
     return sorted(out)
 
 
-class SerializationRoundTripTestCase(RoundTripKinds):
-    """Mixin for ``unittest.TestCase`` (or expecttest / pytorch's ``TestCase``) round-trip tests; file,
-    mmap and pickle round trips come from :class:`~.round_trip_kinds.RoundTripKinds`."""
+class SerializationRoundTripTestCase:
+    """Mixin for ``unittest.TestCase`` (or expecttest / pytorch's ``TestCase``) round-trip tests."""
 
     #: Globals the full-module checkpoint legitimately needs (objects, 'module.Name' or (obj, name)).
     safe_globals: ClassVar[Sequence[Any]] = ()
@@ -170,8 +126,7 @@ class SerializationRoundTripTestCase(RoundTripKinds):
     def setUp(self) -> None:
         getattr(super(), "setUp", lambda: None)()
         self.round_trip_outcomes: list[str] = []
-        with deferred_interrupts():  # the snapshot is kept where run()'s finally finds it
-            self._tst_state = state = GlobalState.capture()
+        state = GlobalState.capture()
         self.addCleanup(self._restore_global_state, state)  # type: ignore[attr-defined]
         if self.ignore_warnings:
             self._tst_ignoring = start_ignoring(self.ignore_warnings)
@@ -181,17 +136,6 @@ class SerializationRoundTripTestCase(RoundTripKinds):
         token = self.__dict__.pop("_tst_ignoring", None)
         if token is not None:
             stop_ignoring(token)
-
-    def run(self, result: Any = None) -> Any:
-        """unittest's run, plus a restore in ``finally``: cleanups never run after KeyboardInterrupt."""
-        try:
-            return super().run(result)  # type: ignore[misc]
-        finally:
-            state = self.__dict__.get("_tst_state")
-            if state is not None and not state.restored:  # an interrupt skipped the cleanups: restore quietly
-                run_all([state.restore, self._tst_unquiet])
-            self.__dict__.pop("_tst_state", None)
-            self.__dict__.pop("_tst_noted_leaks", None)
 
     def _tst_note_leaks(self, leaks: Sequence[str]) -> None:
         """Leaks found before the final restore (engine state at the end of an engine test's body)."""
@@ -337,6 +281,46 @@ class SerializationRoundTripTestCase(RoundTripKinds):
             fresh = self.build_module(factory)
             fresh.load_state_dict(state, strict=strict)
         return (fresh, state) if return_state else fresh
+
+    def round_trip_file(
+        self,
+        obj: Any,
+        *,
+        mode: Optional[LoadMode | str] = None,
+        safe_globals: Optional[Sequence[Any]] = None,
+        map_location: Any = MISSING,
+        mmap: bool = False,
+        **load_kwargs: Any,
+    ) -> Any:
+        """As :meth:`round_trip`, loading through a file path: the saved bytes go to a private
+        temporary file (removed after the load) and ``torch.load(path, ..., mmap=mmap, **load_kwargs)``
+        reads them.  *load_kwargs*: any other keyword in ``load.LOAD_KWARGS`` (the mode and
+        *map_location* have their own arguments; pickle_load_args such as ``encoding`` are refused: torch
+        ignores them in weights-only loads)."""
+        extra = {"mmap": True, **load_kwargs} if mmap else dict(load_kwargs)
+        declared, where = self._declared(safe_globals, "safe_globals", "round_trip_file")
+        return load_in_test(
+            self, save(obj), mode, declared, where, map_location, obj, from_file=True, extra_kwargs=extra
+        )
+
+    def round_trip_pickle(self, obj: Any, *, protocol: Optional[int] = None) -> Any:
+        """``pickle.loads(pickle.dumps(obj, protocol))``, asserted to do what torch does here: a tensor's
+        pickle rebuilds its storages with ``torch.load(..., weights_only=False)``, which the
+        ``TORCH_FORCE_*`` switches reach (see :func:`.load.pickle_round_trip`).  It has no load mode: in a
+        generated test it runs the same in every mode (``round_trip_dims(load_modes=())`` runs it once)."""
+        from .load import pickle_round_trip
+
+        with self.loading_engine(), qnnpack_allocator(self.load_qengine):
+            result = pickle_round_trip(obj, protocol)
+        outcomes: list[str] = self.round_trip_outcomes
+        if result.summary not in outcomes:
+            outcomes.append(result.summary)
+            self._tst_say(result.summary)
+        note(
+            self,
+            RoundTripRecord("pickle.loads", None, True, result.weights_only, result.summary, current_subtest(self)),
+        )
+        return result.value
 
     def save_checkpoint(self, obj: Any) -> Checkpoint:
         """``torch.save`` *obj* into memory; the result may later be loaded in any mode."""

@@ -40,7 +40,6 @@ def add_save_listener(listener: Callable[[bytes], None]) -> None:
 #: Formats a scan may report (``legacy`` and ``tar``: read by the tools only).
 FORMATS = ("zip", "torchscript", "legacy", "tar")
 
-
 BufferLike = Union[bytes, bytearray, memoryview, IO[bytes], "Checkpoint"]
 
 
@@ -180,15 +179,11 @@ class Checkpoint:
 # cheaper to hash than all of them; a hit counts only when the bytes are equal (one memcmp).
 _SMALL_CHECKPOINT = 64 * 1024
 
-
 _SMALL_ENTRIES = 64
-
 
 _TAIL = 256
 
-
 _small_infos: dict[tuple[Any, ...], tuple[bytes, ScanLimits, Any, CheckpointInfo]] = {}
-
 
 _small_lock = threading.Lock()
 

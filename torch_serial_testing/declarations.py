@@ -122,7 +122,6 @@ CODE_RUNNING_MODULES = frozenset(
     | {"pickle", "_pickle", "shutil", "importlib", "sys", "socket", "webbrowser", "pdb", "multiprocessing"}
 )
 
-
 CODE_RUNNING = frozenset(
     {f"builtins.{n}" for n in ("eval", "exec", "compile", "__import__", "open", "breakpoint", "input", "exit")}
     | {f"builtins.{n}" for n in ("getattr", "setattr", "delattr", "globals", "locals", "vars", "quit", "help")}
@@ -210,7 +209,6 @@ def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
 #: never over-trust, so one declaration serves every torch and module, whether or not its
 #: checkpoint names it (a quantized ``Conv2d`` pickles through ``__getstate__``, never naming ``set``).
 LATER_ALLOWLISTED = frozenset({"builtins.set"})
-
 
 _CONTAINER_CHECKS = ("append", "appends", "setitem", "setitems")
 

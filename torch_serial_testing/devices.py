@@ -15,9 +15,7 @@ from .errors import RoundTripConfigError, dimension
 
 BUILTIN_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps")
 
-
 ONLY_FOR = "PYTORCH_TESTING_DEVICE_ONLY_FOR"
-
 
 EXCEPT_FOR = "PYTORCH_TESTING_DEVICE_EXCEPT_FOR"
 

@@ -62,10 +62,8 @@ def dimension(attr: str, value: Any, example: str) -> tuple[Any, ...]:
 #: Longer names are malformed: no real class path comes near it, and a report must stay readable.
 MAX_NAME_LENGTH = 512
 
-
 #: How much of a malformed name a report shows.
 _SHOWN = 160
-
 
 #: The scanner's placeholders for globals it cannot name, e.g. "<unresolved STACK_GLOBAL>".
 _MARKER = re.compile(r"<[A-Za-z0-9_ ]{1,80}>\Z")

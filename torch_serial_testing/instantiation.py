@@ -26,10 +26,8 @@ from .variants import case_test, dtype_suffix, dtype_variants, refuse_unhonoured
 
 _KEEP: Any = object()
 
-
 # module name -> generic class name -> names of the classes generated from it (possibly none).
 _GENERATED: dict[str, dict[str, tuple[str, ...]]] = {}
-
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,12 +1,16 @@
 """Process-wide state around a test: what it may change, captured and restored; the warnings it ignores.
 
-Each :class:`GlobalState` restore step is idempotent and changes its state at once, so an interrupt
-anywhere leaves each piece as the test left it or as before (the registry never empty, the two
-switches never both set unless they were); SIGINT waits until a restore ends (:mod:`..core.interrupts`).
-``ignore_warnings``: every ``catch_warnings``/``filterwarnings`` makes Python forget which warnings it
-showed once per location, so one entry, matching only while a test whose class ignores the message
-runs, is inserted (which forgets nothing) at the front of ``warnings.filters``; a runner that resets
-the filters (pytest per test, unittest per run) drops it, and the next such test puts it back.
+:class:`GlobalState` is read in ``setUp`` and put back after the test, each piece read from torch
+again: the serialization machinery, the quantized engine and allocator, the safe-globals registry (what
+torch's own modules register, whenever they are imported, is kept; so is what another module registers
+at its import), the ``TORCH_FORCE_*`` switches and torch's serialization config.  What the test changed
+is reported, one line each.
+
+``ignore_warnings``: every ``catch_warnings``/``filterwarnings`` makes Python forget which warnings
+it showed once per location, so one entry, matching only while a test whose class ignores the
+message runs, is inserted (which forgets nothing) at the front of ``warnings.filters``; a runner
+that resets the filters (pytest per test, unittest per run) drops it, and the next such test puts
+it back.
 """
 
 from __future__ import annotations
@@ -20,25 +24,21 @@ from typing import Any, Optional, Sequence, cast
 
 from . import engines
 from .errors import torch_key
-from .interrupts import deferred_interrupts, run_all
-from .modes import stored_environ
-from .registry import is_torch_module, registrar, restore_registry, snapshot_registry, start_recording, stop_recording
+from .registry import (
+    is_torch_module,
+    registrar,
+    restore_registry,
+    serialization_config,
+    snapshot_registry,
+    start_recording,
+    stop_recording,
+)
 from .serialization import SerializationState
-
-_WATCHED_PREFIX = "TORCH_FORCE_"
 
 
 def _watched_env() -> dict[str, Optional[str]]:
-    """Every ``TORCH_FORCE_*`` variable and its value (read twice per test)."""
-    env = os.environ
-    stored = stored_environ(env)
-    if stored is not None:  # match the prefix on the stored keys, decode only the matches
-        data, encode, decode = stored
-        prefix = encode(_WATCHED_PREFIX)
-        names = [decode(k) for k in data if k.startswith(prefix)]
-    else:  # pragma: no cover - another os.environ implementation
-        names = [k for k in env if k.startswith(_WATCHED_PREFIX)]
-    return {k: env.get(k) for k in names}
+    """Every ``TORCH_FORCE_*`` variable and its value."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TORCH_FORCE_")}
 
 
 def _entry_name(entry: Any) -> str:
@@ -61,41 +61,44 @@ class GlobalState:
 
     @classmethod
     def capture(cls) -> GlobalState:
-        """Read the state; the import recorder is started last, so an interrupt never leaks it."""
-        from .registry import serialization_config
-
-        with deferred_interrupts():
-            state = cls(
-                *engines.engine_state(),
-                snapshot_registry(),
-                _watched_env(),
-                serialization_config(),
-                SerializationState(),
-            )
-            start_recording()
-            return state
+        """Read the state, and note who registers safe globals until :meth:`restore`."""
+        state = cls(
+            *engines.engine_state(),
+            snapshot_registry(),
+            _watched_env(),
+            serialization_config(),
+            SerializationState(),
+        )
+        start_recording()
+        return state
 
     def restore(self) -> list[str]:
-        """Restore everything (again: nothing to do); one line per thing that had leaked."""
+        """Restore everything (again: nothing to do); one line per thing that had leaked.  Every step
+        runs, and the first error any of them raised is raised after the last."""
+        if self.restored:
+            return []
+        self.restored = True
+        stop_recording()
         leaks: dict[str, str] = {}
-        with deferred_interrupts():
-            steps = (
-                self._restore_serialization,  # first: the later steps call torch's functions
-                self._restore_engine,
-                self._restore_allocator,
-                self._restore_registry,
-                self._restore_env,
-                self._restore_config,
-            )  # each sets at most its own key: leaks keeps this order
-            run_all([self._restore_recording, *(lambda step=step: step(leaks) for step in steps)])
-            self.restored = True
+        error: Optional[Exception] = None
+        steps = (
+            self._restore_serialization,  # first: the later steps call torch's functions
+            self._restore_engine,
+            self._restore_allocator,
+            self._restore_registry,
+            self._restore_env,
+            self._restore_config,
+        )  # each sets at most its own key: leaks keeps this order
+        for step in steps:
+            try:
+                step(leaks)
+            except Exception as e:  # noqa: BLE001 - raised once every step ran
+                error = error or e
+        if error is not None:
+            raise error
         return list(leaks.values())
 
     # Each step reads the current state, notes a difference in leaks and writes the snapshot back.
-
-    def _restore_recording(self) -> None:
-        if not self.restored:
-            stop_recording()
 
     def _restore_serialization(self, leaks: dict[str, str]) -> None:
         if self.serialization is not None:
@@ -184,9 +187,7 @@ class _WhileTestsRun:
 
 _patterns = _WhileTestsRun()
 
-
 _ENTRY: Any = ("ignore", _patterns, Warning, None, 0)
-
 
 _lock = threading.Lock()
 

@@ -73,7 +73,6 @@ class LoadResult:
 #: ``torch.load`` keyword arguments a load may pass on (``map_location`` and the mode have their own).
 LOAD_KWARGS = ("mmap",)
 
-
 _PICKLE_LOAD_ARGS = ("encoding", "errors", "fix_imports")
 
 

@@ -55,7 +55,6 @@ class ScanLimits:
 
 _lock = threading.Lock()
 
-
 _current = ScanLimits()
 
 
@@ -81,10 +80,8 @@ def scan_limits(**overrides: Any) -> Iterator[ScanLimits]:
 
 UNRESOLVED = "<unresolved STACK_GLOBAL>"
 
-
 # torch.serialization._load's module renames for a full unpickle of a zip checkpoint.
 _LOAD_MODULE_MAPPING = {"torch.tensor": "torch._tensor"}
-
 
 # The type BUILD sees after REDUCE of numpy.dtype('<str>', ...).
 _NUMPY_NUMERIC = {
@@ -97,9 +94,7 @@ _NUMPY_NUMERIC = {
     "c": {8: "Complex64DType", 16: "Complex128DType", 24: "CLongDoubleDType", 32: "CLongDoubleDType"},
 }
 
-
 _NUMPY_FLEXIBLE = {"O": "ObjectDType", "U": "StrDType", "S": "BytesDType", "V": "VoidDType"}
-
 
 _NUMPY_DTYPE_STR = re.compile(r"([biufcMmOUSV])(\d{0,6})")
 
@@ -147,7 +142,6 @@ class Obj:
 #: Keys kept per dict while scanning: a BUILD state of more keys has an unknown size.
 _DICT_KEYS_KEPT = 16
 
-
 _NO_KEYS: Any = frozenset()  # shared until a key is added
 
 
@@ -179,42 +173,29 @@ def add_dict_keys(target: Any, keys: Any) -> None:
 
 LIST = Obj("builtins.list")
 
-
 SET = Obj("builtins.set")
-
 
 FROZENSET = Obj("builtins.frozenset")
 
-
 BOOL = Obj("builtins.bool")
-
 
 NONE = Obj("builtins.NoneType")
 
-
 FLOAT = Obj("builtins.float")
-
 
 INT = Obj("builtins.int")  # an int the model did not decode
 
-
 BYTES = Obj("builtins.bytes")
-
 
 BYTEARRAY = Obj("builtins.bytearray")
 
-
 STR = Obj("builtins.str")  # a str too long to keep
-
 
 PICKLEBUFFER = Obj("pickle.PickleBuffer")
 
-
 UNKNOWN = Obj(None)
 
-
 STORAGE = Obj("torch.storage.TypedStorage")
-
 
 #: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
 PUSHES = {
@@ -229,16 +210,12 @@ PUSHES = {
     0x8F: SET,
 }
 
-
 TENSOR = "torch.Tensor"
-
 
 PARAMETER = "torch.nn.parameter.Parameter"
 
-
 #: Types whose BUILD torch handles itself, never through the allowlist.
 BUILD_FREE = frozenset([TENSOR, PARAMETER, "collections.OrderedDict"])
-
 
 # What REDUCE of these (allowlisted) callables returns, for the type checks after it.
 _REDUCE_RESULT = {
@@ -262,7 +239,6 @@ _REDUCE_RESULT = {
     "torch.serialization._get_layout": "torch.layout",
 }
 
-
 # REDUCE of these returns an instance of the class given as their argument 0 (or 1).
 _REDUCE_ARG_TYPE = {
     **dict.fromkeys(
@@ -277,7 +253,6 @@ _REDUCE_ARG_TYPE = {
     ),
     "torch._tensor._rebuild_from_type_v2": 1,
 }
-
 
 #: The concrete values the walk keeps as themselves.
 _CONCRETE = {str: "builtins.str", bool: "builtins.bool", int: "builtins.int", tuple: "builtins.tuple"}
@@ -482,7 +457,6 @@ def full_load_name(module: str, name: str, proto: int, zip_format: bool, storage
 #: ``("type", "module.Name")`` (an object known only by its type; None: not even that).
 StateShape = tuple
 
-
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 
@@ -512,7 +486,6 @@ _TYPE_STANDINS: dict[str, list[Any]] = {
     "builtins.float": [0.0, 1.0],
     "builtins.str": ["?" * 1024],  # a string too long for the scan to keep: never empty
 }
-
 
 _MAX_STANDINS = 32
 

@@ -11,13 +11,10 @@ import enum
 import io
 import os
 import pickle
-import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 from .errors import ConflictingEnvironmentError, RoundTripConfigError
-from .interrupts import deferred_interrupts
 from .probes import ProbeFailed
 from .registry import registry_lock
 from .serialization import genuine, observe_serialization_warnings, torch_load_replacement
@@ -53,29 +50,10 @@ class LoadMode(enum.Enum):
 
 _EXPLICIT = {"weights_only_false": False, "safe_globals": True, "default": None}
 
-
 #: Each mode by its value and by its member name (``"default"``, ``"DEFAULT"``).
 _BY_SPELLING = {**{m.value: m for m in LoadMode}, **{m.name: m for m in LoadMode}}
 
-
-#: CPython's class of ``os.environ`` (None elsewhere: every mapping is then read as it is).
-_ENVIRON = getattr(os, "_Environ", None)
-
-
-_Decode = Callable[[Any], str]
-
-
-def stored_environ(env: Mapping[str, str]) -> Optional[tuple[dict[Any, Any], Callable[[str], Any], _Decode]]:
-    """``(stored mapping, key encoder, key decoder)`` when *env* is exactly ``os._Environ``, else None
-    (read *env* through its public interface)."""
-    if type(env) is not _ENVIRON:
-        return None
-    return env._data, env.encodekey, env.decodekey  # type: ignore[attr-defined]
-
-
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
-
-
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
@@ -84,55 +62,37 @@ class Canary:
 
 
 _canary: list[bytes] = []
-
-
 #: A probe's answer: the effective weights_only (None: RuntimeError, both switches set), torch warned.
 _Answer = tuple[Optional[bool], bool]
-
-
+#: (explicit, the switches' values, torch's load and default) -> the answer: asked once each.
 _answers: dict[tuple[Any, ...], _Answer] = {}
 
 
-_lock = threading.RLock()
-
-
-def _torch_key() -> tuple[Any, ...]:
-    import torch
-
-    ser = torch.serialization
-    return (genuine("load"), getattr(ser, "_default_to_weights_only", None), torch.__version__)
-
-
-def _text(value: Any) -> Optional[str]:
-    return value if value is None or isinstance(value, str) else os.fsdecode(value)
-
-
-def _set_switches(values: tuple[Optional[str], ...]) -> None:
-    with deferred_interrupts():
-        for name, value in zip((FORCE_WO, FORCE_NO_WO), values):
-            if value is None:
-                os.environ.pop(name, None)
-        for name, value in zip((FORCE_WO, FORCE_NO_WO), values):
-            if value is not None:
-                os.environ[name] = value
+def _set_switches(values: tuple[Optional[str], Optional[str]]) -> None:
+    for name, value in zip((FORCE_WO, FORCE_NO_WO), values):  # removals first: never both set on the way
+        if value is None:
+            os.environ.pop(name, None)
+    for name, value in zip((FORCE_WO, FORCE_NO_WO), values):
+        if value is not None:
+            os.environ[name] = value
 
 
 @contextmanager
 def _environment(values: tuple[Optional[str], Optional[str]]) -> Iterator[None]:
     """The two switches set to *values* (None: unset) for the block, as they were after it."""
     before = (os.environ.get(FORCE_WO), os.environ.get(FORCE_NO_WO))
-    if before != values:
-        _set_switches(values)
+    _set_switches(values)
     try:
         yield
     finally:
-        if before != values:
-            _set_switches(before)
+        _set_switches(before)
 
 
 def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Answer:
     """What ``torch.serialization.load(canary[, weights_only=explicit])`` does under (wo, no)."""
-    key = (explicit, wo, no, *_torch_key())
+    import torch
+
+    key = (explicit, wo, no, genuine("load"), getattr(torch.serialization, "_default_to_weights_only", None))
     known = _answers.get(key)
     if known is not None:
         return known
@@ -142,7 +102,7 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
         genuine("save")(Canary(), buf)
         _canary.append(buf.getvalue())
     kwargs: dict[str, Any] = {} if explicit is None else {"weights_only": explicit}
-    with registry_lock, _lock, _environment((wo, no)), observe_serialization_warnings(consume_all=True) as seen:
+    with registry_lock, _environment((wo, no)), observe_serialization_warnings(consume_all=True) as seen:
         try:
             value = genuine("load")(io.BytesIO(_canary[0]), **kwargs)
         except pickle.UnpicklingError:
@@ -157,8 +117,6 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
             if type(value) is not Canary:
                 raise ProbeFailed(f"torch.load of the library's canary returned {type(value).__name__}")
             answer = (False, seen.seen)
-    if len(_answers) > 256:
-        _answers.clear()
     _answers[key] = answer
     return answer
 
@@ -166,7 +124,6 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
 def is_truthy(value: Optional[str], name: str = FORCE_WO) -> bool:
     """Whether this torch acts on the switch *name* set to *value* alone (FORCE_WO refuses an explicit
     ``weights_only=False`` load; FORCE_NO_WO makes a bare load warn that it was forced to a full one)."""
-    value = _text(value)
     if value is None:
         return False
     if name == FORCE_WO:
@@ -193,15 +150,10 @@ def torch_default_weights_only() -> tuple[bool, str]:
     return False, f"the default before torch 2.6 (torch {torch.__version__})"
 
 
-def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Any, Any]:
-    """The two switches' raw values (None when unset), read on every load: from ``os.environ``'s
-    stored mapping (:mod:`..core.environ`), values the platform's (bytes on POSIX)."""
+def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Optional[str], Optional[str]]:
+    """The two switches' values (None when unset), read on every load."""
     env = os.environ if environ is None else environ
-    stored = stored_environ(env)
-    if stored is None:
-        return env.get(FORCE_WO), env.get(FORCE_NO_WO)
-    data, encode, _decode = stored
-    return data.get(encode(FORCE_WO)), data.get(encode(FORCE_NO_WO))
+    return env.get(FORCE_WO), env.get(FORCE_NO_WO)
 
 
 def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
@@ -209,26 +161,6 @@ def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
         f"{FORCE_WO}={wo!s} and {FORCE_NO_WO}={no!s} "
         "are both set: torch.load raises RuntimeError on every load. Unset one of them."
     )
-
-
-@dataclass(eq=False)
-class WeightsOnlySwitches:
-    """The two TORCH_FORCE_* switches as this torch reads them."""
-
-    force_weights_only: bool
-    force_no_weights_only: bool
-    raw: Mapping[str, Optional[str]]
-    #: torch raises RuntimeError on every load (both set, as torch reads them).
-    conflict: bool
-
-    @classmethod
-    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> WeightsOnlySwitches:
-        wo, no = (_text(v) for v in switch_values(environ))
-        conflict = wo is not None and no is not None and _ask(None, wo, no)[0] is None
-        return cls(is_truthy(wo, FORCE_WO), is_truthy(no, FORCE_NO_WO), {FORCE_WO: wo, FORCE_NO_WO: no}, conflict)
-
-    def conflict_message(self) -> str:
-        return conflict_message(self.raw.get(FORCE_WO), self.raw.get(FORCE_NO_WO))
 
 
 class Decision:
@@ -263,8 +195,7 @@ class Decision:
 def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decision:
     """torch.load's decision for *mode* in *environ* (default ``os.environ``), read on every load (the
     canary's answers are remembered); both switches set raises ConflictingEnvironmentError."""
-    values = switch_values(environ)
-    wo, no = (_text(v) for v in values)
+    wo, no = switch_values(environ)
     explicit = mode.explicit_weights_only
     weights_only, warns = _ask(explicit, wo, no)
     if weights_only is None:
@@ -290,4 +221,4 @@ def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decis
             if default == weights_only
             else f"weights_only={weights_only} (the environment overrides the default)"
         )
-    return Decision(weights_only, warns, reason, torch_load_replacement(), values[1] is not None, cause)
+    return Decision(weights_only, warns, reason, torch_load_replacement(), no is not None, cause)

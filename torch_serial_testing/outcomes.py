@@ -3,7 +3,7 @@
 Every checked load leaves a :class:`RoundTripRecord` on its test (and, with ``REPORT_ENV`` set, a JSON
 line naming the test and the subTest it ran in).  The runners read the records: unittest's verbose
 line shows each distinct outcome as it happens, the pytest plugin
-(:mod:`torch_serial_testing.testing.pytest_plugin`) turns them into a visible status and JUnit
+(:mod:`.pytest_plugin`) turns them into a visible status and JUnit
 properties.  An expected rejection is a *pass*: torch did what it should, and the library checked it.
 """
 
@@ -28,14 +28,11 @@ from .registry import safe_globals_context_missing
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
 
-
 #: Set to a file path to get one JSON line per round trip (test id, subTest, mode, outcome).
 REPORT_ENV = "TORCH_SERIAL_TESTING_REPORT"
 
-
 #: The attribute of a test instance holding its records (read by the pytest plugin without importing us).
 RECORDS_ATTRIBUTE = "_tst_records"
-
 
 #: The message of a subTest opened without one (unittest's own sentinel is private).
 SUBTEST_NO_MESSAGE: Any = object()

@@ -15,7 +15,6 @@ from typing import Any, Callable, Optional
 
 PROTO_2 = pickle.PROTO + b"\x02"
 
-
 STOP = pickle.STOP
 
 

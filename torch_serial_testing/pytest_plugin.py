@@ -24,10 +24,8 @@ import pytest
 #: The ``pytest11`` entry point's name (setup.cfg): ``-p no:torch_serial_testing`` turns the plugin off.
 ENTRY_POINT = "torch_serial_testing"
 
-
 #: Where a report carries the status text (a plain attribute: it survives pytest-xdist's transport).
 STATUS_ATTRIBUTE = "torch_serial_testing_status"
-
 
 PROPERTY_PREFIX = "torch_serial_testing."
 

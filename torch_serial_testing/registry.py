@@ -1,8 +1,10 @@
 """torch's allowlists: its built-in one (``_get_allowed_globals()``), the process-wide registry
-(``add_safe_globals``, or an open ``safe_globals`` context), and changes made to them.
+(``add_safe_globals``, or an open ``safe_globals`` context), who registered what, and torch's
+serialization config.
 
-Every change the library makes is serialised behind :data:`registry_lock`; registrations made by
-modules imported during a test are noted, and torch's own are told apart from the rest.
+Every change the library makes is serialised behind :data:`registry_lock`.  While a test runs,
+torch's ``_add_safe_globals`` is wrapped to note the module whose code registered each entry
+(:func:`registrar`): what torch's own modules register is torch's doing, whenever they are imported.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
-from .errors import RoundTripConfigError, torch_key
+from .errors import torch_key
 
 #: Held while the library reads or changes torch's process-wide registry, and around each prediction
 #: and the load it predicts, so both see the same registry.
@@ -55,13 +57,12 @@ def registered_globals() -> frozenset[str]:
 def snapshot_registry() -> list[Any]:
     import torch
 
-    with registry_lock:
-        return list(torch.serialization.get_safe_globals())
+    return list(torch.serialization.get_safe_globals())
 
 
 def restore_registry(snapshot: Sequence[Any]) -> None:
     """Make the registry equal *snapshot* again: one rebinding of torch's registry (a set since torch
-    2.5, a list before), so an interrupt never leaves it half restored; else add and remove entries."""
+    2.5, a list before), else by adding and removing entries."""
     import torch
 
     wou = _wou()
@@ -104,38 +105,11 @@ def safe_globals_context_missing() -> Optional[str]:
     )
 
 
-_named_entries: dict[Any, bool] = {}
-
-
-def registry_takes_named_entries() -> bool:
-    """Whether torch's allowlist takes ``(obj, "module.Name")`` entries (torch 2.4 keys every entry by
-    its own ``__module__.__name__``): registers ``(obj, "<its module>.RenamedProbe")`` and unpickles it."""
-    wou = _wou()
-    key = wou._get_user_allowed_globals
-    known = _named_entries.get(key)
-    if known is None:
-        from .probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
-
-        name = f"{ProbeOther.__module__}.RenamedProbe"
-        with preserved_registry():
-            try:
-                wou._add_safe_globals([(ProbeOther, name)])
-                outcome = unpickle(global_op(name) + STOP)
-            except ProbeFailed:
-                raise
-            except Exception as e:  # noqa: BLE001 - a registry that rejects the tuple form says no
-                outcome = None
-                if not isinstance(e, (TypeError, ValueError, AttributeError)):
-                    raise ProbeFailed(f"registering an (obj, name) entry raised {type(e).__name__}: {e}") from None
-        known = _named_entries[key] = outcome is not None and outcome.loaded and outcome.value is ProbeOther
-    return known
-
-
 @contextmanager
 def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
     """Trust *entries* for the weights-only loads inside the block: ``safe_globals`` where torch has it
-    (>= 2.5), else ``add_safe_globals``, undone on exit.  For probes and oracles; the ``safe_globals``
-    load mode itself never falls back like this."""
+    (>= 2.5), else ``add_safe_globals``, undone on exit.  For probes; the ``safe_globals`` load mode
+    itself never falls back like this."""
     import torch
 
     with preserved_registry():
@@ -144,12 +118,6 @@ def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
             with context(list(entries)):
                 yield
         else:
-            named = [e for e in entries if isinstance(e, tuple)]
-            if named and not registry_takes_named_entries():
-                raise RoundTripConfigError(
-                    f"torch {torch.__version__} allowlists objects only, by their own __module__.__name__: "
-                    f"{', '.join(repr(n) for _, n in named)} cannot be allowlisted as (obj, name) here"
-                )
             torch.serialization.add_safe_globals(list(entries))
             yield
 
@@ -158,9 +126,7 @@ def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
 #: for every registration made while a test ran (:func:`start_recording` .. :func:`stop_recording`).
 _registrars: dict[Any, tuple[str, bool]] = {}
 
-
 _recording = 0
-
 
 _original_add: Any = None
 

@@ -12,7 +12,6 @@ from .model import BOOL, ScanLimits
 
 _FIXED, _COUNTED, _LINE, _TWO_LINES = range(4)
 
-
 _WIDTHS = {
     pickletools.TAKEN_FROM_ARGUMENT1: 1,
     pickletools.TAKEN_FROM_ARGUMENT4: 4,
@@ -31,7 +30,6 @@ def _layout(arg: Any) -> tuple[int, int]:
 
 #: Opcode byte -> (how its argument is laid out, its size or the width of its length), from the stdlib's table.
 ARG: dict[int, tuple[int, int]] = {ord(op.code): _layout(op.arg) for op in pickletools.opcodes}
-
 
 NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
 

@@ -43,7 +43,6 @@ from .serialization import genuine
 #: APPEND(S) targets as torch's check tells them apart; "allowlisted_": the type is user-allowlisted.
 APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
 
-
 #: The same for SETITEM(S).
 SETITEM_TARGETS = (
     "dict",
@@ -117,7 +116,6 @@ class UnpicklerRules:
 
 
 _lock = threading.Lock()
-
 
 _known: dict[Any, Any] = {}
 
@@ -217,7 +215,6 @@ _CONTAINER_OPS = {
     "SETITEM": small_int(0) + small_int(0) + pickle.SETITEM,
     "SETITEMS": pickle.MARK + small_int(0) + small_int(0) + pickle.SETITEMS,
 }
-
 
 #: (kind, the opcodes it is a target of, its type); the first three again with their type allowlisted.
 _TARGETS = (

@@ -50,7 +50,6 @@ class CaseSpec:
 
 Variant = tuple[Callable[..., Any], str, dict[str, Any], Callable[[dict[str, Any]], list[Any]]]
 
-
 #: Attributes pytorch's decorators set that only pytorch's device-type test bases act on.
 _ONLY_PYTORCH = {
     "precision_overrides": "@precisionOverride",

@@ -1,19 +1,16 @@
-"""What ``torch.load`` decides for one call here and now: the effective ``weights_only``.
-
-The argument, the ``TORCH_FORCE_*`` switches (spelt as torch reads them: 2.13 lower-cases the value,
-2.8 did not, torch < 2.6 ignores FORCE_NO) and torch's default decide it, so torch is asked: a canary
-weights-only refuses (loaded in full only as bytes saved here) goes through ``torch.serialization.load``
-with the call's argument under its switch values (set for that load, locked, interrupts held back).
+"""What the tools ask torch beyond what a round trip needs: how it spells its switches, which
+safe globals its own modules register (a fresh interpreter), the legacy tar format's storages.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 from ..errors import torch_key
-from ..modes import FORCE_NO_WO, is_truthy
+from ..modes import FORCE_NO_WO, FORCE_WO, _ask, conflict_message, is_truthy, switch_values
 from ..probes import ProbeFailed
 
 # Set in the environment of every fresh interpreter the tools start to ask torch something, to the
@@ -185,3 +182,23 @@ def storage_element_size(storage_type: Optional[str]) -> int:
         return int(torch._utils._element_size(dtype))
     except (KeyError, AttributeError, TypeError, RuntimeError):
         raise KeyError(storage_type) from None
+
+
+@dataclass(eq=False)
+class WeightsOnlySwitches:
+    """The two TORCH_FORCE_* switches as this torch reads them (for ``doctor`` and the tests)."""
+
+    force_weights_only: bool
+    force_no_weights_only: bool
+    raw: Mapping[str, Optional[str]]
+    #: torch raises RuntimeError on every load (both set, as torch reads them).
+    conflict: bool
+
+    @classmethod
+    def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> WeightsOnlySwitches:
+        wo, no = switch_values(environ)
+        conflict = wo is not None and no is not None and _ask(None, wo, no)[0] is None
+        return cls(is_truthy(wo, FORCE_WO), is_truthy(no, FORCE_NO_WO), {FORCE_WO: wo, FORCE_NO_WO: no}, conflict)
+
+    def conflict_message(self) -> str:
+        return conflict_message(self.raw.get(FORCE_WO), self.raw.get(FORCE_NO_WO))
