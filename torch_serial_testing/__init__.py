@@ -45,7 +45,7 @@ _ON_FIRST_USE = {
     **dict.fromkeys(("Checkpoint", "CheckpointInfo", "scan_checkpoint"), "checkpoint"),
     **dict.fromkeys(("RoundTripMismatch", "assert_round_trip_equal"), "comparison"),
     **dict.fromkeys(("Expectation", "predict", "required_globals"), "prediction"),
-    **dict.fromkeys(("LoadResult", "load", "round_trip"), "load"),
+    **dict.fromkeys(("LoadResult", "load", "round_trip"), "loading"),
 }
 #: Names that judge bytes from strangers: they live in the tools, which the core never imports.
 _IN_THE_TOOLS = ("judge_global", "dangerous_reason", "refusal_notes", "safe_globals_snippet")

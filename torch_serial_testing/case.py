@@ -308,7 +308,7 @@ class SerializationRoundTripTestCase:
         pickle rebuilds its storages with ``torch.load(..., weights_only=False)``, which the
         ``TORCH_FORCE_*`` switches reach (see :func:`.load.pickle_round_trip`).  It has no load mode: in a
         generated test it runs the same in every mode (``round_trip_dims(load_modes=())`` runs it once)."""
-        from .load import pickle_round_trip
+        from .loading import pickle_round_trip
 
         with self.loading_engine(), qnnpack_allocator(self.load_qengine):
             result = pickle_round_trip(obj, protocol)

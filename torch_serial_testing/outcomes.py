@@ -253,7 +253,7 @@ def load_in_test(
     unavailable = safe_globals_context_missing() if resolved is LoadMode.SAFE_GLOBALS else None
     if unavailable:  # before judging the declaration: the mode cannot run here at all
         raise unittest.SkipTest(unavailable)
-    from . import load as loading
+    from . import loading
 
     if map_location is MISSING:
         map_location = test._tst_case.map_location if test._tst_case else None

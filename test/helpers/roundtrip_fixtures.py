@@ -166,7 +166,7 @@ def default_outcome(missing) -> str:
 
 def _mode_facts() -> dict:
     from torch_serial_testing.modes import LoadMode
-    from torch_serial_testing.load import mode_skip_reason
+    from torch_serial_testing.loading import mode_skip_reason
 
     skips = {mode.value: reason for mode in LoadMode if (reason := mode_skip_reason(mode)) is not None}
     return {

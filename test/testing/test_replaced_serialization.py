@@ -20,7 +20,7 @@ from unittest import mock
 import torch
 
 from torch_serial_testing import Checkpoint, LeakedGlobalStateError, SerializationRoundTripTestCase
-from torch_serial_testing.load import load
+from torch_serial_testing.loading import load
 from torch_serial_testing.serialization import torch_load_replacement
 from torch_serial_testing.serialization import genuine
 

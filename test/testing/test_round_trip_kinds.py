@@ -16,7 +16,7 @@ import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
 from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripConfigError
-from torch_serial_testing.load import pickle_round_trip
+from torch_serial_testing.loading import pickle_round_trip
 from torch_serial_testing.outcomes import records
 
 FORCE_WO, FORCE_NO_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"

@@ -21,7 +21,7 @@ from unittest import mock
 
 import torch
 
-from torch_serial_testing.load import replacement_notes
+from torch_serial_testing.loading import replacement_notes
 from torch_serial_testing import registry
 from torch_serial_testing.probes import ProbeFailed
 from torch_serial_testing.registry import registered_globals, restore_registry, snapshot_registry

@@ -49,7 +49,7 @@ def inspect_report(
     from ..formats import FileCheckpoint as Checkpoint
     from ...declarations import SafeGlobal
     from ...errors import CheckpointFormatError, ConflictingEnvironmentError
-    from ...load import mode_skip_reason
+    from ...loading import mode_skip_reason
     from ...modes import LoadMode
     from ...prediction import needed_globals, predict
     from ...registry import torch_allowlist
