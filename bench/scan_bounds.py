@@ -32,8 +32,9 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import CheckpointFormatError, scan_checkpoint
-from torch_serial_testing.checkpoint import default_scan_limits
+from torch_serial_testing import CheckpointFormatError  # noqa: E402
+from torch_serial_testing.model import default_scan_limits  # noqa: E402
+from torch_serial_testing.tools import scan_checkpoint  # noqa: E402
 
 
 def _families() -> dict[str, Callable[[int], bytes]]:

@@ -31,7 +31,7 @@ from test.helpers.roundtrip_fixtures import (
     clean_env,
 )
 from torch_serial_testing import Checkpoint, LoadMode, UnexpectedLoadOutcome, instantiate_round_trip_tests
-from torch_serial_testing import load as load_modes
+from torch_serial_testing import loading as load_modes
 from torch_serial_testing.prediction import predict
 from torch_serial_testing.declarations import normalize_safe_globals
 from torch_serial_testing.modes import torch_default_weights_only

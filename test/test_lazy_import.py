@@ -11,24 +11,18 @@ import subprocess
 import sys
 import unittest
 
-#: The round-trip machinery (module paths below ``torch_serial_testing.``): the static scan
-#: (every module of ``scan``), the prediction and the load, the comparison, and the torch facts
-#: only a load or a scan asks for (the load decision, the loader proxy, the unpickler rules,
-#: torch's records).
+#: The round-trip machinery (module names below ``torch_serial_testing.``): the static scan (the
+#: checkpoint, the walker, its stream reader and model), the unpickler rules it replays, the
+#: prediction and the load, the comparison.  And none of the tools, ever.
 ROUND_TRIP_MACHINERY = (
-    "scan",
-    "scan.archive",
-    "scan.build_state",
-    "scan.checkpoint",
-    "scan.model",
-    "scan.walker",
-    "loading.prediction",
-    "loading.load",
-    "testing.comparison",
-    "torch_facts.load_call",
-    "torch_facts.loader",
-    "torch_facts.unpickler",
-    "torch_facts.records",
+    "checkpoint",
+    "walker",
+    "stream",
+    "model",
+    "unpickler",
+    "prediction",
+    "loading",
+    "comparison",
 )
 
 
@@ -52,11 +46,10 @@ class LazyImportTest(unittest.TestCase):
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch_serial_testing.'))))\n"
         )
         loaded = {m.split(".", 1)[1] for m in got}
-        self.assertIn("testing.case", loaded)
-        self.assertIn("testing.instantiation", loaded)
+        self.assertIn("case", loaded)
+        self.assertIn("instantiation", loaded)
         self.assertEqual(sorted(loaded & set(ROUND_TRIP_MACHINERY)), [])
-        # nothing of the scan package at all, whatever its modules are called
-        self.assertEqual(sorted(m for m in loaded if m == "scan" or m.startswith("scan.")), [])
+        self.assertEqual(sorted(m for m in loaded if m == "tools" or m.startswith("tools.")), [])
 
     def test_first_round_trip_imports_the_machinery(self) -> None:
         # the counterpart: the machinery listed above is what a round trip really uses
@@ -67,26 +60,21 @@ class LazyImportTest(unittest.TestCase):
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('torch_serial_testing.'))))\n"
         )
         loaded = {m.split(".", 1)[1] for m in got}
-        for module in (
-            "scan",
-            "scan.checkpoint",
-            "scan.walker",
-            "loading.prediction",
-            "loading.load",
-            "torch_facts.load_call",
-            "torch_facts.unpickler",
-        ):
-            self.assertIn(module, loaded)
+        for module in ROUND_TRIP_MACHINERY:
+            if module != "comparison":  # imported by the first comparison
+                self.assertIn(module, loaded)
+        # a round trip imports nothing of the tools (issue 37: the core never imports them)
+        self.assertEqual(sorted(m for m in loaded if m == "tools" or m.startswith("tools.")), [])
 
     def test_public_names_resolve_on_first_use(self) -> None:
         got = _run(
             "import json, torch_serial_testing as tst\n"
             "from torch_serial_testing import *\n"
             "missing = [n for n in tst.__all__ if n not in dir(tst)]\n"
-            "import torch_serial_testing.scan.checkpoint, torch_serial_testing.core.limits\n"
-            "import torch_serial_testing.loading.load\n"  # later submodule imports must not rebind public names
+            "import torch_serial_testing.checkpoint, torch_serial_testing.model\n"
+            "import torch_serial_testing.loading\n"  # later submodule imports must not rebind public names
             "old = {}\n"
-            "for name in ('load_modes', 'checkpoint', 'case', 'prediction', 'allowlist', 'pickle_scan'):\n"
+            "for name in ('load_modes', 'allowlist', 'pickle_scan', 'judge_global', 'dangerous_reason'):\n"
             "    try:\n"
             "        getattr(tst, name)\n"
             "    except AttributeError as e:\n"
@@ -101,19 +89,25 @@ class LazyImportTest(unittest.TestCase):
             "                  'cached': 'predict' in vars(tst), 'old': old}))\n"
         )
         self.assertEqual(got["missing"], [])
-        self.assertEqual(got["round_trip"], "torch_serial_testing.loading.load")
+        self.assertEqual(got["round_trip"], "torch_serial_testing.loading")
         self.assertEqual(got["load"], "function")
-        self.assertEqual(got["load_module"], "torch_serial_testing.loading.load")
-        self.assertEqual(got["Checkpoint"], "torch_serial_testing.scan.checkpoint")
+        self.assertEqual(got["load_module"], "torch_serial_testing.loading")
+        self.assertEqual(got["Checkpoint"], "torch_serial_testing.checkpoint")
         self.assertTrue(got["scan_limits"])
         self.assertEqual(got["scan_limits_is_function"], "function")
-        self.assertEqual(got["predict"], "torch_serial_testing.loading.prediction")
-        self.assertEqual(got["comparison"], "torch_serial_testing.testing.comparison")
+        self.assertEqual(got["predict"], "torch_serial_testing.prediction")
+        self.assertEqual(got["comparison"], "torch_serial_testing.comparison")
         self.assertTrue(got["cached"])  # resolved once, then a plain module attribute
-        # The old flat submodules are gone by design (issue 25: old internal paths need not survive):
-        # asking for one is a plain AttributeError, not a lazily imported module.
-        for name, error in got["old"].items():
-            self.assertEqual(error, f"module 'torch_serial_testing' has no attribute {name!r}", name)
+        # Names of layouts gone by design are a plain AttributeError; the names that judge checkpoints
+        # from strangers say where they live now (the tools, which the core never imports).
+        for name in ("load_modes", "allowlist", "pickle_scan"):
+            self.assertEqual(got["old"][name], f"module 'torch_serial_testing' has no attribute {name!r}", name)
+        for name in ("judge_global", "dangerous_reason"):
+            self.assertEqual(
+                got["old"][name],
+                f"{name} judges checkpoints from strangers and lives in the tools since 0.2.0: "
+                f"from torch_serial_testing.tools import {name}",
+            )
 
     def test_unknown_attribute_is_an_attribute_error(self) -> None:
         import torch_serial_testing as tst

@@ -1,10 +1,41 @@
-"""Serialization round-trip tests that know what ``torch.load`` should do.
+"""Serialization round-trip tests that know what ``torch.load`` should do, in every load mode.
 
-Since torch 2.6 a bare ``torch.load`` is weights-only.  The library saves a module to memory,
-reloads it in every load mode (``weights_only=False``, ``weights_only=True`` inside
-``safe_globals``, the bare default) per quantized engine and device, and asserts what torch
-should do here.  Layers, each importing only those before it: ``core``, ``torch_facts`` (the
-only one touching torch's private API), ``scan`` and ``policy``, ``loading``, ``testing``, ``cli``.
+Since torch 2.6 a bare ``torch.load(f)`` is weights-only.  A test author subclasses
+:class:`SerializationRoundTripTestCase`, says how to build the object, which globals its checkpoint
+legitimately needs (``safe_globals``) and what must hold after loading.  This module's docstring is
+the design; each module's says only what it owns.
+
+**What a round trip does.**  ``self.round_trip(obj)`` saves with torch's own ``torch.save`` into a
+private buffer (:mod:`.checkpoint`: only such bytes are ever loaded with ``weights_only=False``), asks
+torch what ``torch.load`` decides for the test's load mode here and now (:mod:`.modes`: the argument,
+the ``TORCH_FORCE_*`` switches and torch's default, read by a canary load) and, where that is
+weights-only, walks the pickle without running it (:mod:`.walker`) to replay the checks of torch's
+weights-only unpickler, under this torch's rules (:mod:`.unpickler`, asked by few-byte probes),
+against what is allowed (:mod:`.prediction`).  Then it makes the mode's one exact ``torch.load`` call
+(:mod:`.loading`) and asserts that torch did what was predicted, for the predicted reason.  A predicted
+rejection ends the test as a pass that says why (:mod:`.outcomes`); what loaded is compared exactly
+(:mod:`.comparison`).
+
+**The one rule for what is allowed.**  A global loads weights-only exactly when torch would allow it:
+torch's built-in allowlist, whatever is registered process-wide (by torch's own modules, such as
+``torch.distributed.tensor`` or ``torch.nested``, by the test's imports, by anyone) and, in the
+``safe_globals`` mode, the declared globals.  The declaration is judged by that same prediction
+(:mod:`.declarations`): *missing* is what torch refuses, *unneeded* is what no load under the
+declaration needed; one error names both and the declaration that fixes them.  The author is trusted
+as torch trusts them: only what can never be a safe global (a module, ``eval``, ``os.system``, a name
+that does not resolve) is refused.  Judging what a class could do is for bytes from strangers: the
+tools (:mod:`torch_serial_testing.tools`), which this core never imports.
+
+**How a case is named.**  ``instantiate_round_trip_tests(TestFoo, globals())`` replaces ``TestFoo`` by
+one class per device type (``TestFooCPU``, ...) holding
+``test_<name>[_<qengine>|_<save>_to_<load>][_<load_mode>]_<device>[_to_cpu]``: pytorch's
+``test_<name>_<device>`` rule with the library's dimensions before the device
+(:mod:`.instantiation`, :mod:`.variants`).  A case that cannot run here skips saying why, so the ids
+are the same everywhere.
+
+**Around every test** (:mod:`.isolation`) the quantized engine and allocator, the safe-globals
+registry, the switches and torch's serialization state are captured and put back: what the test's
+own code changed is reported, what torch's own imports did is not the test's doing.
 """
 
 from __future__ import annotations
@@ -34,7 +65,6 @@ from .instantiation import (
     round_trip_dims,
 )
 from .isolation import GlobalState
-from .model import ScanLimits, scan_limits
 from .modes import LoadMode
 from .outcomes import ExpectedRejection
 from .variants import CaseSpec
@@ -46,6 +76,7 @@ _ON_FIRST_USE = {
     **dict.fromkeys(("RoundTripMismatch", "assert_round_trip_equal"), "comparison"),
     **dict.fromkeys(("Expectation", "predict", "required_globals"), "prediction"),
     **dict.fromkeys(("LoadResult", "load", "round_trip"), "loading"),
+    **dict.fromkeys(("ScanLimits", "scan_limits"), "model"),
 }
 #: Names that judge bytes from strangers: they live in the tools, which the core never imports.
 _IN_THE_TOOLS = ("judge_global", "dangerous_reason", "refusal_notes", "safe_globals_snippet")

@@ -21,9 +21,8 @@ from typing import IO, Any, Callable, Optional, Union
 
 from .errors import CheckpointFormatError
 from .model import Check, ScanLimits, ScanState, default_scan_limits
-from .probes import ProbeFailed
 from .stream import check_budget
-from .unpickler import is_torchscript, torchscript_refusal, walk_rules, zip_reader
+from .unpickler import is_torchscript, walk_rules, zip_reader
 from .walker import scan_pickle
 
 #: Told the bytes of every :meth:`Checkpoint.save` (an observer such as the audit's): a copy, after the save.
@@ -121,6 +120,11 @@ class Checkpoint:
             return f
         if isinstance(f, (bytes, bytearray, memoryview)):
             return cls.from_bytes(f)
+        if isinstance(f, (str, os.PathLike)):
+            raise TypeError(
+                f"Checkpoint.from_buffer takes bytes or a buffer, not the path {os.fspath(f)!r}: files are read by "
+                "torch_serial_testing.tools.FileCheckpoint.from_path(path)"
+            )
         _require_binary_seekable(f)
         start = f.tell()
         data = f.read()
@@ -197,7 +201,8 @@ def _small_checkpoint_info(buffer: IO[bytes], read: Any) -> Optional[CheckpointI
     limits = default_scan_limits()
     rules = walk_rules()
     data = buffer.getvalue()  # at most a memcpy; comparing bytes is a memcmp
-    key = (len(data), data[-_TAIL:], id(limits), id(rules), "numpy" in sys.modules)
+    # the reader too: the core's refuses what the tools' reads (TorchScript, legacy), on the same bytes
+    key = (len(data), data[-_TAIL:], id(limits), id(rules), getattr(read, "__func__", read), "numpy" in sys.modules)
     known = _small_infos.get(key)
     if known is not None and known[1] is limits and known[2] is rules and data == known[0]:
         return known[3]
@@ -276,9 +281,10 @@ def _scan(f: IO[bytes], limits: ScanLimits, read: Callable[[IO[bytes], int, Scan
 ZIP_MAGIC = b"PK\x03\x04"
 
 
-def read_zip(f: IO[bytes], nbytes: int, state: ScanState) -> str:
-    """Walk the pickle torch would unpickle from the zip archive *f*; the format (``zip``,
-    ``torchscript``).  Anything else is a format only :mod:`torch_serial_testing.tools.formats` reads."""
+def read_zip(f: IO[bytes], nbytes: int, state: ScanState, torchscript: Optional[Callable[..., str]] = None) -> str:
+    """Walk the pickle torch would unpickle from the zip archive *f*; the format.  A TorchScript archive
+    goes to *torchscript* (``(state) -> format``); it and other formats are read by the tools
+    (:mod:`torch_serial_testing.tools.formats`)."""
     head = f.read(4)
     f.seek(0)
     if head != ZIP_MAGIC:
@@ -287,7 +293,7 @@ def read_zip(f: IO[bytes], nbytes: int, state: ScanState) -> str:
             "torch 1.6; read other formats (legacy streams, tar archives) and files with "
             "torch_serial_testing.tools.scan_checkpoint"
         )
-    return _scan_zip(f, state)
+    return _scan_zip(f, state, torchscript)
 
 
 def _one_line(e: BaseException) -> str:
@@ -297,7 +303,7 @@ def _one_line(e: BaseException) -> str:
     return first.split(". This is an internal miniz error")[0].split("  (Could this error")[0]
 
 
-def _scan_zip(f: IO[bytes], state: ScanState) -> str:
+def _scan_zip(f: IO[bytes], state: ScanState, torchscript: Optional[Callable[..., str]]) -> str:
     try:
         reader = zip_reader(f)
     except (RuntimeError, ValueError, OSError) as e:
@@ -307,15 +313,12 @@ def _scan_zip(f: IO[bytes], state: ScanState) -> str:
         ) from None
     try:
         if is_torchscript(reader):
-            try:
-                refusal = torchscript_refusal()
-            except ProbeFailed as e:
-                state.check("unknown", "", f"what this torch does with a TorchScript archive is unknown: {e}")
-            else:
-                if refusal is not None:  # else torch.jit.load takes it (torch 2.4)
-                    state.check("refused", "", refusal)
-            state.weights_only_live = False
-            return "torchscript"
+            if torchscript is None:
+                raise CheckpointFormatError(
+                    "this is a TorchScript archive (torch.jit.save wrote it): torch.load hands it to torch.jit.load; "
+                    "read it with torch_serial_testing.tools.scan_checkpoint"
+                )
+            return torchscript(state)
         if not reader.has_record("data.pkl"):
             raise CheckpointFormatError(
                 "the zip archive has no data.pkl record (torch.load would fail): not a torch.save checkpoint"

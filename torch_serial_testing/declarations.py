@@ -17,6 +17,7 @@ from .errors import (
     AllowlistError,
     RoundTripConfigError,
     imported_prefix,
+    is_marker,
     name_problem,
     qualified_name,
     quote_name,
@@ -120,6 +121,8 @@ def resolve_global(name: str) -> Any:
 CODE_RUNNING_MODULES = frozenset(
     {"os", "posix", "nt", "subprocess", "_posixsubprocess", "pty", "runpy", "code", "codeop", "ctypes", "marshal"}
     | {"pickle", "_pickle", "shutil", "importlib", "sys", "socket", "webbrowser", "pdb", "multiprocessing"}
+    # the compiled or frozen modules the ones above are implemented by (their objects' own identity)
+    | {"_ctypes", "_socket", "_imp", "_frozen_importlib", "_frozen_importlib_external"}
 )
 
 CODE_RUNNING = frozenset(
@@ -127,6 +130,9 @@ CODE_RUNNING = frozenset(
     | {f"builtins.{n}" for n in ("getattr", "setattr", "delattr", "globals", "locals", "vars", "quit", "help")}
     | {"functools.partial", "operator.attrgetter", "operator.methodcaller", "operator.itemgetter"}
     | {"torch.load", "torch.serialization.load", "torch.jit.load", "torch.hub.load", "torch.package.PackageImporter"}
+    | {"torch.storage._load_from_bytes", "builtins.function", "builtins.code", "types.FunctionType", "types.CodeType"}
+    # the same objects by their own module and qualified name (what declaring the object itself gives)
+    | {"io.open", "_io.open", "torch.jit._serialization.load", "torch.package.package_importer.PackageImporter"}
 )
 
 
@@ -135,6 +141,31 @@ def _code_running(name: Optional[str]) -> bool:
         return False
     module = name.rpartition(".")[0]
     return name in CODE_RUNNING or any(module == m or module.startswith(m + ".") for m in CODE_RUNNING_MODULES)
+
+
+def _runs_as(obj: Any, depth: int = 0) -> list[Optional[str]]:
+    """What calling *obj* calls, when that is not *obj* itself: the class of a call-building instance
+    (a ``functools.partial``, an ``operator.attrgetter``), the object a bound method or method-wrapper
+    is bound to (``os.system.__call__``)."""
+    if isinstance(obj, (type, types.ModuleType, types.FunctionType)) or depth > 3:
+        return []
+    names = [torch_key(type(obj))]
+    owner = getattr(obj, "__self__", None)
+    if owner is not None and not isinstance(owner, types.ModuleType):
+        names += [torch_key(owner), *_runs_as(owner, depth + 1)]
+    return names
+
+
+def _undeclarable(name: str) -> Optional[str]:
+    """Why no declaration may name *name* (a global a checkpoint needs), or None."""
+    if is_marker(name):
+        return "built at unpickling time, so no name can allow it"
+    problem = name_problem(name)
+    if problem:
+        return f"not a dotted Python name ({problem})"
+    if _code_running(name):
+        return "it runs code or reaches the system when a pickle calls it"
+    return None
 
 
 def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
@@ -147,7 +178,7 @@ def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
     if isinstance(obj, types.ModuleType):
         return f"it is the module {show_name(obj.__name__)}: a pickle names globals in modules, never a module itself"
     real = torch_key(obj)
-    for n in {real, name}:
+    for n in (real, name, *_runs_as(obj)):
         if _code_running(n):
             return f"{show_name(n)} runs code or reaches the system when a pickle calls it"
     if explicit:
@@ -170,6 +201,9 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
     out: list[SafeGlobal] = []
     for item in declared:
         obj, name, explicit, unsafe = split_entry(item)
+        if isinstance(obj, types.ModuleType):  # before its missing name: say what it is
+            problem = declaration_problem(obj, "", False)
+            raise RoundTripConfigError(f"refusing to allowlist {show_name(name or obj.__name__)}: {problem}")
         if obj is None:  # a name the author wrote: imported to find the object
             obj = resolve_global(name)  # type: ignore[arg-type]
             explicit = torch_key(obj) != name
@@ -313,6 +347,15 @@ class Declaration:
             if unneeded and self.attribute == "safe_globals" and saved_type is not None
             else ""
         )
+        # a name no declaration may hold (attacker text, a code-running callable) never reaches the code
+        refused = {n: why for n, why in ((n, _undeclarable(n)) for n in missing) if why}
+        if refused:
+            return AllowlistError(
+                " ".join(parts)
+                + "\nNo declaration can make this checkpoint load: "
+                + "; ".join(f"{show_name(n)}: {why}" for n, why in refused.items())
+                + ". Never declare it; only a checkpoint from a trusted source is worth a declaration."
+            )
         fixing = "" if missing else "Remove them, or set allow_unneeded_safe_globals = True on the class. "
         return AllowlistError(
             " ".join(parts)

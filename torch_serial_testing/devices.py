@@ -117,7 +117,8 @@ def _filter(devices: tuple[str, ...], only: list[str], excl: list[str]) -> tuple
         )
     backend = privateuse1_backend()
     alias = backend if backend is not None and device_skip_reason(backend) is None else None
-    as_written = alias is not None and not _filters_alias_backend_name(alias)
+    # pytorch's filter is asked only when a filter is set (without one, nothing is compared)
+    as_written = alias is not None and bool(only or excl) and not _filters_alias_backend_name(alias)
 
     def canon(name: str, declared: bool) -> str:
         if alias is None:

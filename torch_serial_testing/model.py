@@ -2,33 +2,33 @@
 
 Values are a global by name, an object by its type, a dict with its few known keys, a small int or
 short str as itself.  Which container targets and persistent ids torch refuses, and with which
-messages, are the running torch's (:class:`~..torch_facts.unpickler.UnpicklerRules`).  Also here:
-what REDUCE of an allowlisted callable builds (``numpy.dtype('f8')`` a ``numpy.dtypes.Float64DType``)
-and the names a *full* unpickle resolves instead (``_compat_pickle``, torch's ``load_module_mapping``).
+messages, are the running torch's (:class:`~.unpickler.UnpicklerRules`).  Also here: what REDUCE of
+an allowlisted callable builds (``numpy.dtype('f8')`` a ``numpy.dtypes.Float64DType``), the names a
+*full* unpickle resolves instead (``_compat_pickle``, torch's ``load_module_mapping``), the shape of a
+BUILD state and whether this torch's BUILD can apply it, and the caps on a scan's work.
 """
 
 from __future__ import annotations
 
 import _compat_pickle
+import itertools
 import re
 import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
-if TYPE_CHECKING:
-    from .unpickler import UnpicklerRules
-import itertools
-
-from .unpickler import BuildRules
+from .unpickler import BuildRules, UnpicklerRules
 
 # -- caps on the work of a scan ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ScanLimits:
-    """Upper bounds for one :func:`~torch_serial_testing.scan_checkpoint` call."""
+    """Upper bounds for one :func:`~torch_serial_testing.scan_checkpoint` call; going over one ends the
+    scan with a ``CheckpointFormatError`` naming it and how to raise it.  The defaults are far above what
+    ``torch.save`` writes for real models and keep a worst-case scan to seconds (``bench/scan_bounds.py``)."""
 
     #: Bytes of one pickle record after decompression (zip ``data.pkl``, tar member, legacy stream).
     max_pickle_bytes: int = 256 * 1024 * 1024
@@ -54,7 +54,6 @@ class ScanLimits:
 
 
 _lock = threading.Lock()
-
 _current = ScanLimits()
 
 
@@ -93,9 +92,7 @@ _NUMPY_NUMERIC = {
     "f": {2: "Float16DType", 4: "Float32DType", 8: "Float64DType", 12: "LongDoubleDType", 16: "LongDoubleDType"},
     "c": {8: "Complex64DType", 16: "Complex128DType", 24: "CLongDoubleDType", 32: "CLongDoubleDType"},
 }
-
 _NUMPY_FLEXIBLE = {"O": "ObjectDType", "U": "StrDType", "S": "BytesDType", "V": "VoidDType"}
-
 _NUMPY_DTYPE_STR = re.compile(r"([biufcMmOUSV])(\d{0,6})")
 
 
@@ -141,7 +138,6 @@ class Obj:
 
 #: Keys kept per dict while scanning: a BUILD state of more keys has an unknown size.
 _DICT_KEYS_KEPT = 16
-
 _NO_KEYS: Any = frozenset()  # shared until a key is added
 
 
@@ -171,88 +167,36 @@ def add_dict_keys(target: Any, keys: Any) -> None:
         known.add(k)
 
 
-LIST = Obj("builtins.list")
-
-SET = Obj("builtins.set")
-
-FROZENSET = Obj("builtins.frozenset")
-
-BOOL = Obj("builtins.bool")
-
-NONE = Obj("builtins.NoneType")
-
-FLOAT = Obj("builtins.float")
-
+LIST, SET, FROZENSET = Obj("builtins.list"), Obj("builtins.set"), Obj("builtins.frozenset")
+BOOL, NONE, FLOAT = Obj("builtins.bool"), Obj("builtins.NoneType"), Obj("builtins.float")
 INT = Obj("builtins.int")  # an int the model did not decode
-
-BYTES = Obj("builtins.bytes")
-
-BYTEARRAY = Obj("builtins.bytearray")
-
 STR = Obj("builtins.str")  # a str too long to keep
-
-PICKLEBUFFER = Obj("pickle.PickleBuffer")
-
-UNKNOWN = Obj(None)
-
-STORAGE = Obj("torch.storage.TypedStorage")
-
+BYTES, BYTEARRAY, PICKLEBUFFER = Obj("builtins.bytes"), Obj("builtins.bytearray"), Obj("pickle.PickleBuffer")
+UNKNOWN, STORAGE = Obj(None), Obj("torch.storage.TypedStorage")
 #: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
-PUSHES = {
-    0x8B: INT,
-    0x47: FLOAT,
-    0x46: FLOAT,
-    0x42: BYTES,
-    0x43: BYTES,
-    0x8E: BYTES,
-    0x96: BYTEARRAY,
-    0x97: PICKLEBUFFER,
-    0x8F: SET,
-}
-
-TENSOR = "torch.Tensor"
-
-PARAMETER = "torch.nn.parameter.Parameter"
+PUSHES = {0x8B: INT, 0x47: FLOAT, 0x46: FLOAT, 0x42: BYTES, 0x43: BYTES, 0x8E: BYTES, 0x96: BYTEARRAY}
+PUSHES.update({0x97: PICKLEBUFFER, 0x8F: SET})
+TENSOR, PARAMETER = "torch.Tensor", "torch.nn.parameter.Parameter"
 
 #: Types whose BUILD torch handles itself, never through the allowlist.
 BUILD_FREE = frozenset([TENSOR, PARAMETER, "collections.OrderedDict"])
 
 # What REDUCE of these (allowlisted) callables returns, for the type checks after it.
+_REBUILT_TENSOR = "tensor tensor_v2 tensor_v3 qtensor sparse_tensor nested_tensor meta_tensor_no_storage"
+_REBUILT_TENSOR += " device_tensor_from_numpy device_tensor_from_cpu_tensor"
 _REDUCE_RESULT = {
-    **dict.fromkeys(
-        [
-            "torch._utils._rebuild_tensor",
-            "torch._utils._rebuild_tensor_v2",
-            "torch._utils._rebuild_tensor_v3",
-            "torch._utils._rebuild_qtensor",
-            "torch._utils._rebuild_sparse_tensor",
-            "torch._utils._rebuild_nested_tensor",
-            "torch._utils._rebuild_meta_tensor_no_storage",
-            "torch._utils._rebuild_device_tensor_from_numpy",
-            "torch._utils._rebuild_device_tensor_from_cpu_tensor",
-        ],
-        TENSOR,
-    ),
-    "torch._utils._rebuild_parameter": PARAMETER,
-    "torch._utils._rebuild_parameter_with_state": PARAMETER,
+    **{f"torch._utils._rebuild_{n}": TENSOR for n in _REBUILT_TENSOR.split()},
+    **{f"torch._utils._rebuild_{n}": PARAMETER for n in ("parameter", "parameter_with_state")},
     "_codecs.encode": "builtins.bytes",
     "torch.serialization._get_layout": "torch.layout",
 }
-
 # REDUCE of these returns an instance of the class given as their argument 0 (or 1).
-_REDUCE_ARG_TYPE = {
-    **dict.fromkeys(
-        [
-            "copyreg._reconstructor",
-            "copyreg.__newobj__",
-            "torch._utils._rebuild_wrapper_subclass",
-            "numpy.core.multiarray._reconstruct",
-            "numpy._core.multiarray._reconstruct",
-        ],
-        0,
-    ),
-    "torch._tensor._rebuild_from_type_v2": 1,
-}
+_REDUCE_ARG_TYPE = dict.fromkeys(["copyreg._reconstructor", "copyreg.__newobj__"], 0)
+_REDUCE_ARG_TYPE.update(
+    dict.fromkeys(["torch._utils._rebuild_wrapper_subclass", "torch._tensor._rebuild_from_type_v2"], 0)
+)
+_REDUCE_ARG_TYPE.update({f"numpy.{m}.multiarray._reconstruct": 0 for m in ("core", "_core")})
+_REDUCE_ARG_TYPE["torch._tensor._rebuild_from_type_v2"] = 1
 
 #: The concrete values the walk keeps as themselves.
 _CONCRETE = {str: "builtins.str", bool: "builtins.bool", int: "builtins.int", tuple: "builtins.tuple"}
@@ -294,9 +238,10 @@ class Check:
     """One thing torch's weights-only unpickler verifies.  ``kind``: ``"global"`` (*name* must be
     allowlisted; *message* is the GLOBAL's own name part, which torch 2.4's hint names alone);
     ``"type"`` (BUILD onto an instance of *name*, which must be allowlisted); ``"build"``
-    (its state's *shape*, :mod:`.build_state`); ``"append"``, ``"appends"``, ``"setitem"``, ``"setitems"``
+    (its state's *shape*, :func:`state_shape`); ``"append"``, ``"appends"``, ``"setitem"``, ``"setitems"``
     (onto a *name*, refused with *message* depending on the allowlist: :func:`container_refused`);
-    ``"refused"`` (never loads: *message* says why); ``"unknown"`` (a rule could not be probed)."""
+    ``"refused"`` (never loads: *message* says why); ``"unknown"`` (a rule could not be probed); ``"jit"``
+    (a TorchScript archive this torch hands to ``torch.jit.load``: only the tools read one)."""
 
     kind: str
     name: str = ""
@@ -319,7 +264,6 @@ class ScanState:
     max_memo: int = 0
     #: False once the weights-only unpickler would have stopped: no more weights-only checks.
     weights_only_live: bool = True
-
     #: The formats torch may read these bytes as, depending on the source it is given (a polyglot: two).
     readings: tuple[str, ...] = ()
 
@@ -376,7 +320,7 @@ _CONTAINERS = {
 
 
 def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, Any]] = None) -> tuple[str, ...]:
-    """The target kinds (see ..torch_facts.unpickler) an instance of *type_name* may be for *opcode*.
+    """The target kinds (see :mod:`.unpickler`) an instance of *type_name* may be for *opcode*.
     *user_classes*: user-allowlisted names -> objects (a prediction); None: the allowlist is unknown (a scan)."""
     family = "list" if opcode.startswith("APPEND") else "dict"
     base, exact = _CONTAINERS[family]
@@ -456,7 +400,6 @@ def full_load_name(module: str, name: str, proto: int, zip_format: bool, storage
 #: ``("none",)``, ``("value", v)`` (a small str or int), ``("tuple", (shape, ...))`` or
 #: ``("type", "module.Name")`` (an object known only by its type; None: not even that).
 StateShape = tuple
-
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 
@@ -486,7 +429,6 @@ _TYPE_STANDINS: dict[str, list[Any]] = {
     "builtins.float": [0.0, 1.0],
     "builtins.str": ["?" * 1024],  # a string too long for the scan to keep: never empty
 }
-
 _MAX_STANDINS = 32
 
 

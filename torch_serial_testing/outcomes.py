@@ -328,6 +328,8 @@ def _judge_declaration(
         seen.update(used)
         types.append(saved_type)
     if not result.loaded:
+        if info.weights_only_blocker or result.expectation.missing:  # this error is the declaration's one:
+            test.__dict__.get("_tst_declaration_uses", {}).pop(where.label, None)  # no second one at cleanup
         if info.weights_only_blocker:
             raise where.blocked(info.weights_only_blocker, sorted(used - allowed_anyway()))
         missing = result.expectation.missing

@@ -27,7 +27,7 @@ from .registry import (
     torch_allowlist_table,
 )
 from .serialization import torch_load_replacement
-from .unpickler import UnpicklerRules, global_refusal, torchscript_refusal, unpickler_rules
+from .unpickler import UnpicklerRules, global_refusal, unpickler_rules
 
 
 @dataclass(frozen=True)
@@ -159,10 +159,10 @@ def _expected(
         return Expectation(mode, False, decision.warns, True, (), decision.reason, decision.replaced_by)
     reason = decision.reason
     try:  # (the scan itself raises no ProbeFailed)
-        if checkpoint.format == "torchscript" and torchscript_refusal() is None:
+        info = checkpoint.info
+        if any(c.kind == "jit" for c in info.checks):  # read by the tools: torch 2.4 hands it to torch.jit.load
             reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
             return Expectation(mode, False, decision.warns, True, (), reason, decision.replaced_by)
-        info = checkpoint.info
         rules = unpickler_rules()
     except ProbeFailed as e:
         return Expectation(mode, True, decision.warns, False, (), reason, decision.replaced_by, unknown=str(e))
@@ -352,8 +352,10 @@ def required_globals(
             f"required_globals({value!r}): a file is read by torch_serial_testing.tools.required_globals(path); "
             "to get the globals of the str object itself, call required_globals(obj=...)"
         )
-    scanned = kind == "checkpoint" or isinstance(value, (Checkpoint, bytes, bytearray, memoryview))
-    info = scan_checkpoint(value) if scanned or hasattr(value, "read") else Checkpoint.save(value).info
+    # obj= is always saved, even bytes or a buffer
+    readable = isinstance(value, (Checkpoint, bytes, bytearray, memoryview)) or hasattr(value, "read")
+    scanned = kind == "checkpoint" or (kind == "positional" and readable)
+    info = scan_checkpoint(value) if scanned else Checkpoint.save(value).info
     if info.format == "torchscript":
         raise CheckpointFormatError(
             "this is a TorchScript archive: load it with torch.jit.load; weights_only does not apply"

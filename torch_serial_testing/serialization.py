@@ -13,10 +13,11 @@ in the observing thread (every warning, for probes) and passing the rest on one 
 ``-W error`` and once-per-location memory behave as without the library.
 
 **The snapshot.**  :class:`SerializationState` reads ``torch.load`` and ``torch.save``, the namespaces
-of ``torch.serialization``, ``torch._weights_only_unpickler`` and ``torch._utils`` and the attributes
-of the classes they define, torch's built-in allowlist (the dict ``_get_allowed_globals()`` caches) and
-the storage-location registry (``register_package``); :meth:`~SerializationState.restore` puts each
-back and returns one line per change.  The safe-globals registry is :mod:`.registry`'s.
+of ``torch.serialization``, ``torch._weights_only_unpickler`` and ``torch._utils``, the attributes of
+the classes and the code and defaults of the functions they define, torch's built-in allowlist (the
+dict ``_get_allowed_globals()`` caches) and the storage-location registry (``register_package``);
+:meth:`~SerializationState.restore` puts each back and returns one line per change.  The safe-globals
+registry is :mod:`.registry`'s.
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ def _own_function(fn: Any, name: str) -> bool:
     )
 
 
-_genuine: dict[str, tuple[Any, Any]] = {}
+_genuine: dict[str, tuple[Any, Any, Any]] = {}
 
 
 def genuine(name: str) -> Any:
     """torch's own ``torch.serialization.<name>`` (``load`` or ``save``), verified unchanged since the
-    library first took it (its ``__code__``)."""
+    library first took it (its ``__code__`` and keyword defaults)."""
     import torch
 
     entry = _genuine.get(name)
@@ -71,7 +72,8 @@ def genuine(name: str) -> Any:
         ser = _ser()
         for candidate in (vars(ser).get(name), getattr(torch, name, None)):
             if candidate is not None and _own_function(candidate, name):
-                entry = _genuine[name] = (candidate, candidate.__code__)
+                kw = candidate.__kwdefaults__
+                entry = _genuine[name] = (candidate, candidate.__code__, None if kw is None else dict(kw))
                 break
         else:
             raise ProbeFailed(
@@ -79,10 +81,11 @@ def genuine(name: str) -> Any:
                 f"{_describe(vars(ser).get(name))} and {_describe(getattr(torch, name, None))}); the library "
                 f"calls only torch's own: remove the replacement installed before it first ran"
             )
-    fn, code = entry
-    if fn.__code__ is not code:
+    fn, code, kwdefaults = entry
+    if fn.__code__ is not code or fn.__kwdefaults__ != kwdefaults:
         raise ProbeFailed(
-            f"torch.serialization.{name} was changed in place (its __code__); the library will not call it: {_FIX}"
+            f"torch.serialization.{name} was changed in place (its __code__ or __kwdefaults__: now "
+            f"{fn.__kwdefaults__!r}, was {kwdefaults!r}); the library will not call it: {_FIX}"
         )
     return fn
 
@@ -273,7 +276,7 @@ def _allowlist_table() -> Optional[dict[str, Any]]:
 class SerializationState:
     """Everything listed in the module docstring, read by identity (a plain class: made per test)."""
 
-    __slots__ = ("torch_names", "namespaces", "classes", "allowlist", "packages")
+    __slots__ = ("torch_names", "namespaces", "classes", "functions", "allowlist", "packages")
 
     def __init__(self) -> None:
         import torch
@@ -281,14 +284,18 @@ class SerializationState:
         self.torch_names = {n: vars(torch).get(n) for n in ("load", "save")}
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.classes: list[tuple[type, dict[str, Any]]] = []
+        self.functions: list[tuple[Any, Any, Any, Any]] = []  # (fn, __code__, __defaults__, __kwdefaults__)
         for module_name in WATCHED_MODULES:
             module = sys.modules.get(module_name)
             if module is None:
                 continue
             space = self.namespaces[module_name] = dict(vars(module))
-            self.classes += [
-                (v, dict(vars(v))) for v in space.values() if isinstance(v, type) and v.__module__ == module_name
-            ]
+            for v in space.values():
+                if isinstance(v, type) and v.__module__ == module_name:
+                    self.classes.append((v, dict(vars(v))))
+                elif isinstance(v, types.FunctionType) and v.__globals__ is vars(module):
+                    kw = v.__kwdefaults__
+                    self.functions.append((v, v.__code__, v.__defaults__, None if kw is None else dict(kw)))
         table = _allowlist_table()
         self.allowlist = dict(table) if table is not None else None
         self.packages = list(getattr(_ser(), "_package_registry", None) or ())
@@ -319,6 +326,11 @@ class SerializationState:
                         setattr(cls, k, attrs[k])
                     else:
                         delattr(cls, k)
+        for fn, code, defaults, kwdefaults in self.functions:  # torch.load's default changed in place...
+            if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ != kwdefaults:
+                changes.append(f"{fn.__module__}.{fn.__qualname__} was changed in place (__code__, __defaults__ or __kwdefaults__)")
+                fn.__code__, fn.__defaults__ = code, defaults
+                fn.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
         changes += self._restore_allowlist() + self._restore_packages()
         if changes:
             changes[-1] += f" -- restored; a test must not leave torch's serialization changed: {_FIX}"
@@ -334,15 +346,16 @@ class SerializationState:
         replaced = sorted(k for k, v in space.items() if k not in managed and k in now and not _same(now[k], v))
         removed = sorted(k for k in space if k not in managed and k not in now)
         added = sorted(k for k in now if k not in space and k not in managed)
-        for k in replaced + removed:
-            setattr(module, k, space[k])
-        for k in added:
-            delattr(module, k)
-        return [
+        notes = [  # described before restoring: now is the module's live namespace
             *(f"{module_name}.{k} is {_describe(now[k])}" for k in replaced),
             *(f"{module_name}.{k} was deleted" for k in removed),
             *(f"{module_name}.{k} was added" for k in added),
         ]
+        for k in replaced + removed:
+            setattr(module, k, space[k])
+        for k in added:
+            delattr(module, k)
+        return notes
 
     def _restore_allowlist(self) -> list[str]:
         table, then = _allowlist_table(), self.allowlist

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import io
 import pickle
 import pickletools
 import threading
@@ -38,7 +37,6 @@ from .probes import (
     with_type,
 )
 from .registry import allowlisted, registry_lock
-from .serialization import genuine
 
 #: APPEND(S) targets as torch's check tells them apart; "allowlisted_": the type is user-allowlisted.
 APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
@@ -417,44 +415,3 @@ def storage_type_names() -> frozenset[str]:
         return frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
     except AttributeError as e:
         raise ProbeFailed(f"torch no longer has the storage type table the library reads: {e}") from None
-
-
-_torchscript_refusal: list[Optional[str]] = []
-
-
-def torchscript_refusal() -> Optional[str]:
-    """torch's message refusing a TorchScript archive weights-only, or None when it hands it to
-    ``torch.jit.load`` whatever ``weights_only`` says (torch 2.4): asked once, with a tiny archive."""
-    if not _torchscript_refusal:
-        import torch
-
-        from .serialization import observe_serialization_warnings, raiser
-
-        buf = io.BytesIO()
-        writer = torch._C.PyTorchFileWriter(buf)
-        for name in ("data.pkl", "constants.pkl"):
-            writer.write_record(name, b"\x80\x02).", 4)
-        writer.write_end_of_file()
-        del writer
-        buf.seek(0)
-        with observe_serialization_warnings(consume_all=True):  # torch warns that it dispatches to jit
-            try:
-                genuine("load")(buf, weights_only=True)
-                error: Optional[BaseException] = None
-            except Exception as e:  # noqa: BLE001 - where it was raised is the answer
-                error = e
-        where = raiser(error) if error is not None else "nowhere"
-        if where.startswith("torch.jit"):
-            _torchscript_refusal.append(None)
-        elif where.startswith("torch.serialization") and isinstance(error, RuntimeError):
-            message = str(error).strip()
-            unsafe = getattr(torch.serialization, "UNSAFE_MESSAGE", "")
-            if unsafe and message.endswith(unsafe):
-                message = message[: -len(unsafe)].strip()
-            _torchscript_refusal.append(message)
-        else:
-            raise ProbeFailed(
-                f"torch.load of a TorchScript archive with weights_only=True raised in {where}: "
-                f"{type(error).__name__}: {error}"
-            )
-    return _torchscript_refusal[0]

@@ -1,12 +1,14 @@
-"""Scan a checkpoint file without loading it, and see what the scan refuses to read."""
+"""Scan a checkpoint file without loading it, and see what the scan refuses to read.
+
+Files (and the formats before torch 1.6) are read by the tools; the core reads bytes in memory."""
 
 import os
 import tempfile
 
 import torch
 
-from torch_serial_testing import Checkpoint, CheckpointFormatError, scan_checkpoint
-from torch_serial_testing.checkpoint import scan_limits
+from torch_serial_testing import CheckpointFormatError, scan_limits
+from torch_serial_testing.tools import FileCheckpoint, scan_checkpoint
 
 with tempfile.TemporaryDirectory() as d:
     path = os.path.join(d, "model.pt")
@@ -18,7 +20,7 @@ with tempfile.TemporaryDirectory() as d:
     assert info.bytes_scanned < 4096, info.bytes_scanned
 
     # A Checkpoint over the open file: scanned on first use, never read whole into memory.
-    ckpt = Checkpoint.from_path(path)
+    ckpt = FileCheckpoint.from_path(path)
     assert ckpt.nbytes > 4 * 1024 * 1024 and not ckpt.owned
     assert ckpt.info.globals  # e.g. torch._utils._rebuild_tensor_v2, collections.OrderedDict
     ckpt.rewound().close()

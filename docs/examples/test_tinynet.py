@@ -3,7 +3,11 @@ import unittest
 
 import torch
 
-from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests, no_round_trip_dims
+from torch_serial_testing import (
+    SerializationRoundTripTestCase,
+    instantiate_round_trip_tests,
+    no_round_trip_dims,
+)
 
 
 class TinyNet(torch.nn.Module):      # checkpointed classes live at module level

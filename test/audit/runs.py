@@ -12,7 +12,7 @@ from typing import Any, Optional
 from test.helpers.subprocess_env import child_env
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
-PLUGIN = "torch_serial_testing.audit.pytest_plugin"
+PLUGIN = "torch_serial_testing.tools.audit.pytest_plugin"
 
 
 def fixture_line(name: str, text: str) -> int:

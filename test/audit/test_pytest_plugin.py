@@ -67,10 +67,6 @@ class TestPluginCost(unittest.TestCase):
         self.assertNotIn("torch_serial_testing audit", proc.stdout)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
 class TestPluginInstalled(unittest.TestCase):
     """Both of setup.cfg's pytest11 entry points installed (as ``pip install`` does) and a plugin also named
     with ``-p`` (as in a source tree): pluggy refuses one module registered twice, so each plugin skips
@@ -99,8 +95,12 @@ class TestPluginInstalled(unittest.TestCase):
                 fh.write("def test_one():\n    pass\n")
             env = child_env(path_first=(tmp,))
             env.pop("PYTEST_ADDOPTS", None)
-            for extra in ([], ["-p", PLUGIN], ["-p", "torch_serial_testing.testing.pytest_plugin", "-p", PLUGIN]):
+            for extra in ([], ["-p", PLUGIN], ["-p", "torch_serial_testing.pytest_plugin", "-p", PLUGIN]):
                 cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *extra, "--help"]
                 proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
                 self.assertEqual(proc.returncode, 0, (extra, proc.stdout[-2000:], proc.stderr[-2000:]))
                 self.assertEqual(proc.stdout.count("--serial-audit=") + proc.stdout.count("--serial-audit "), 1, extra)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -26,10 +26,17 @@ import torch
 from torch_serial_testing import Checkpoint
 
 from torch_serial_testing.tools.cli import contract
-from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_CODES, EXIT_DANGEROUS, EXIT_OK, EXIT_USAGE, SCHEMA_VERSION
+from torch_serial_testing.tools.cli.contract import (
+    EXIT_ATTENTION,
+    EXIT_CODES,
+    EXIT_DANGEROUS,
+    EXIT_OK,
+    EXIT_USAGE,
+    SCHEMA_VERSION,
+)
 from torch_serial_testing.tools.cli.doctor import AUTOLOAD, ENV_VARS, WAIT_LIMIT
 from torch_serial_testing.tools.cli.inspection import MODES
-from torch_serial_testing import load as load_modes
+from torch_serial_testing import loading as load_modes
 from torch_serial_testing.registry import preserved_registry, torch_allowlist
 from torch_serial_testing.engines import override_qengine
 from torch_serial_testing.modes import torch_default_weights_only
@@ -456,7 +463,7 @@ class TestInspect(CLITestBase):
 
             # The library's own probes call torch's own load, captured by identity before the guards
             # go in (it never calls a replaced one); the Unpickler and pickle guards see every load.
-            from torch_serial_testing.torch_facts.serialization_state import genuine
+            from torch_serial_testing.serialization import genuine
             genuine("load")
             guarded_load = guard("torch.load", torch.serialization.load)
             torch.load = torch.serialization.load = guarded_load
@@ -464,7 +471,7 @@ class TestInspect(CLITestBase):
             wou.Unpickler.__init__ = guard("the weights-only Unpickler", wou.Unpickler.__init__, 1)
             pickle.load = guard("pickle.load", pickle.load)
             pickle.loads = guard("pickle.loads", pickle.loads)
-            from torch_serial_testing import cli
+            from torch_serial_testing.tools import cli
             results = {{}}
             for name, path in files.items():
                 out = io.StringIO()
@@ -530,7 +537,7 @@ class TestInspect(CLITestBase):
         proc = self.run_code(
             f"""
             import contextlib, io, json, os
-            from torch_serial_testing import cli
+            from torch_serial_testing.tools import cli
             results = {{}}
             for name, env in [("force", {{"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}}),
                               ("force_no", {{"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "yes"}}),
@@ -595,7 +602,7 @@ class TestTorchThatCannotBeAsked(CLITestBase):
                 raise OSError("the weights-only unpickler is broken here")
 
             wou.Unpickler.load = broken
-            from torch_serial_testing import cli
+            from torch_serial_testing.tools import cli
             results = {{}}
             for name, args in [("state_dict", ["inspect", {self.state_dict!r}, "--json"]),
                                ("seed", ["inspect", {self.seed!r}, "--json"]),
@@ -741,7 +748,7 @@ class TestDoctor(CLITestBase):
             import contextlib, io, json, sys
             import torch
             before = set(sys.modules)
-            from torch_serial_testing import cli
+            from torch_serial_testing.tools import cli
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 code = cli.main(["doctor", "--json"])

@@ -22,7 +22,7 @@ torch.utils.rename_privateuse1_backend("npu")
 module = types.ModuleType("torch.npu")
 module.is_available = lambda: True
 torch._register_device_module("npu", module)
-from torch.testing._internal import common_device_type as cdt  # tests may import it, the library never
+from torch.testing._internal import common_device_type as cdt  # pytorch's own filter
 
 class Base:
     device_type = "privateuse1"
@@ -73,7 +73,7 @@ def assert_filters_match_pytorch(
 ) -> None:
     """For every ONLY_FOR x EXCEPT_FOR pair of *values*: pytorch's ``filter_desired_device_types``
     over *bases* and our ``resolve_devices(declared)`` agree (both refuse, or both select the same)."""
-    from torch.testing._internal import common_device_type as cdt  # tests may import it, the library never
+    from torch.testing._internal import common_device_type as cdt  # pytorch's own filter
 
     for only in values:
         for excl in values:

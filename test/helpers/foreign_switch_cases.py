@@ -4,8 +4,9 @@ Not collected by itself (no ``test_`` prefix): ``test_foreign_engine_switches.py
 runs it in shuffled orders under unittest and pytest and checks every outcome.
 The pytorch-style helpers are re-expressed here with the same shape as pytorch's
 ``override_quantized_engine`` and ``override_cpu_allocator_for_qnnpack`` (whose
-exit unsets the allocator even when its own set failed); the library never
-imports ``torch.testing._internal``.
+exit unsets the allocator even when its own set failed); neither this file nor the
+library imports ``torch.testing._internal`` here (the library asks pytorch's device filter
+only about a privateuse1 backend, when a device filter is set).
 
 Expected outcomes (in every order): everything passes except
 ``test_leaves_allocator_qnnpack_*`` (fails: the body installed the mobile

@@ -1,4 +1,4 @@
-"""Shared pieces for the thread, interrupt and foreign-switch tests.
+"""Shared pieces for the thread and foreign-switch tests.
 
 ``Gate`` is a module whose ``__setstate__`` (which torch calls while loading, in
 every mode) runs a hook: tests use it to act *inside* a load, deterministically.
@@ -20,6 +20,7 @@ import torch
 from torch_serial_testing.errors import qualified_name
 from torch_serial_testing.declarations import normalize_safe_globals
 from torch_serial_testing import engines, modes as load_call, serialization as loader, registry
+from torch_serial_testing.tools import facts
 
 _hook: Optional[Callable[[], None]] = None
 
@@ -44,7 +45,7 @@ class LeakedGlobal:
 # set: needed where torch's allowlist lacks it (torch < 2.6)
 GATE_SAFE_GLOBALS = normalize_safe_globals([Gate, set])
 TORCH_DEFAULT_WO = load_call.torch_default_weights_only()[0]
-READS_FORCE_NO = load_call.torch_reads_force_no_weights_only()
+READS_FORCE_NO = facts.torch_reads_force_no_weights_only()
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """Other torch releases' weights-only behaviours, simulated on the torch that runs.
 
-The library learns torch's rules by asking it (``torch_serial_testing.torch_facts``), so a
+The library learns torch's rules by asking it (``torch_serial_testing.unpickler``), so a
 behaviour of another release is tested in two ways, neither reading any source text:
 
 * **rules objects** (:func:`simulated_rules`): this torch's probed ``UnpicklerRules`` with some
@@ -32,10 +32,9 @@ from unittest import mock
 import torch
 from torch import _weights_only_unpickler as wou
 
-from torch_serial_testing import prediction
-from torch_serial_testing import unpickler as walk_rules
-from torch_serial_testing import unpickler as records, unpickler
+from torch_serial_testing import checkpoint, prediction, unpickler
 from torch_serial_testing.probes import innermost_frame
+from torch_serial_testing.tools import facts
 from torch_serial_testing.unpickler import UnpicklerRules, unpickler_rules
 
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
@@ -52,7 +51,7 @@ def simulated_rules(**changes: Any) -> Iterator[UnpicklerRules]:
     (``dataclasses.replace``).  Checkpoints scanned inside keep that scan: use fresh ones."""
     rules = dataclasses.replace(unpickler_rules(), **changes)
     with (
-        mock.patch.object(walk_rules, "unpickler_rules", return_value=rules),
+        mock.patch.object(unpickler, "unpickler_rules", return_value=rules),
         mock.patch.object(prediction, "unpickler_rules", return_value=rules),
     ):
         yield rules
@@ -63,10 +62,11 @@ def simulated_rules(**changes: Any) -> Iterator[UnpicklerRules]:
 
 def forget_probes() -> None:
     """Clear the library's memos of what torch's unpickler does (they are keyed by the unpickler
-    anyway; cleared so that nothing learnt before a stand-in survives it)."""
+    anyway; cleared so that nothing learnt before a stand-in survives it), and the tools' memo of
+    what it does with a TorchScript archive."""
     unpickler._known.clear()
-    walk_rules._walk_rules.clear()
-    records._refusal.clear()
+    unpickler._walk_rules.clear()
+    facts._torchscript_refusal.clear()
 
 
 @contextmanager
@@ -387,7 +387,7 @@ def switch_reader(
             start = f.tell()
             head = f.read(4)
             f.seek(start)
-            if head == b"PK\x03\x04" and records.is_torchscript(torch._C.PyTorchFileReader(f)):
+            if head == b"PK\x03\x04" and unpickler.is_torchscript(torch._C.PyTorchFileReader(f)):
                 f.seek(start)
                 return torch.jit.load(f, map_location=map_location)
             f.seek(start)
@@ -401,22 +401,29 @@ def switch_reader(
 def load_standin(load: Callable[..., Any]) -> Iterator[None]:
     """``torch.serialization.load`` is *load* inside the block (the library's canary probes call
     it there); ``torch.load`` stays torch's.  The library calls only torch's own function, verified
-    by identity, so the stand-in also plays that part (:func:`as_genuine_load`)."""
-    records._refusal.clear()
+    by identity, so the stand-in also plays that part (:func:`as_genuine_load`).  What a TorchScript
+    archive meets is read into its scan (by the tools, :func:`~torch_serial_testing.tools.facts.torchscript_refusal`):
+    that memo is forgotten on both sides, and the scans of small checkpoints remembered outside the block
+    are set aside inside it (those made inside are dropped after it)."""
+    facts._torchscript_refusal.clear()
     try:
-        with mock.patch.object(torch.serialization, "load", load), as_genuine_load(load):
+        with (
+            mock.patch.object(torch.serialization, "load", load),
+            as_genuine_load(load),
+            mock.patch.dict(checkpoint._small_infos, clear=True),
+        ):
             yield
     finally:
-        records._refusal.clear()
+        facts._torchscript_refusal.clear()
 
 
 def as_genuine_load(load: Callable[..., Any]) -> Any:
     """Inside the block the library takes *load* (a function playing another torch's
-    ``torch.serialization.load``) for torch's own (``serialization_state.genuine``)."""
-    from torch_serial_testing import serialization as serialization_state
+    ``torch.serialization.load``) for torch's own (``serialization.genuine``)."""
+    from torch_serial_testing import serialization
 
-    entry = (load, load.__code__, load.__defaults__, serialization_state._kwdefaults(load))
-    return mock.patch.dict(serialization_state._genuine, {"load": entry})
+    kw = load.__kwdefaults__
+    return mock.patch.dict(serialization._genuine, {"load": (load, load.__code__, None if kw is None else dict(kw))})
 
 
 def torch_zip_of(data_pkl: bytes) -> bytes:

@@ -19,12 +19,11 @@ import tempfile
 import unittest
 from typing import Mapping, Optional
 
-
 from torch_serial_testing import Checkpoint, ConflictingEnvironmentError, LoadMode, predict
 from torch_serial_testing.declarations import normalize_safe_globals
 from torch_serial_testing.registry import torch_allowlist
-from torch_serial_testing.tools.facts import CANDIDATE_SPELLINGS, truthy_spellings
-from torch_serial_testing.modes import WeightsOnlySwitches, torch_default_weights_only
+from torch_serial_testing.modes import torch_default_weights_only
+from torch_serial_testing.tools.facts import CANDIDATE_SPELLINGS, WeightsOnlySwitches, truthy_spellings
 
 from test.helpers.roundtrip_fixtures import MODE_SKIPS, READS_FORCE_NO_WEIGHTS_ONLY, torch_sets
 from test.helpers import subprocess_env

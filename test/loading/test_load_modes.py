@@ -25,17 +25,15 @@ from test.helpers.roundtrip_fixtures import (
     default_outcome,
 )
 from test.helpers.other_torches import RaisingUnpickler, load_standin, switch_reader, unpickler_standin
-from torch_serial_testing import Checkpoint, LoadMode, predict
-from torch_serial_testing import load as load_modes
-from torch_serial_testing import prediction
-from torch_serial_testing import modes as load_call
-from torch_serial_testing.serialization import torch_load_replacement
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing import Checkpoint, LoadMode, loading, modes, predict, prediction
 from torch_serial_testing.declarations import normalize_safe_globals
-from torch_serial_testing.registry import preserved_registry
 from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
+from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.registry import preserved_registry
+from torch_serial_testing.serialization import torch_load_replacement
+from torch_serial_testing.tools.facts import WeightsOnlySwitches
 
-WO, NO_WO = load_call.FORCE_WO, load_call.FORCE_NO_WO
+WO, NO_WO = modes.FORCE_WO, modes.FORCE_NO_WO
 TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)  # TinyNet, and set where torch's allowlist lacks it
 
 
@@ -69,26 +67,24 @@ class TestSwitches(unittest.TestCase):
         for value in ["1", "y", "yes", "true", "Y", "YES", "True", "TRUE", "yEs"]:
             with self.subTest(value=value):
                 # as torch.load itself reads it (2.13 lower-cases, 2.6-2.12 compare as written)
-                self.assertIs(
-                    load_call.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only, torch_sets(WO, value)
-                )
+                self.assertIs(WeightsOnlySwitches.from_environ({WO: value}).force_weights_only, torch_sets(WO, value))
                 # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD counts only where torch reads it (torch >= 2.6).
                 self.assertIs(
-                    load_call.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only,
+                    WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only,
                     READS_FORCE_NO_WEIGHTS_ONLY and torch_sets(NO_WO, value),
                 )
         self.assertTrue(torch_sets(WO, "1") and torch_sets(WO, "true"))  # the probe sees the plain spellings
         for value in ["0", "", "false", "no", "n", "2", " 1", "on"]:
             with self.subTest(value=value):
-                self.assertFalse(load_call.WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
-                self.assertFalse(load_call.WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only)
+                self.assertFalse(WeightsOnlySwitches.from_environ({WO: value}).force_weights_only)
+                self.assertFalse(WeightsOnlySwitches.from_environ({NO_WO: value}).force_no_weights_only)
 
     def _predict(self, mode, environ):
         return predict(mode, Checkpoint.save(TinyNet()), TINY, environ=environ)
 
     def test_defaults(self):
         # The expectation is what a real bare torch.load does here (observed in roundtrip_fixtures).
-        self.assertEqual(load_call.torch_default_weights_only(), (DEFAULT_WEIGHTS_ONLY, DEFAULT_WHY))
+        self.assertEqual(modes.torch_default_weights_only(), (DEFAULT_WEIGHTS_ONLY, DEFAULT_WHY))
         exp = self._predict("default", {})
         missing = tuple(TINY_GLOBALS) if DEFAULT_WEIGHTS_ONLY else ()
         self.assertEqual(
@@ -147,16 +143,14 @@ class TestSwitches(unittest.TestCase):
             load_standin(switch_reader(reads_no=False, default=False)),
             mock.patch.object(torch, "__version__", "2.5.1"),
         ):
-            self.assertEqual(
-                load_call.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)")
-            )
+            self.assertEqual(modes.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)"))
         with load_standin(switch_reader(default=True)), mock.patch.object(torch, "__version__", "2.5.1"):
-            self.assertEqual(load_call.torch_default_weights_only(), (True, "since torch 2.6"))
+            self.assertEqual(modes.torch_default_weights_only(), (True, "since torch 2.6"))
         # a torch.load that cannot run without the function it calls: no default is guessed
         if hasattr(torch.serialization, "_default_to_weights_only"):
             with mock.patch.object(torch.serialization, "_default_to_weights_only", None), clean_env():
                 with self.assertRaisesRegex(ProbeFailed, "canary raised TypeError"):
-                    load_call.torch_default_weights_only()
+                    modes.torch_default_weights_only()
                 exp = self._predict("default", {})
                 self.assertFalse(exp.loads)
                 self.assertIn("canary raised TypeError", exp.unknown)
@@ -231,7 +225,7 @@ class TestRealTorchAgrees(unittest.TestCase):
             forgotten_predictions(),
         ):
             with self.assertRaisesRegex(UnexpectedLoadOutcome, "unexpected success"):
-                load_modes.load(ckpt, "default")
+                loading.load(ckpt, "default")
 
     def test_unexpected_rejection_fails(self):
         ckpt = Checkpoint.save(TinyNet())
@@ -241,7 +235,7 @@ class TestRealTorchAgrees(unittest.TestCase):
             forgotten_predictions(),
         ):
             with self.assertRaisesRegex(UnexpectedLoadOutcome, r"expected to load .*torch rejected it"):
-                load_modes.load(ckpt, "default")
+                loading.load(ckpt, "default")
 
     def test_replaced_torch_load_is_reported(self):
         real = torch.load
@@ -307,7 +301,7 @@ class TestRealTorchAgrees(unittest.TestCase):
 
     def test_load_takes_a_checkpoint(self):
         with self.assertRaisesRegex(TypeError, "Checkpoint.from_bytes"):
-            load_modes.load(b"bytes", "default")  # type: ignore[arg-type]
+            loading.load(b"bytes", "default")  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

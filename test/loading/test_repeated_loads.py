@@ -1,8 +1,10 @@
 """What one load remembers for the next, and what it must not: a test file loads the same module
 again and again, so a load reuses what nothing has changed since -- and re-reads all the rest."""
 
+import collections
 import gc
 import os
+import sys
 import types
 import unittest
 from unittest import mock
@@ -11,16 +13,13 @@ import torch
 
 import torch_serial_testing as tst
 from test.helpers.roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet, clean_env
-from torch_serial_testing import Checkpoint, LoadMode
-from torch_serial_testing import modes as decision
-from torch_serial_testing import modes as environ
-from torch_serial_testing import load as load_modes
-from torch_serial_testing import modes as switches
-from torch_serial_testing.registry import allowlisted
-from torch_serial_testing.declarations import as_safe_globals
+from torch_serial_testing import Checkpoint, LoadMode, loading, modes
+from torch_serial_testing.declarations import SafeGlobal, as_safe_globals, normalize_safe_globals
 from torch_serial_testing.errors import RoundTripConfigError
+from torch_serial_testing.registry import allowlisted
+from torch_serial_testing.tools.facts import WeightsOnlySwitches
 
-WO, NO_WO = switches.FORCE_WO, switches.FORCE_NO_WO
+WO, NO_WO = modes.FORCE_WO, modes.FORCE_NO_WO
 
 
 class TestSwitchValues(unittest.TestCase):
@@ -30,7 +29,7 @@ class TestSwitchValues(unittest.TestCase):
         for wo, no in [(None, None), ("1", None), (None, "yes"), ("", "0"), ("1", "1")]:
             env = {k: v for k, v in ((WO, wo), (NO_WO, no)) if v is not None}
             with self.subTest(env=env), clean_env(**env):
-                raw = switches.switch_values()
+                raw = modes.switch_values()
                 # Unset is None; a set value is its (platform-encoded) text, whatever it says.
                 self.assertEqual([v is None for v in raw], [wo is None, no is None])
                 decoded = [v.decode() if isinstance(v, bytes) else v for v in raw]
@@ -40,25 +39,14 @@ class TestSwitchValues(unittest.TestCase):
         # The values read once are decoded as os.environ decodes them (messages quote them).
         for value in ["1", "yes", "caf\u00e9", ""]:
             with self.subTest(value=value), clean_env(**{WO: value, NO_WO: value}):
-                raw = switches.WeightsOnlySwitches.from_environ().raw
+                raw = WeightsOnlySwitches.from_environ().raw
                 self.assertEqual(raw, {WO: value, NO_WO: value})
-                self.assertEqual(raw, switches.WeightsOnlySwitches.from_environ(dict(os.environ)).raw)
-
-    def test_stored_environ_only_for_os_environ(self):
-        self.assertIsNone(environ.stored_environ({WO: "1"}))
-        stored = environ.stored_environ(os.environ)
-        if stored is None:  # not CPython's os.environ: read through its public interface
-            return
-        data, encode, decode = stored
-        with clean_env(**{WO: "1"}):
-            self.assertIn(encode(WO), data)
-            self.assertEqual(decode(encode(WO)), WO)
-        self.assertNotIn(encode(WO), data)
+                self.assertEqual(raw, WeightsOnlySwitches.from_environ(dict(os.environ)).raw)
 
     def test_any_mapping(self):
-        self.assertEqual(switches.switch_values({WO: "y"}), ("y", None))
-        self.assertEqual(switches.switch_values({}), (None, None))
-        self.assertEqual(switches.switch_values({NO_WO: "true", "OTHER": "1"}), (None, "true"))
+        self.assertEqual(modes.switch_values({WO: "y"}), ("y", None))
+        self.assertEqual(modes.switch_values({}), (None, None))
+        self.assertEqual(modes.switch_values({NO_WO: "true", "OTHER": "1"}), (None, "true"))
 
 
 class TestDecisionFollowsTheEnvironment(unittest.TestCase):
@@ -82,10 +70,10 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
     def test_force_no_presence_is_observed(self):
         # Any value of TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD makes the load watch for torch's warning.
         with clean_env():
-            self.assertFalse(decision.decide(LoadMode.DEFAULT, None).force_no_set)
+            self.assertFalse(modes.decide(LoadMode.DEFAULT, None).force_no_set)
         with clean_env(**{NO_WO: ""}):
-            self.assertTrue(decision.decide(LoadMode.DEFAULT, None).force_no_set)
-        self.assertTrue(decision.decide(LoadMode.DEFAULT, {NO_WO: "0"}).force_no_set)
+            self.assertTrue(modes.decide(LoadMode.DEFAULT, None).force_no_set)
+        self.assertTrue(modes.decide(LoadMode.DEFAULT, {NO_WO: "0"}).force_no_set)
 
     def test_torch_load_replaced_between_loads(self):
         ckpt = Checkpoint.save({"t": torch.ones(2)})
@@ -124,24 +112,74 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
             self.assertEqual(tst.predict("default", ckpt), rejected)
 
 
-class TestDeclarationsRemembered(unittest.TestCase):
-    def test_same_tuple_same_entries(self):
-        declared = tuple(TINY_SAFE_GLOBALS)
-        self.assertIs(as_safe_globals(declared), as_safe_globals(declared))
-        self.assertEqual(as_safe_globals(tuple(declared)), as_safe_globals(declared))
+class Rebound:
+    """A class a module attribute may be rebound to another object of between loads."""
+
+
+#: The refusal of os.system, under the name it pickles by (posix.system, nt.system on Windows).
+SYSTEM = f"{os.system.__module__}.system"
+SYSTEM_REFUSED = f"refusing to allowlist {SYSTEM}: {SYSTEM} runs code or reaches the system when a pickle calls it"
+
+
+class TestDeclarationsReadEveryLoad(unittest.TestCase):
+    """Nothing of a declaration is remembered between loads: normalizing it is cheap, so each load
+    reads it afresh (the identity cache of accepted tuples is gone on purpose)."""
+
+    def test_same_declaration_same_entries(self):
+        self.assertIs(as_safe_globals, normalize_safe_globals)
+        declared = (TinyNet, "collections.OrderedDict")
+        first, second = as_safe_globals(declared), as_safe_globals(declared)
+        self.assertEqual(first, second)
+        self.assertEqual(
+            first,
+            (
+                SafeGlobal(TinyNet, "test.helpers.roundtrip_fixtures.TinyNet"),
+                SafeGlobal(collections.OrderedDict, "collections.OrderedDict"),
+            ),
+        )
+        # what the mixin hands every load (entries normalized at class creation) comes back equal
+        self.assertEqual(as_safe_globals(first), first)
+
+    def test_a_name_is_resolved_again_on_every_load(self):
+        # A tuple is not remembered by identity: the name resolves to what the module holds now.
+        declared = (f"{__name__}.Rebound",)
+        self.assertEqual(as_safe_globals(declared), (SafeGlobal(Rebound, f"{__name__}.Rebound"),))
+        other = type("Rebound", (), {"__module__": __name__, "__qualname__": "Rebound"})
+        with mock.patch.object(sys.modules[__name__], "Rebound", other):
+            self.assertEqual(as_safe_globals(declared), (SafeGlobal(other, f"{__name__}.Rebound"),))
+        self.assertEqual(as_safe_globals(declared), (SafeGlobal(Rebound, f"{__name__}.Rebound"),))
 
     def test_refused_tuple_refused_every_time(self):
         declared = (os.system,)
         for _ in range(3):
-            with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+            with self.assertRaises(RoundTripConfigError) as cm:
                 as_safe_globals(declared)
+            self.assertEqual(str(cm.exception), SYSTEM_REFUSED)
+
+    def test_normalized_entries_are_checked_again(self):
+        # An entry already in the normalized form is judged like any other.
+        with self.assertRaises(RoundTripConfigError) as cm:
+            as_safe_globals((SafeGlobal(os.system, SYSTEM),))
+        self.assertEqual(str(cm.exception), SYSTEM_REFUSED)
 
     def test_a_list_is_read_again(self):
         declared = [TinyNet]
-        as_safe_globals(declared)
+        self.assertEqual(as_safe_globals(declared), (SafeGlobal(TinyNet, "test.helpers.roundtrip_fixtures.TinyNet"),))
         declared.append(os.system)  # a list can change between loads: judged again
-        with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+        with self.assertRaises(RoundTripConfigError) as cm:
             as_safe_globals(declared)
+        self.assertEqual(str(cm.exception), SYSTEM_REFUSED)
+
+    def test_a_load_reads_the_declaration_it_is_given(self):
+        # Two loads of one checkpoint with one list, changed in between: the second load uses the change.
+        ckpt = Checkpoint.save(TinyNet())
+        declared = list(TINY_SAFE_GLOBALS)
+        with clean_env():
+            self.assertTrue(tst.load(ckpt, "safe_globals", declared).loaded)
+            declared.append(os.system)
+            with self.assertRaises(RoundTripConfigError) as cm:
+                tst.load(ckpt, "safe_globals", declared)
+        self.assertEqual(str(cm.exception), SYSTEM_REFUSED)
 
 
 class TestRejectionLeavesNoCycle(unittest.TestCase):
@@ -192,7 +230,7 @@ class TestRejectionLeavesNoCycle(unittest.TestCase):
         except RuntimeError:
             pass
         inner.__context__ = outer  # a cycle in the chain must not loop
-        load_modes._drop_tracebacks(outer)
+        loading._drop_tracebacks(outer)
         self.assertIsNone(outer.__traceback__)
         self.assertIsNone(inner.__traceback__)
         self.assertIs(outer.__cause__, inner)

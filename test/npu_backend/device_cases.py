@@ -27,7 +27,11 @@ from npu_backend import register
 
 register()
 
-from torch_serial_testing import SerializationRoundTripTestCase, UnexpectedLoadOutcome, instantiate_round_trip_tests
+from torch_serial_testing import (  # noqa: E402 - the backend must exist before instantiation
+    SerializationRoundTripTestCase,
+    UnexpectedLoadOutcome,
+    instantiate_round_trip_tests,
+)
 from test.helpers.device_filters import assert_filters_match_pytorch  # noqa: E402
 
 from test.helpers.roundtrip_fixtures import MODULE_SAFE_GLOBALS  # noqa: E402 - builtins.set where torch < 2.6 needs it

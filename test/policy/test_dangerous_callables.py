@@ -1,7 +1,12 @@
-"""Callables the denylist used to miss (issue 27.4): judged dangerous, saying why, and never admitted
-by ``UnsafeCallable``.  The class of the problem is covered: whole modules (the import machinery,
-``_imp``, ``_signal``, ``torch.utils.collect_env``, the datapipes decoders) by name, and any Python
-function whose code reaches pickle, files, processes, compilers or sockets by what it uses.
+"""Callables the denylist used to miss (issue 27.4): judged dangerous by the tools' trust policy, saying
+why, and never admitted there by ``UnsafeCallable``.  The class of the problem is covered: whole modules
+(the import machinery, ``_imp``, ``_signal``, ``torch.utils.collect_env``, the datapipes decoders) by
+name, and any Python function whose code reaches pickle, files, processes, compilers or sockets by what
+it uses.
+
+A test author's own declaration gets only the small check (issue 37): the known code-running callables
+among them are refused there too, the others are declarable as torch lets them be, and the tools' policy
+still refuses them in checkpoints from strangers.
 """
 
 from __future__ import annotations
@@ -19,12 +24,12 @@ import torch.utils.collect_env  # noqa: E402,F401
 import torch.utils.data.datapipes.utils.decoder as decoder  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import RoundTripConfigError, UnsafeCallable, dangerous_reason, judge_global
+from torch_serial_testing import RoundTripConfigError, UnsafeCallable
+from torch_serial_testing.declarations import SafeGlobal, normalize_safe_globals
 from torch_serial_testing.tools.cli.contract import EXIT_DANGEROUS
 from torch_serial_testing.tools.cli.inspection import inspect_report
-from torch_serial_testing.declarations import normalize_safe_globals
 from torch_serial_testing.tools.policy.snippet import refusal_notes
-from torch_serial_testing.tools.policy.trust import judge_name
+from torch_serial_testing.tools.policy.trust import dangerous_reason, judge_global, judge_name
 
 #: The review's samples and our own, by name: (name, what the reason must say).
 BY_NAME = {
@@ -50,6 +55,24 @@ BY_NAME = {
     "_lzma / _bz2 decompressors' modules": ("_bz2.BZ2Decompressor", "files"),
     "uuid's command runner": ("uuid._get_command_stdout", "runs commands"),
 }
+
+#: Those the small check on an author's declaration refuses too (known code-running modules and callables,
+#: by the declared name and by the object's own identity); the others only the tools' policy refuses.
+CODE_RUNNING_LABELS = frozenset(
+    {
+        "_write_atomic (file write)",
+        "_gcd_import",
+        "SourceFileLoader class",
+        "importlib._bootstrap",
+        "_imp.create_dynamic",
+        "_imp.exec_dynamic",
+        "_posixsubprocess.fork_exec",
+        "marshal.loads",
+        "_pickle.loads",
+        "_io.open",
+        "torch.serialization.load",
+    }
+)
 
 
 # -- Python functions no family names: refused for what their code reaches ---------------------------
@@ -122,16 +145,43 @@ class TestByName(unittest.TestCase):
                     self.assertEqual([d["name"] for d in r["dangerous"]], [name])
                     self.assertEqual(r["needs_opt_in"], [])
 
-    def test_unsafe_callable_never_admits_them(self) -> None:
+    def test_unsafe_callable_never_admits_them_in_the_tools(self) -> None:
         import importlib
 
+        for label, (name, why) in BY_NAME.items():
+            module, _, attr = name.rpartition(".")
+            obj = getattr(importlib.import_module(module), attr)
+            for given in (None, name):
+                with self.subTest(label, name=given):
+                    reason = judge_global(obj, given, opt_in=True)
+                    self.assertIsNotNone(reason)
+                    self.assertIn(why, reason)
+
+    def test_as_declarations_only_the_code_running_ones_are_refused(self) -> None:
+        import importlib
+
+        self.assertLess(CODE_RUNNING_LABELS, set(BY_NAME))
         for label, (name, _) in BY_NAME.items():
             module, _, attr = name.rpartition(".")
             obj = getattr(importlib.import_module(module), attr)
+            own = f"{obj.__module__}.{obj.__qualname__}"
             for target in (name, obj):
-                with self.subTest(label, target=type(target).__name__):
-                    with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
-                        normalize_safe_globals([UnsafeCallable(target, reason="I trust it")])
+                for entry in (UnsafeCallable(target, reason="I trust it"), target):
+                    with self.subTest(label, entry=repr(entry)[:60]):
+                        if label in CODE_RUNNING_LABELS:
+                            with self.assertRaisesRegex(
+                                RoundTripConfigError,
+                                "^refusing to allowlist .*: .* runs code or reaches the system when a pickle calls it$",
+                            ):
+                                normalize_safe_globals([entry])
+                            continue
+                        # the author's to trust, as torch lets them: declared as they wrote it
+                        (sg,) = normalize_safe_globals([entry])
+                        self.assertIs(sg.obj, obj)
+                        expected = (name, own != name) if target is name else (own, False)
+                        self.assertEqual((sg.name, sg.explicit_name), expected)
+                        reason = "I trust it" if isinstance(entry, UnsafeCallable) else None
+                        self.assertEqual(sg.unsafe_reason, reason)
 
     def test_review_samples_by_object(self) -> None:
         import _frozen_importlib
@@ -162,8 +212,12 @@ class TestByWhatTheyReach(unittest.TestCase):
                 self.assertIn(why, verdict.reason)
                 self.assertIn("UnsafeCallable", verdict.reason)
                 self.assertEqual(dangerous_reason(_name(func)), verdict.reason)
-                with self.assertRaisesRegex(RoundTripConfigError, "refuses it too"):
-                    normalize_safe_globals([UnsafeCallable(func, reason="trusted")])
+                self.assertIn("refuses it too", judge_global(func, opt_in=True) or "")
+                # the test author's own function: declarable (only the tools analyse what it reaches)
+                self.assertEqual(
+                    normalize_safe_globals([UnsafeCallable(func, reason="trusted")]),
+                    (SafeGlobal(func, _name(func), False, "trusted"),),
+                )
 
     def test_a_harmless_function_still_takes_the_opt_in(self) -> None:
         verdict = judge_name(_name(add))
@@ -178,8 +232,16 @@ class TestEveryCallableRefusalNamesTheEscapeHatch(unittest.TestCase):
         for obj in (add, len, torch.add, torch.nn.functional.relu):
             with self.subTest(obj=obj):
                 self.assertIn("UnsafeCallable", judge_global(obj) or "")
-                with self.assertRaisesRegex(RoundTripConfigError, "UnsafeCallable"):
-                    normalize_safe_globals([obj])
+                if obj is torch.add:  # pickled as torch._VariableFunctionsClass.add, which imports nothing
+                    with self.assertRaisesRegex(
+                        RoundTripConfigError,
+                        "^refusing to allowlist torch._VariableFunctionsClass.add: safe global "
+                        "'torch._VariableFunctionsClass.add' is not importable",
+                    ):
+                        normalize_safe_globals([obj])
+                    continue
+                # a plain function is declarable without UnsafeCallable (the tools ask for that form)
+                self.assertEqual(normalize_safe_globals([obj]), (SafeGlobal(obj, _name(obj)),))
         name = _name(add)
         self.assertIn(f"UnsafeCallable('{name}'", judge_name(name).reason)
         (note,) = refusal_notes([name])

@@ -15,13 +15,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import numpy as np  # noqa: E402  (torch imports numpy already)
 
-from torch_serial_testing import Checkpoint, SerializationRoundTripTestCase, UnsafeCallable, judge_global, required_globals
+from torch_serial_testing import Checkpoint, SerializationRoundTripTestCase, UnsafeCallable, required_globals
+from torch_serial_testing.declarations import normalize_safe_globals
+from torch_serial_testing.probes import Outcome, ProbeFailed
 from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_OK
 from torch_serial_testing.tools.cli.inspection import inspect_report
-from torch_serial_testing.declarations import normalize_safe_globals
-from torch_serial_testing.tools.policy.trust import judge_name
 from torch_serial_testing.tools.policy import remedies
-from torch_serial_testing.probes import Outcome, ProbeFailed
+from torch_serial_testing.tools.policy.trust import judge_global, judge_name
 
 from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 

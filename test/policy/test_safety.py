@@ -4,13 +4,17 @@ Every hostile checkpoint from ``hostile_checkpoints`` appends to a sentinel file
 if any of its code runs; the sentinel must never exist.  A subprocess first
 proves the payloads are live (a full unpickle *does* write the sentinel), so the
 absence of the sentinel here means something.  Broken bytes must give a clear
-:class:`CheckpointFormatError` (or the documented error), never a hang or crash.
+:class:`CheckpointFormatError` (or the documented error), never a hang or crash.  Both ways foreign
+bytes come in are driven: the core's ``Checkpoint`` (zip archives from memory; other formats are refused,
+naming the tools) and the tools' ``FileCheckpoint`` (every format torch reads, files too).
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import io
+import itertools
 import json
 import os
 import pickle
@@ -24,6 +28,7 @@ import unittest
 import uuid
 import warnings
 import zipfile
+from typing import Optional
 from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the project root
@@ -33,12 +38,28 @@ import torch  # noqa: E402
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 import torch_serial_testing as tst  # noqa: E402
-from torch_serial_testing import AllowlistError, Checkpoint, CheckpointFormatError, ExpectedRejection, LoadMode, RoundTripConfigError, SerializationRoundTripTestCase, UnsafeLoadRefused, dangerous_reason, required_globals, scan_checkpoint
-from torch_serial_testing.declarations import SafeGlobal, normalize_safe_globals
-from torch_serial_testing.modes import torch_default_weights_only
-from torch_serial_testing.serialization import torch_load_replacement
-from torch_serial_testing.unpickler import torchscript_refusal
-from torch_serial_testing.registry import torch_allowlist
+from torch_serial_testing import (  # noqa: E402
+    AllowlistError,
+    Checkpoint,
+    CheckpointFormatError,
+    ExpectedRejection,
+    LoadMode,
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    UnsafeLoadRefused,
+    required_globals,
+    scan_checkpoint,
+)
+from torch_serial_testing.declarations import SafeGlobal, normalize_safe_globals  # noqa: E402
+from torch_serial_testing.modes import torch_default_weights_only  # noqa: E402
+from torch_serial_testing.registry import torch_allowlist  # noqa: E402
+from torch_serial_testing.serialization import torch_load_replacement  # noqa: E402
+from torch_serial_testing.tools import FileCheckpoint  # noqa: E402
+from torch_serial_testing.tools import required_globals as tools_required_globals  # noqa: E402
+from torch_serial_testing.tools import scan_checkpoint as tools_scan_checkpoint  # noqa: E402
+from torch_serial_testing.tools.facts import torchscript_refusal  # noqa: E402
+from torch_serial_testing.tools.policy.snippet import refusal_notes, safe_globals_snippet  # noqa: E402
+from torch_serial_testing.tools.policy.trust import dangerous_reason  # noqa: E402
 
 from test.helpers.roundtrip_fixtures import READS_FORCE_NO_WEIGHTS_ONLY, SAFE_GLOBALS_SKIP, assert_mode_skips_here  # noqa: E402
 from test.helpers.subprocess_env import child_env  # noqa: E402
@@ -88,6 +109,26 @@ OPCODE_REJECTED = frozenset({"stack_global_protocol4", "stack_global_unresolved"
 TAR = frozenset({"legacy_tar_payload"})
 # Resolves to nothing even in a full unpickle (its point is the allowlisted-looking module).
 NOT_LIVE = frozenset({"forged_torch_utils_name"})
+# Formats before torch 1.6 (a legacy stream, a tar archive): the core reads the zip archives torch.save
+# writes, from memory, and refuses these naming the tools, whose FileCheckpoint reads every format.
+NOT_ZIP = frozenset({"legacy_cve_2025_32434", "legacy_sys_info_payload", "legacy_tar_payload"})
+#: How foreign bytes reach the library: the core's Checkpoint, the tools' FileCheckpoint.
+WRAPS = {"core": Checkpoint.from_bytes, "tools": FileCheckpoint.from_bytes}
+
+
+def not_zip_refusal(data: bytes) -> str:
+    """The core's exact refusal (a regex) of bytes that are not a zip archive."""
+    return "^" + re.escape(
+        f"not a zip archive (the first bytes are {data[:4]!r}): torch.save has written zip archives since "
+        "torch 1.6; read other formats (legacy streams, tar archives) and files with "
+        "torch_serial_testing.tools.scan_checkpoint"
+    )
+
+
+def core_reads(name: str, checkpoint: Checkpoint) -> bool:
+    """Whether *checkpoint* (of the payload *name*) is read, or refused by the core as not a zip archive."""
+    return isinstance(checkpoint, FileCheckpoint) or name not in NOT_ZIP
+
 
 # The sentinel's folder is named at import (the hostile payloads carry its path) but made only when
 # the module's tests start: collecting the suite writes nothing to the temporary directory.
@@ -205,21 +246,36 @@ class TestStaticScan(SentinelMixin, unittest.TestCase):
     def test_scan_names_the_dangerous_global(self) -> None:
         for name, data in HOSTILE.items():
             with self.subTest(name):
-                info = scan_checkpoint(data)
-                expected_format = "tar" if name in TAR else "legacy" if name.startswith("legacy_") else "zip"
+                info = tools_scan_checkpoint(data)
+                expected_format = "tar" if name in TAR else "legacy" if name in NOT_ZIP else "zip"
                 self.assertEqual(info.format, expected_format)
                 bad = H.DANGEROUS_GLOBALS[name]
                 self.assertIn(bad, info.globals)
-                self.assertEqual(info, Checkpoint.from_bytes(data).info)
-                self.assertEqual(info, scan_checkpoint(io.BytesIO(data)))
-                self.assertIn(bad, required_globals(data))
-                self.assertIn(bad, required_globals(Checkpoint.from_bytes(data)))
+                self.assertEqual(info, FileCheckpoint.from_bytes(data).info)
+                self.assertEqual(info, tools_scan_checkpoint(io.BytesIO(data)))
+                self.assertIn(bad, tools_required_globals(data))
+                self.assertIn(bad, tools_required_globals(FileCheckpoint.from_bytes(data)))
+                # the core: the same facts of a zip archive, else a refusal naming the tools
+                core = {
+                    "scan_checkpoint": lambda: scan_checkpoint(data),
+                    "info": lambda: Checkpoint.from_bytes(data).info,
+                    "required_globals": lambda: required_globals(data),
+                }
+                if name in NOT_ZIP:
+                    for label, call in core.items():
+                        with self.subTest(name, core=label):
+                            with self.assertRaisesRegex(CheckpointFormatError, not_zip_refusal(data)):
+                                call()
+                    continue
+                self.assertEqual(scan_checkpoint(data), info)
+                self.assertEqual(Checkpoint.from_bytes(data).info, info)
+                self.assertEqual(required_globals(data), tools_required_globals(data))
 
     def test_dangerous_reason_flags_every_payload(self) -> None:
         forged = {"forged_torch_utils_name"}  # harmless-looking by name: flagged only as not allowlisted
         for name, data in HOSTILE.items():
             with self.subTest(name):
-                flagged = [g for g in required_globals(data) if dangerous_reason(g)]
+                flagged = [g for g in tools_required_globals(data) if dangerous_reason(g)]
                 if name in forged:
                     self.assertEqual(flagged, [])
                     self.assertNotIn(H.DANGEROUS_GLOBALS[name], torch_allowlist())
@@ -231,10 +287,10 @@ class TestStaticScan(SentinelMixin, unittest.TestCase):
         # of it entirely, and refusal_notes says why, outside the code.
         for name, data in HOSTILE.items():
             with self.subTest(name):
-                needed = required_globals(data)
-                snippet = tst.safe_globals_snippet(needed)
+                needed = tools_required_globals(data)
+                snippet = safe_globals_snippet(needed)
                 context_line = next(l for l in snippet.splitlines() if "safe_globals([" in l)
-                notes = "\n".join(tst.refusal_notes(needed))
+                notes = "\n".join(refusal_notes(needed))
                 for g in needed:
                     if dangerous_reason(g):
                         self.assertIn(f"{g}: NOT suggested", notes)
@@ -242,7 +298,7 @@ class TestStaticScan(SentinelMixin, unittest.TestCase):
                 for g in needed:
                     if dangerous_reason(g):
                         self.assertNotIn(g.rsplit(".", 1)[-1], refs.split(", "), context_line)
-                if Checkpoint.from_bytes(data).info.weights_only_blocker:
+                if FileCheckpoint.from_bytes(data).info.weights_only_blocker:
                     # no allowlist makes it load (the str the payload REDUCEs with is a harmless class);
                     # inspect offers no snippet at all for it (test_cli)
                     continue
@@ -254,11 +310,15 @@ class TestStaticScan(SentinelMixin, unittest.TestCase):
 
 
 class TestLoadHelper(SentinelMixin, unittest.TestCase):
-    def assertRejectedWeightsOnly(self, name: str, data: bytes, mode: str) -> None:  # noqa: N802
-        checkpoint = Checkpoint.from_bytes(data)
+    def assertRejectedWeightsOnly(self, name: str, data: bytes, mode: str, via: str) -> None:  # noqa: N802
+        """A weights-only load of the payload *name*, wrapped *via* the core or the tools, never runs it."""
+        checkpoint = WRAPS[via](data)
         if assert_mode_skips_here(self, mode, lambda: tst.load(checkpoint, mode)):
             return  # a mode this torch cannot run (safe_globals before 2.5): skipped, nothing read
-        if name in TAR:
+        if not core_reads(name, checkpoint):
+            with self.assertRaisesRegex(CheckpointFormatError, not_zip_refusal(data)):
+                tst.load(checkpoint, mode)
+        elif name in TAR:
             with self.assertRaisesRegex(CheckpointFormatError, "legacy tar checkpoint"):
                 tst.load(checkpoint, mode)
         elif name in OPCODE_REJECTED:
@@ -284,23 +344,38 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
             tst.load(checkpoint, "default")
 
     def test_weights_only_modes_reject_every_payload(self) -> None:
-        for name, data in HOSTILE.items():
-            for mode in WEIGHTS_ONLY_MODES:
-                with self.subTest(name, mode=mode):
-                    self.assertRejectedWeightsOnly(name, data, mode)
-                    self.assertSentinelAbsent()
-            if "default" not in WEIGHTS_ONLY_MODES:
-                with self.subTest(name, mode="default"):
-                    self.assertDefaultRefused(Checkpoint.from_bytes(data))
-                    self.assertSentinelAbsent()
+        for via, wrap in WRAPS.items():
+            for name, data in HOSTILE.items():
+                for mode in WEIGHTS_ONLY_MODES:
+                    with self.subTest(name, mode=mode, via=via):
+                        self.assertRejectedWeightsOnly(name, data, mode, via)
+                        self.assertSentinelAbsent()
+                if "default" not in WEIGHTS_ONLY_MODES:
+                    with self.subTest(name, mode="default", via=via):
+                        self.assertDefaultRefused(wrap(data))
+                        self.assertSentinelAbsent()
 
     def test_weights_only_false_is_refused_for_foreign_bytes(self) -> None:
+        wraps = (
+            Checkpoint.from_bytes,
+            lambda d: Checkpoint.from_buffer(io.BytesIO(d)),
+            FileCheckpoint.from_bytes,
+            lambda d: FileCheckpoint.from_buffer(io.BytesIO(d)),
+        )
         for env in ({}, {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
+            with mock.patch.dict(os.environ, env):
+                # where the switch makes even this mode weights-only, the load is predicted (the bytes
+                # read) before it is refused: the core then refuses what is not a zip archive first
+                scans = tst.predict("weights_only_false", Checkpoint.from_bytes(HOSTILE["os_system"])).weights_only
             for name, data in HOSTILE.items():
-                for wrap in (Checkpoint.from_bytes, lambda d: Checkpoint.from_buffer(io.BytesIO(d))):
+                for wrap in wraps:
                     with self.subTest(name, env=env), mock.patch.dict(os.environ, env):
                         checkpoint = wrap(data)
                         self.assertFalse(checkpoint.owned)
+                        if scans and not core_reads(name, checkpoint):
+                            with self.assertRaisesRegex(CheckpointFormatError, not_zip_refusal(data)):
+                                tst.load(checkpoint, "weights_only_false")
+                            continue
                         with self.assertRaisesRegex(UnsafeLoadRefused, "did not just produce"):
                             tst.load(checkpoint, "weights_only_false")
                         with self.assertRaises(UnsafeLoadRefused):
@@ -310,7 +385,17 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
         path = os.path.join(_tmpdir, "hostile.pt")
         with open(path, "wb") as fh:
             fh.write(HOSTILE["posix_system"])
-        checkpoint = Checkpoint.from_buffer(path)
+        # the core reads bytes and buffers; a path is the tools' (FileCheckpoint)
+        with self.assertRaisesRegex(
+            TypeError,
+            rf"^Checkpoint.from_buffer takes bytes or a buffer, not the path '{re.escape(path)}': files are read "
+            r"by torch_serial_testing\.tools\.FileCheckpoint\.from_path\(path\)$",
+        ):
+            Checkpoint.from_buffer(path)
+        for checkpoint in (FileCheckpoint.from_path(path), FileCheckpoint.from_buffer(path)):
+            self.assertForeignFileNeverRuns(checkpoint)
+
+    def assertForeignFileNeverRuns(self, checkpoint: Checkpoint) -> None:  # noqa: N802
         self.assertFalse(checkpoint.owned)
         with self.assertRaises(UnsafeLoadRefused):
             tst.load(checkpoint, "weights_only_false")
@@ -332,12 +417,14 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
         )
         with mock.patch.dict(os.environ, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}):
             os.environ.pop("TORCH_FORCE_WEIGHTS_ONLY_LOAD", None)
-            for name, data in HOSTILE.items():
-                with self.subTest(name):
-                    with self.assertRaisesRegex(UnsafeLoadRefused, refusal):
-                        tst.load(Checkpoint.from_bytes(data), "default")
-                    # An explicit weights_only=True still wins over the switch.
-                    self.assertRejectedWeightsOnly(name, data, "safe_globals")
+            for via, wrap in WRAPS.items():
+                for name, data in HOSTILE.items():
+                    with self.subTest(name, via=via):
+                        # a full load of foreign bytes: refused before anything reads them
+                        with self.assertRaisesRegex(UnsafeLoadRefused, refusal):
+                            tst.load(wrap(data), "default")
+                        # An explicit weights_only=True still wins over the switch.
+                        self.assertRejectedWeightsOnly(name, data, "safe_globals", via)
             # Owned bytes load fully, and torch warns about the switch as predicted (where it reads it).
             module = _small_module()
             result = tst.load(Checkpoint.save(module), "default")
@@ -365,14 +452,18 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
 
     def assertDefaultModeNeverRuns(self, *names: str) -> None:  # noqa: N802
         """``default`` on each foreign payload: rejected weights-only, or refused where that is a full load."""
-        for name in names:
-            with self.subTest(name):
-                if TORCH_DEFAULT_WO:
-                    result = tst.load(Checkpoint.from_bytes(HOSTILE[name]), "default")
-                    self.assertFalse(result.loaded)
-                else:  # torch's own default is a full load here: refused before torch.load is called
-                    self.assertDefaultRefused(Checkpoint.from_bytes(HOSTILE[name]))
-                self.assertSentinelAbsent()
+        for via, wrap in WRAPS.items():
+            for name in names:
+                with self.subTest(name, via=via):
+                    checkpoint = wrap(HOSTILE[name])
+                    if not TORCH_DEFAULT_WO:  # torch's own default is a full load here: refused before torch.load
+                        self.assertDefaultRefused(checkpoint)
+                    elif not core_reads(name, checkpoint):
+                        with self.assertRaisesRegex(CheckpointFormatError, not_zip_refusal(HOSTILE[name])):
+                            tst.load(checkpoint, "default")
+                    else:
+                        self.assertFalse(tst.load(checkpoint, "default").loaded)
+                    self.assertSentinelAbsent()
 
     def test_environment_changed_during_load_cannot_disable_weights_only(self) -> None:
         """Another thread setting TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD after the prediction."""
@@ -387,19 +478,23 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
 
     def test_dangerous_safe_globals_are_refused_however_named(self) -> None:
         alias = H.torch_zip(H.proto(2) + H.call1(H.glob("mymod", "Safe"), H.ustr(f"echo alias >> {SENTINEL}")) + H.STOP)
+        # (declared, the name it is declared as, what it runs as): refused by the small check on declarations
         declarations = [
-            ["os.system"],
-            [os.system],
-            ["builtins.eval"],
-            [eval],
-            ["functools.partial"],
-            [(os.system, "mymod.Safe")],
-            [(eval, "mymod.Safe")],
-            [(subprocess.Popen, "mymod.Safe")],
+            (["os.system"], "os.system", "posix.system"),
+            ([os.system], "posix.system", "posix.system"),
+            (["builtins.eval"], "builtins.eval", "builtins.eval"),
+            ([eval], "builtins.eval", "builtins.eval"),
+            (["functools.partial"], "functools.partial", "functools.partial"),
+            ([(os.system, "mymod.Safe")], "mymod.Safe", "posix.system"),
+            ([(eval, "mymod.Safe")], "mymod.Safe", "builtins.eval"),
+            ([(subprocess.Popen, "mymod.Safe")], "mymod.Safe", "subprocess.Popen"),
+            ([(functools.partial(os.system), "mymod.Safe")], "mymod.Safe", "functools.partial"),
+            ([(open, "mymod.Safe")], "mymod.Safe", "io.open"),
         ]
-        for declared in declarations:
+        runs = "runs code or reaches the system when a pickle calls it"
+        for declared, name, runs_as in declarations:
             with self.subTest(declared=declared):
-                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                with self.assertRaisesRegex(RoundTripConfigError, f"^refusing to allowlist {name}: {runs_as} {runs}$"):
                     normalize_safe_globals(declared)
         for sg in (SafeGlobal(os.system, "mymod.Safe", True), SafeGlobal(os.system, "posix.system")):
             for mode in WEIGHTS_ONLY_MODES:
@@ -407,7 +502,9 @@ class TestLoadHelper(SentinelMixin, unittest.TestCase):
                     # A mode this torch cannot run skips first, before the declaration is looked at.
                     if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(alias), mode, [sg])):
                         continue
-                    with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist .*posix.system"):
+                    with self.assertRaisesRegex(
+                        RoundTripConfigError, f"^refusing to allowlist {sg.name}: posix.system {runs}$"
+                    ):
                         tst.load(Checkpoint.from_bytes(alias), mode, [sg])
         # Undeclared, the alias is just a missing global.
         if not assert_mode_skips_here(
@@ -424,54 +521,94 @@ class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.Tes
     """The mixin's load_checkpoint / round_trip with hostile input, every mode."""
 
     def test_load_checkpoint_default_mode(self) -> None:
-        for name, data in HOSTILE.items():
-            with self.subTest(name):
-                checkpoint = Checkpoint.from_bytes(data)
-                if not TORCH_DEFAULT_WO:  # a full load here (torch < 2.6): refused for foreign bytes
-                    with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
-                        self.load_checkpoint(checkpoint, mode="default")
-                elif name in TAR:
-                    with self.assertRaises(CheckpointFormatError):
-                        self.load_checkpoint(checkpoint, mode="default")
-                elif name in OPCODE_REJECTED:
-                    with self.assertRaisesRegex(
-                        ExpectedRejection, "opcode .* not supported by the weights-only unpickler"
-                    ):
-                        self.load_checkpoint(checkpoint, mode="default")
-                else:
-                    with self.assertRaisesRegex(ExpectedRejection, "^default: rejected as expected") as cm:
-                        self.load_checkpoint(checkpoint, mode=LoadMode.DEFAULT)
-                    self.assertIn(H.DANGEROUS_GLOBALS[name], cm.exception.summary)
+        for via, wrap in WRAPS.items():
+            for name, data in HOSTILE.items():
+                with self.subTest(name, via=via):
+                    checkpoint = wrap(data)
+                    if not TORCH_DEFAULT_WO:  # a full load here (torch < 2.6): refused for foreign bytes
+                        with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
+                            self.load_checkpoint(checkpoint, mode="default")
+                    elif not core_reads(name, checkpoint):
+                        with self.assertRaisesRegex(CheckpointFormatError, not_zip_refusal(data)):
+                            self.load_checkpoint(checkpoint, mode="default")
+                    elif name in TAR:
+                        with self.assertRaisesRegex(CheckpointFormatError, "^this is a legacy tar checkpoint"):
+                            self.load_checkpoint(checkpoint, mode="default")
+                    elif name in OPCODE_REJECTED:
+                        with self.assertRaisesRegex(
+                            ExpectedRejection, "opcode .* not supported by the weights-only unpickler"
+                        ):
+                            self.load_checkpoint(checkpoint, mode="default")
+                    else:
+                        with self.assertRaisesRegex(ExpectedRejection, "^default: rejected as expected") as cm:
+                            self.load_checkpoint(checkpoint, mode=LoadMode.DEFAULT)
+                        self.assertIn(H.DANGEROUS_GLOBALS[name], cm.exception.summary)
 
     def test_load_checkpoint_safe_globals_mode_names_what_is_missing(self) -> None:
-        for name, data in HOSTILE.items():
-            with self.subTest(name):
-                load = lambda: self.load_checkpoint(Checkpoint.from_bytes(data), mode="safe_globals")  # noqa: E731
-                if assert_mode_skips_here(self, "safe_globals", load):
-                    continue  # no safe_globals context: the mode skips before the declaration is judged
-                # a global no allowlist can make torch accept, or the declaration lacks
-                with self.assertRaisesRegex(
-                    AllowlistError, "misses|cannot load weights-only, whatever is allowlisted"
-                ) as cm:
-                    load()
-                self.assertIn(H.DANGEROUS_GLOBALS[name], str(cm.exception))
+        # Names a declaration may hold (these two resolve to nothing callable here): the paste-ready fix.
+        declarable = {"forged_torch_utils_name", "forged_torch_serialization_os"}
+        for via, wrap in WRAPS.items():
+            for name, data in HOSTILE.items():
+                with self.subTest(name, via=via):
+                    checkpoint = wrap(data)
+                    load = lambda: self.load_checkpoint(checkpoint, mode="safe_globals")  # noqa: E731
+                    if assert_mode_skips_here(self, "safe_globals", load):
+                        continue  # no safe_globals context: the mode skips before the declaration is judged
+                    if not core_reads(name, checkpoint):
+                        with self.assertRaisesRegex(CheckpointFormatError, not_zip_refusal(data)):
+                            load()
+                        continue
+                    if name in TAR:
+                        with self.assertRaisesRegex(CheckpointFormatError, "^this is a legacy tar checkpoint"):
+                            load()
+                        continue
+                    bad = H.DANGEROUS_GLOBALS[name]
+                    with self.assertRaises(AllowlistError) as cm:
+                        load()
+                    message = str(cm.exception)
+                    if FileCheckpoint.from_bytes(data).info.weights_only_blocker:
+                        # a global no allowlist can make torch accept (or an opcode it refuses)
+                        self.assertRegex(
+                            message,
+                            "^TestMixinPaths.safe_globals: this checkpoint cannot load weights-only, whatever is "
+                            f"allowlisted: .* \\(it also names (.*, )?{re.escape(bad)}(, .*)? beyond torch's allowlist\\)",
+                        )
+                        continue
+                    self.assertTrue(
+                        message.startswith(
+                            f"TestMixinPaths.safe_globals misses 1 global(s) the checkpoint needs: {bad}\n"
+                        ),
+                        message,
+                    )
+                    if name in declarable:
+                        self.assertIn("\nThe exact declaration (declare only what you trust):\n", message)
+                    else:  # a code-running global: no declaration is offered, none would be accepted
+                        self.assertIn(
+                            f"\nNo declaration can make this checkpoint load: {bad}: it runs code or reaches the system "
+                            "when a pickle calls it. Never declare it;",
+                            message,
+                        )
+                        self.assertNotIn("import", message)
 
     def test_load_checkpoint_weights_only_false_refused(self) -> None:
-        for name, data in HOSTILE.items():
-            with self.subTest(name):
-                with self.assertRaises(UnsafeLoadRefused):
-                    self.load_checkpoint(Checkpoint.from_bytes(data), mode="weights_only_false")
+        for via, wrap in WRAPS.items():
+            for name, data in HOSTILE.items():
+                with self.subTest(name, via=via):
+                    with self.assertRaisesRegex(UnsafeLoadRefused, "did not just produce"):
+                        self.load_checkpoint(wrap(data), mode="weights_only_false")
 
     def test_load_checkpoint_refuses_dangerous_declarations(self) -> None:
         data = HOSTILE["os_system"]
-        for declared in (
-            [os.system],
-            ["os.system"],
-            [(os.system, "os.system")],
-            [SafeGlobal(os.system, "os.system", True)],
+        runs = "posix.system runs code or reaches the system when a pickle calls it"
+        for declared, name in (
+            ([os.system], "posix.system"),
+            (["os.system"], "os.system"),
+            ([(os.system, "os.system")], "os.system"),
+            ([SafeGlobal(os.system, "os.system", True)], "os.system"),
+            ([SafeGlobal(os.system, "mymod.Safe", True)], "mymod.Safe"),
         ):
             with self.subTest(declared=declared):
-                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                with self.assertRaisesRegex(RoundTripConfigError, f"^refusing to allowlist {name}: {runs}$"):
                     self.load_checkpoint(Checkpoint.from_bytes(data), mode="safe_globals", safe_globals=declared)
 
     def test_round_trip_of_a_hostile_object_in_weights_only_modes(self) -> None:
@@ -483,13 +620,25 @@ class TestMixinPaths(SentinelMixin, SerializationRoundTripTestCase, unittest.Tes
             with self.assertRaisesRegex(ExpectedRejection, "default: rejected as expected .*posix.system"):
                 self.round_trip(payload, mode="default")
         if not assert_mode_skips_here(self, "safe_globals", lambda: self.round_trip(payload, mode="safe_globals")):
-            with self.assertRaisesRegex(AllowlistError, "posix.system"):
+            with self.assertRaisesRegex(
+                AllowlistError,
+                "^TestMixinPaths.safe_globals: this checkpoint cannot load weights-only, whatever is allowlisted: "
+                ".*posix.system",
+            ):
                 self.round_trip(payload, mode="safe_globals")
 
     def test_class_declaring_a_dangerous_global_fails_at_creation(self) -> None:
-        for declared in (("os.system",), (os.system,), ((os.system, "mymod.Safe"),), ("builtins.exec",)):
+        for declared, name, runs_as in (
+            (("os.system",), "os.system", "posix.system"),
+            ((os.system,), "posix.system", "posix.system"),
+            (((os.system, "mymod.Safe"),), "mymod.Safe", "posix.system"),
+            (("builtins.exec",), "builtins.exec", "builtins.exec"),
+        ):
             with self.subTest(declared=declared):
-                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                with self.assertRaisesRegex(
+                    RoundTripConfigError,
+                    f"^refusing to allowlist {name}: {runs_as} runs code or reaches the system when a pickle calls it$",
+                ):
                     type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": declared})
 
 
@@ -498,17 +647,26 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
     def setUpClass(cls) -> None:
         cls.good = Checkpoint.save({"w": torch.arange(4.0), "b": torch.ones(3)}).rewound().getvalue()
 
-    def assertFormatError(self, data: bytes, pattern: str) -> None:  # noqa: N802
-        """Every public entry point raises CheckpointFormatError matching *pattern*."""
+    def assertFormatError(self, data: bytes, pattern: str, core: Optional[str] = None) -> None:  # noqa: N802
+        """Every public entry point raises CheckpointFormatError matching *pattern*: the tools' (which read
+        every format) and the core's (which read zip archives; *core*: their pattern where it differs)."""
         entry_points = {
-            "scan_checkpoint": lambda: scan_checkpoint(data),
-            "required_globals": lambda: required_globals(data),
-            "info": lambda: Checkpoint.from_bytes(data).info,
-            "load default": lambda: tst.load(Checkpoint.from_bytes(data), "default"),
-            "load safe_globals": lambda: tst.load(Checkpoint.from_bytes(data), "safe_globals"),
+            "scan_checkpoint": (lambda: tools_scan_checkpoint(data), lambda: scan_checkpoint(data)),
+            "required_globals": (lambda: tools_required_globals(data), lambda: required_globals(data)),
+            "info": (lambda: FileCheckpoint.from_bytes(data).info, lambda: Checkpoint.from_bytes(data).info),
+            "load default": (
+                lambda: tst.load(FileCheckpoint.from_bytes(data), "default"),
+                lambda: tst.load(Checkpoint.from_bytes(data), "default"),
+            ),
+            "load safe_globals": (
+                lambda: tst.load(FileCheckpoint.from_bytes(data), "safe_globals"),
+                lambda: tst.load(Checkpoint.from_bytes(data), "safe_globals"),
+            ),
         }
-        for label, call in entry_points.items():
-            with self.subTest(label):
+        for (label, calls), via in itertools.product(entry_points.items(), ("tools", "core")):
+            call = calls[via == "core"]
+            expected = core if via == "core" and core is not None else pattern
+            with self.subTest(label, via=via):
                 if label == "load default" and not TORCH_DEFAULT_WO:
                     # A full load here (torch < 2.6): foreign bytes are refused before any scan.
                     with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
@@ -516,14 +674,15 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
                     continue
                 if label == "load safe_globals" and assert_mode_skips_here(self, "safe_globals", call):
                     continue  # torch < 2.5: the mode skips with its reason before any scan
-                with self.assertRaisesRegex(CheckpointFormatError, pattern):
+                with self.assertRaisesRegex(CheckpointFormatError, expected):
                     call()
 
     def test_truncated(self) -> None:
         n = len(self.good)
         for cut in (1, 2, 3):
             with self.subTest(cut=cut):
-                self.assertFormatError(self.good[:cut], r"not a torch checkpoint: the first bytes are")
+                data = self.good[:cut]
+                self.assertFormatError(data, r"not a torch checkpoint: the first bytes are", not_zip_refusal(data))
         for cut in (4, 30, 100, n // 2, n - 22, n - 1):
             with self.subTest(cut=cut):
                 self.assertFormatError(self.good[:cut], r"zip archive is truncated or its central directory is damaged")
@@ -544,29 +703,34 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         self.assertFormatError(b"", r"the checkpoint is empty \(0 bytes\)")
 
     def test_not_a_checkpoint(self) -> None:
-        self.assertFormatError(b"hello world", r"not a torch checkpoint")
-        self.assertFormatError(pickle.dumps({"a": 1}, protocol=2), r"no torch magic number")
-        self.assertFormatError(b"\x80\x02\x8a", r"pickle stream is truncated or damaged")
+        for data, pattern in (
+            (b"hello world", r"not a torch checkpoint"),
+            (pickle.dumps({"a": 1}, protocol=2), r"no torch magic number"),
+            (b"\x80\x02\x8a", r"pickle stream is truncated or damaged"),
+        ):
+            self.assertFormatError(data, pattern, not_zip_refusal(data))
 
-    def assertLoadRefusedInEveryMode(self, data: bytes, pattern: str) -> None:  # noqa: N802
-        """Weights-only modes: CheckpointFormatError (or the mode's skip); full loads: UnsafeLoadRefused."""
-        for mode in WEIGHTS_ONLY_MODES:
-            with self.subTest(mode):
-                if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(data), mode)):
-                    continue
-                with self.assertRaisesRegex(CheckpointFormatError, pattern):
-                    tst.load(Checkpoint.from_bytes(data), mode)
-        with self.assertRaises(UnsafeLoadRefused):
-            tst.load(Checkpoint.from_bytes(data), "weights_only_false")
-        if "default" not in WEIGHTS_ONLY_MODES:
-            with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
-                tst.load(Checkpoint.from_bytes(data), "default")
+    def assertLoadRefusedInEveryMode(self, data: bytes, pattern: str, core: str) -> None:  # noqa: N802
+        """Weights-only modes: CheckpointFormatError (or the mode's skip) matching *pattern* through the
+        tools' FileCheckpoint, *core* through the core's Checkpoint; full loads: UnsafeLoadRefused."""
+        for via, wrap in WRAPS.items():
+            for mode in WEIGHTS_ONLY_MODES:
+                with self.subTest(mode, via=via):
+                    if assert_mode_skips_here(self, mode, lambda: tst.load(wrap(data), mode)):
+                        continue
+                    with self.assertRaisesRegex(CheckpointFormatError, core if via == "core" else pattern):
+                        tst.load(wrap(data), mode)
+            with self.assertRaises(UnsafeLoadRefused):
+                tst.load(wrap(data), "weights_only_false")
+            if "default" not in WEIGHTS_ONLY_MODES:
+                with self.assertRaisesRegex(UnsafeLoadRefused, DEFAULT_REFUSAL):
+                    tst.load(wrap(data), "default")
 
     def test_legacy_tar_checkpoint(self) -> None:
         data = H.legacy_tar(pickle.dumps({"a": torch.Size([1])}, protocol=2))
-        self.assertEqual(scan_checkpoint(data).format, "tar")
-        self.assertEqual(required_globals(data), [])
-        self.assertLoadRefusedInEveryMode(data, "legacy tar checkpoint")
+        self.assertEqual(tools_scan_checkpoint(data).format, "tar")
+        self.assertEqual(tools_required_globals(data), [])
+        self.assertLoadRefusedInEveryMode(data, "^this is a legacy tar checkpoint", not_zip_refusal(data))
         no_pickle = io.BytesIO()
         import tarfile
 
@@ -576,7 +740,8 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
             info.size = len(raw)
             tar.addfile(info, io.BytesIO(raw))
         # torch reads 'storages' first, then 'tensors', then 'pickle'.
-        self.assertFormatError(no_pickle.getvalue(), "no 'storages' member: not a legacy torch checkpoint")
+        data = no_pickle.getvalue()
+        self.assertFormatError(data, "no 'storages' member: not a legacy torch checkpoint", not_zip_refusal(data))
 
     def test_torchscript_archive(self) -> None:
         buf = io.BytesIO()
@@ -586,9 +751,22 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
             )  # Deprecation- or FutureWarning
             torch.jit.save(torch.jit.script(torch.nn.ReLU()), buf)
         data = buf.getvalue()
-        self.assertEqual(scan_checkpoint(data).format, "torchscript")
+        self.assertEqual(tools_scan_checkpoint(data).format, "torchscript")
         with self.assertRaisesRegex(CheckpointFormatError, "TorchScript archive: load it with torch.jit.load"):
-            required_globals(data)
+            tools_required_globals(data)
+        # The core reads what torch.save writes, and names the reader of a TorchScript archive.
+        core = "^" + re.escape(
+            "this is a TorchScript archive (torch.jit.save wrote it): torch.load hands it to torch.jit.load; "
+            "read it with torch_serial_testing.tools.scan_checkpoint"
+        )
+        for label, call in (
+            ("scan_checkpoint", scan_checkpoint),
+            ("required_globals", required_globals),
+            ("info", lambda d: Checkpoint.from_bytes(d).info),
+        ):
+            with self.subTest(core=label):
+                with self.assertRaisesRegex(CheckpointFormatError, core):
+                    call(data)
         # What this torch does with the archive under weights_only=True (our own bytes: safe to try):
         # refuse it (torch >= 2.6), or hand it to torch.jit.load whatever weights_only says.
         try:
@@ -606,21 +784,27 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
             self.assertIn("TorchScript", torchscript_refusal())
             self.assertIn(torchscript_refusal(), refusal)
         if refused:
-            self.assertLoadRefusedInEveryMode(data, "TorchScript archive: load it with torch.jit.load")
+            self.assertLoadRefusedInEveryMode(data, "TorchScript archive: load it with torch.jit.load", core)
             return
-        # Every mode is then a full load of foreign bytes: refused before torch sees them, saying why.
-        for mode in WEIGHTS_ONLY_MODES:
-            with self.subTest(mode):
-                if assert_mode_skips_here(self, mode, lambda: tst.load(Checkpoint.from_bytes(data), mode)):
-                    continue
-                with self.assertRaisesRegex(
-                    UnsafeLoadRefused,
-                    r"^refusing a weights_only=False load \(weights_only=True .*; this torch hands TorchScript "
-                    r"archives to torch\.jit\.load whatever weights_only says\) of bytes this process did not",
-                ):
-                    tst.load(Checkpoint.from_bytes(data), mode)
-        with self.assertRaises(UnsafeLoadRefused):
-            tst.load(Checkpoint.from_bytes(data), "weights_only_false")
+        # Every mode is then a full load of foreign bytes: refused before torch sees them, saying why (the
+        # tools, which read the archive); the core refuses to read it at all, as above.
+        for via, wrap in WRAPS.items():
+            for mode in WEIGHTS_ONLY_MODES:
+                with self.subTest(mode, via=via):
+                    if assert_mode_skips_here(self, mode, lambda: tst.load(wrap(data), mode)):
+                        continue
+                    if via == "core":
+                        with self.assertRaisesRegex(CheckpointFormatError, core):
+                            tst.load(wrap(data), mode)
+                        continue
+                    with self.assertRaisesRegex(
+                        UnsafeLoadRefused,
+                        r"^refusing a weights_only=False load \(weights_only=True .*; this torch hands TorchScript "
+                        r"archives to torch\.jit\.load whatever weights_only says\) of bytes this process did not",
+                    ):
+                        tst.load(wrap(data), mode)
+            with self.assertRaises(UnsafeLoadRefused):
+                tst.load(wrap(data), "weights_only_false")
 
     def test_non_seekable_stream(self) -> None:
         r, w = os.pipe()
@@ -628,8 +812,15 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         os.close(w)
         with open(r, "rb", buffering=0) as stream:
             self.assertFalse(stream.seekable())
-            for call in (Checkpoint.from_buffer, scan_checkpoint, required_globals):
-                with self.subTest(call.__name__):
+            for call in (
+                Checkpoint.from_buffer,
+                scan_checkpoint,
+                required_globals,
+                FileCheckpoint.from_buffer,
+                tools_scan_checkpoint,
+                tools_required_globals,
+            ):
+                with self.subTest(f"{call.__module__}.{call.__qualname__}"):
                     with self.assertRaisesRegex(CheckpointFormatError, "not seekable .*io.BytesIO"):
                         call(stream)
 
@@ -638,8 +829,10 @@ class TestBrokenBytes(SentinelMixin, unittest.TestCase):
         with open(path, "wb") as fh:
             fh.write(self.good)
         with open(path, encoding="latin-1") as fh:
-            with self.assertRaisesRegex(TypeError, "text mode"):
-                Checkpoint.from_buffer(fh)
+            for call in (Checkpoint.from_buffer, FileCheckpoint.from_buffer):
+                with self.subTest(call.__qualname__):
+                    with self.assertRaisesRegex(TypeError, "text mode"):
+                        call(fh)
 
     def test_damaged_records_never_crash_the_interpreter(self) -> None:
         """Damaged storages and pickles inside a valid zip, loaded in a child process."""

@@ -171,7 +171,7 @@ class TestCannotTellIsDangerous(unittest.TestCase):
         code = textwrap.dedent(f"""
             import sys
             sys.path.insert(0, {self.tmp!r})
-            from torch_serial_testing import cli
+            from torch_serial_testing.tools import cli
             rc = cli.main(["inspect", {path!r}, "--json"])
             assert "tst_never_imported" not in sys.modules
             sys.exit(rc)
@@ -192,7 +192,7 @@ class TestCannotTellIsDangerous(unittest.TestCase):
         code = textwrap.dedent(f"""
             import json, sys
             sys.path.insert(0, {self.tmp!r})
-            from torch_serial_testing.cli.inspection import inspect_report
+            from torch_serial_testing.tools.cli.inspection import inspect_report
             r = inspect_report({path!r}, [], imports=["tst_lazy_pkg.sub"])
             print(json.dumps([r["status"], r["exit_code"], [d["reason"] for d in r["dangerous"]], r["unverified"]]))
         """)

@@ -1,8 +1,13 @@
 """Smuggled identities (issue #11.3): ``(obj, "harmless.Name")`` declarations.
 
-A declaration is accepted only when ``obj`` is a class and the name resolves, among
-modules already imported, to that very object; ``__qualname__``/``__module__`` are never
-taken on trust.  Every public way of declaring a global goes through the same check.
+The tools' trust policy (``judge_global``: what ``inspect``, ``audit`` and snippets use for bytes from
+strangers) accepts a global only when ``obj`` is a class and the name resolves, among modules already
+imported, to that very object; ``__qualname__``/``__module__`` are never taken on trust.
+
+A test author's declaration gets the small check only (issue 37), the same on every public way of
+declaring a global: modules and known code-running callables are refused, however they are named or
+wrapped (a ``functools.partial``, an ``operator.methodcaller``, a bound ``__call__``); an
+``(obj, 'module.Name')`` pair is otherwise taken as the author says, as torch takes it.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ class LooksLikeLinear:
 LooksLikeLinear.__module__, LooksLikeLinear.__qualname__ = "torch.nn", "Linear"
 
 
-#: (object, name) declarations that must be refused, by what each smuggles.
+#: (object, name) declarations the tools' policy must refuse, by what each smuggles.
 SMUGGLED = {
     "partial": (functools.partial(os.system, "echo pwned"), "harmless.Name"),
     "partial with forged names": (_forged(functools.partial(os.system, "x"), "torch.nn", "Linear"), "torch.nn.Linear"),
@@ -73,6 +78,21 @@ SMUGGLED = {
     "os.system under its own module name": (os.system, "torch.nn.Linear"),
 }
 
+#: The smuggled declarations the small check refuses too, and how (the others are the author's to trust).
+CODE_RUNNING = "runs code or reaches the system when a pickle calls it"
+MODULE = "a pickle names globals in modules, never a module itself"
+REFUSED_DECLARATIONS = {
+    "partial": f"^refusing to allowlist harmless.Name: functools.partial {CODE_RUNNING}$",
+    "partial with forged names": f"^refusing to allowlist torch.nn.Linear: functools.partial {CODE_RUNNING}$",
+    "methodcaller": f"^refusing to allowlist torch.nn.Linear: operator.methodcaller {CODE_RUNNING}$",
+    "attrgetter": f"^refusing to allowlist torch.Size: operator.attrgetter {CODE_RUNNING}$",
+    "bound __call__ of a builtin": f"^refusing to allowlist harmless.Name: posix.system {CODE_RUNNING}$",
+    "module": f"^refusing to allowlist mymod.Safe: it is the module 'os': {MODULE}$",
+    "torch submodule": f"^refusing to allowlist torch.nn: it is the module torch.nn: {MODULE}$",
+    "dangerous class under a harmless name": f"^refusing to allowlist torch.nn.Linear: subprocess.Popen {CODE_RUNNING}$",
+    "os.system under its own module name": f"^refusing to allowlist torch.nn.Linear: posix.system {CODE_RUNNING}$",
+}
+
 #: Declarations that must keep working: classes under a name that resolves to them.
 GENUINE = {
     "class": torch.nn.Linear,
@@ -93,36 +113,59 @@ class TestSmuggledIdentities(unittest.TestCase):
                 self.assertIsNotNone(reason)
                 self.assertIsNotNone(judge_global((obj, name)))
 
-    def test_declarations_are_refused_everywhere(self) -> None:
+    def test_declarations_are_judged_alike_everywhere(self) -> None:
+        self.assertLess(set(REFUSED_DECLARATIONS), set(SMUGGLED))
         for label, (obj, name) in SMUGGLED.items():
             entry = (obj, name)
+            refusal = REFUSED_DECLARATIONS.get(label)
+            declared = (SafeGlobal(obj, name, explicit_name=True),)
             with self.subTest(label, via="normalize_safe_globals"):
-                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
-                    normalize_safe_globals([entry])
+                if refusal:
+                    with self.assertRaisesRegex(RoundTripConfigError, refusal):
+                        normalize_safe_globals([entry])
+                else:  # taken as the author says, as torch takes an (obj, name) pair
+                    self.assertEqual(normalize_safe_globals([entry]), declared)
             with self.subTest(label, via="SafeGlobal"):
-                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
-                    as_safe_globals([SafeGlobal(obj, name, explicit_name=True)])
+                if refusal:
+                    with self.assertRaisesRegex(RoundTripConfigError, refusal):
+                        as_safe_globals([SafeGlobal(obj, name, explicit_name=True)])
+                else:
+                    self.assertEqual(as_safe_globals(list(declared)), declared)
             with self.subTest(label, via="class creation"):
-                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
-                    type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": (entry,)})
+                if refusal:
+                    with self.assertRaisesRegex(RoundTripConfigError, refusal):
+                        type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": (entry,)})
+                else:
+                    cls = type(
+                        "Trusted", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": (entry,)}
+                    )
+                    self.assertEqual(cls._tst_safe_globals, declared)
 
     def test_refusal_names_what_was_declared(self) -> None:
         with self.assertRaises(RoundTripConfigError) as cm:
             normalize_safe_globals([SMUGGLED["partial"]])
         self.assertIn("functools.partial", str(cm.exception))
-        with self.assertRaises(RoundTripConfigError) as cm:
-            normalize_safe_globals([SMUGGLED["class with forged qualname"]])
-        self.assertIn("resolves to a class, not to the declared object", str(cm.exception))
+        with self.assertRaises(RoundTripConfigError) as cm:  # its forged name, not a pair: checked by importing it
+            normalize_safe_globals([LooksLikeLinear])
+        self.assertEqual(
+            str(cm.exception),
+            "refusing to allowlist torch.nn.Linear: torch.nn.Linear resolves to another object: a pickle names it "
+            "by its module and qualified name, so declare it as (LooksLikeLinear, '<the name the checkpoint uses>')",
+        )
+        self.assertIn(
+            "resolves to a class, not to the declared object", judge_global(*SMUGGLED["class with forged qualname"])
+        )
         with self.assertRaises(RoundTripConfigError) as cm:
             normalize_safe_globals([SMUGGLED["bound __call__ of a builtin"]])
         self.assertIn("posix.system", str(cm.exception))
         with self.assertRaises(RoundTripConfigError) as cm:
             normalize_safe_globals([SMUGGLED["module"]])
-        self.assertIn("the module os", str(cm.exception))
+        self.assertIn("the module 'os'", str(cm.exception))
 
-    def test_tuple_names_are_imported_like_string_declarations(self) -> None:
-        # An author's (class, name) whose module is not imported yet is verified after importing
-        # it, as a 'module.Name' string declaration would be; the identity must still match.
+    def test_tuple_names_are_taken_as_the_author_says(self) -> None:
+        # An author's (class, name) is what torch matches: the name is neither imported nor resolved
+        # (a class pickled under an old module path); a 'module.Name' string is imported to find the
+        # object.  The tools' policy verifies the name against the object, among modules imported.
         import importlib
         import tempfile
 
@@ -136,21 +179,45 @@ class TestSmuggledIdentities(unittest.TestCase):
                 moved = importlib.import_module("tst_alias_home").Moved
                 self.assertNotIn("tst_alias_old", sys.modules)
                 (sg,) = normalize_safe_globals([(moved, "tst_alias_old.Moved")])
-                self.assertEqual((sg.obj, sg.name, sg.explicit_name), (moved, "tst_alias_old.Moved", True))
-                with self.assertRaisesRegex(RoundTripConfigError, "not to the declared object"):
-                    normalize_safe_globals([(torch.nn.Linear, "tst_alias_old.Moved")])
+                self.assertEqual(sg, SafeGlobal(moved, "tst_alias_old.Moved", True))
+                (sg,) = normalize_safe_globals([(torch.nn.Linear, "tst_alias_old.Moved")])
+                self.assertEqual(sg, SafeGlobal(torch.nn.Linear, "tst_alias_old.Moved", True))
+                self.assertNotIn("tst_alias_old", sys.modules)
+                self.assertRegex(judge_global(moved, "tst_alias_old.Moved"), "^cannot verify that tst_alias_old.Moved")
+                (sg,) = normalize_safe_globals(["tst_alias_old.Moved"])  # a string: imported
+                self.assertEqual(sg, SafeGlobal(moved, "tst_alias_old.Moved", True))
+                self.assertIsNone(judge_global(moved, "tst_alias_old.Moved"))
+                self.assertIn("not to the declared object", judge_global(torch.nn.Linear, "tst_alias_old.Moved"))
             finally:
                 sys.path.remove(tmp)
                 sys.modules.pop("tst_alias_home", None)
                 sys.modules.pop("tst_alias_old", None)
-        with self.assertRaisesRegex(RoundTripConfigError, "cannot verify"):
-            normalize_safe_globals([(torch.nn.Linear, "tst_no_such_module_anywhere.Linear")])
+        entry = (torch.nn.Linear, "tst_no_such_module_anywhere.Linear")
+        self.assertEqual(normalize_safe_globals([entry]), (SafeGlobal(*entry, True),))
+        self.assertRegex(judge_global(entry), "^cannot verify that tst_no_such_module_anywhere.Linear")
+        with self.assertRaisesRegex(
+            RoundTripConfigError,
+            "^safe global 'tst_no_such_module_anywhere.Linear' is not importable; fix the spelling",
+        ):
+            normalize_safe_globals(["tst_no_such_module_anywhere.Linear"])
 
     def test_plain_objects_without_names_are_refused(self) -> None:
-        for obj in (functools.partial(print), operator.methodcaller("x"), os, print.__call__, Callable()):
+        for obj in (functools.partial(print), operator.methodcaller("x"), print.__call__, Callable()):
             with self.subTest(obj=obj):
-                with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                self.assertIsNotNone(judge_global(obj))
+                with self.assertRaisesRegex(
+                    RoundTripConfigError,
+                    r"^refusing to allowlist .*: it has no __module__/__qualname__ of its own; declare a class or "
+                    r"function itself, a 'module.Name' string, or an \(object, 'module.Name'\) tuple$",
+                ):
                     normalize_safe_globals([obj])
+        # a module has no name of its own either, but the message says what it is
+        self.assertIsNotNone(judge_global(os))
+        with self.assertRaisesRegex(
+            RoundTripConfigError,
+            r"^refusing to allowlist 'os': it is the module 'os': a pickle names globals in modules, never a module itself$",
+        ):
+            normalize_safe_globals([os])
 
     def test_genuine_declarations_still_work(self) -> None:
         for label, entry in GENUINE.items():
@@ -184,11 +251,102 @@ class TestSmuggledIdentities(unittest.TestCase):
             data = H.torch_zip(
                 H.proto(2) + H.call1(H.glob("harmless", "Name"), H.ustr(f"echo x >> {sentinel}")) + H.STOP
             )
-            for obj in (functools.partial(os.system), os.system.__call__, operator.methodcaller("system")):
+            for obj, runs in (
+                (functools.partial(os.system), "functools.partial"),
+                (os.system.__call__, "posix.system"),
+                (operator.methodcaller("system"), "operator.methodcaller"),
+            ):
                 with self.subTest(obj=obj):
-                    with self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+                    with self.assertRaisesRegex(
+                        RoundTripConfigError, f"^refusing to allowlist harmless.Name: {runs} {CODE_RUNNING}$"
+                    ):
                         tst.load(Checkpoint.from_bytes(data), "safe_globals", [SafeGlobal(obj, "harmless.Name", True)])
             self.assertFalse(os.path.exists(sentinel))
+
+
+class TestTheDeclarationCheck(unittest.TestCase):
+    """The small check on a test author's own declarations (issue 37), next to the tools' verdicts."""
+
+    def test_torch_testing_two_tensor_is_declarable(self) -> None:
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        name = "torch.testing._internal.two_tensor.TwoTensor"
+        for entry in (TwoTensor, name):
+            with self.subTest(entry=entry):
+                self.assertEqual(normalize_safe_globals([entry]), (SafeGlobal(TwoTensor, name),))
+
+        class DeclaresTwoTensor(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (TwoTensor,)
+
+            def runTest(self) -> None:  # noqa: N802
+                pass
+
+        self.assertEqual(DeclaresTwoTensor._tst_safe_globals, (SafeGlobal(TwoTensor, name),))
+        # the tools, judging bytes from strangers, still refuse it (torch.testing runs code)
+        self.assertEqual(judge_global(TwoTensor), "torch.testing compiles, imports or runs code")
+        if SAFE_GLOBALS_SKIP:
+            return
+        probe = DeclaresTwoTensor()
+        probe.setUp()
+        try:
+            loaded = probe.round_trip(TwoTensor(torch.ones(2), torch.zeros(2)), mode="safe_globals")
+        finally:
+            probe.doCleanups()
+        self.assertIs(type(loaded), TwoTensor)
+        self.assertEqual((loaded.a.tolist(), loaded.b.tolist()), ([1.0, 1.0], [0.0, 0.0]))
+
+    def test_a_plain_function_is_declarable_without_unsafe_callable(self) -> None:
+        name = f"{__name__}._function"
+        for entry in (_function, name):
+            with self.subTest(entry=entry):
+                self.assertEqual(normalize_safe_globals([entry]), (SafeGlobal(_function, name),))
+        self.assertIn("only UnsafeCallable", judge_global(_function) or "")  # the tools ask for the opt-in
+
+    def test_code_running_callables_under_a_harmless_name_are_refused(self) -> None:
+        for obj, runs in ((os.system, "posix.system"), (eval, "builtins.eval"), (exec, "builtins.exec")):
+            for entry in ((obj, "mymod.Safe"), SafeGlobal(obj, "mymod.Safe", True)):
+                with self.subTest(entry=entry):
+                    with self.assertRaisesRegex(
+                        RoundTripConfigError, f"^refusing to allowlist mymod.Safe: {runs} {CODE_RUNNING}$"
+                    ):
+                        normalize_safe_globals([entry])
+
+    def test_code_running_objects_are_refused_by_their_own_identity(self) -> None:
+        # declared as objects, these carry a module and qualified name other than the public one the
+        # check lists (builtins.open is io.open; importlib._bootstrap is _frozen_importlib ...)
+        import importlib._bootstrap
+
+        for obj, own in (
+            (open, "io.open"),
+            (torch.jit.load, "torch.jit._serialization.load"),
+            (torch.package.PackageImporter, "torch.package.package_importer.PackageImporter"),
+            (importlib._bootstrap._gcd_import, "_frozen_importlib._gcd_import"),
+        ):
+            for entry in (obj, (obj, "mymod.Safe")):
+                with self.subTest(entry=entry):
+                    declared = own if entry is obj else "mymod.Safe"
+                    with self.assertRaisesRegex(
+                        RoundTripConfigError, f"^refusing to allowlist {declared}: {own} {CODE_RUNNING}$"
+                    ):
+                        normalize_safe_globals([entry])
+                    self.assertIsNotNone(judge_global(obj))
+
+    def test_function_local_classes_are_refused(self) -> None:
+        class Local:
+            pass
+
+        with self.assertRaisesRegex(
+            RoundTripConfigError,
+            r"^refusing to allowlist '.*<locals>.Local': safe global '.*<locals>.Local' is not a dotted Python "
+            r"name \(part '<locals>' is not a Python identifier\)",
+        ):
+            normalize_safe_globals([Local])
+        with self.assertRaisesRegex(
+            RoundTripConfigError,
+            r"^DeclaresLocal.safe_globals lists .*<locals>.Local, which is not importable: .* is defined inside a "
+            r"function \('<locals>' in its name\)",
+        ):
+            type("DeclaresLocal", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": (Local,)})
 
 
 if __name__ == "__main__":

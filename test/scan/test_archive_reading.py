@@ -25,7 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 
 from torch_serial_testing import Checkpoint, CheckpointFormatError, predict, scan_checkpoint
-from torch_serial_testing.checkpoint import scan_limits
+from torch_serial_testing.model import scan_limits
+from torch_serial_testing.tools import FileCheckpoint
+from torch_serial_testing.tools import scan_checkpoint as tools_scan_checkpoint
 
 GOOD = pickle.dumps({"a": 1}, protocol=2)
 EVIL = pickle.dumps(__import__("collections").deque([1]), protocol=2)  # names collections.deque
@@ -70,11 +72,14 @@ def records(data_pkl_entries: list[tuple[str, bytes]]) -> list[tuple[str, bytes]
 class AgreesWithTorch:
     """Mixin: the library's view of crafted bytes against torch's own load."""
 
+    #: How the bytes are wrapped: the core reads zip archives from memory; older formats are the tools'.
+    wrap = staticmethod(Checkpoint.from_bytes)
+
     def assertAgreesWithTorch(self, data: bytes) -> None:  # noqa: N802
         """predict() (or a CheckpointFormatError) matches what torch's weights-only load does."""
         loaded, message = torch_weights_only(data)
         try:
-            exp = predict("safe_globals", Checkpoint.from_bytes(data))
+            exp = predict("safe_globals", self.wrap(data))
         except CheckpointFormatError as e:
             self.assertFalse(loaded, f"the scan refused bytes torch loads: {e}")
             return
@@ -138,10 +143,25 @@ class ArchiveDifferential(AgreesWithTorch, unittest.TestCase):
             # DeprecationWarning on torch 2.13, FutureWarning on 2.15: matched by message only
             warnings.filterwarnings("ignore", r".*torch\.jit\.\w+` is deprecated")
             torch.jit.save(torch.jit.script(torch.nn.ReLU()), buf)
-        info = scan_checkpoint(buf.getvalue())
+        data = buf.getvalue()
+        # The core reads what torch.save writes; it names the reader of a TorchScript archive.
+        refusal = (
+            "this is a TorchScript archive (torch.jit.save wrote it): torch.load hands it to torch.jit.load; "
+            "read it with torch_serial_testing.tools.scan_checkpoint"
+        )
+        for label, call in (
+            ("scan_checkpoint", lambda: scan_checkpoint(data)),
+            ("predict", lambda: predict("safe_globals", Checkpoint.from_bytes(data))),
+        ):
+            with self.subTest(core=label):
+                with self.assertRaises(CheckpointFormatError) as cm:
+                    call()
+                self.assertEqual(str(cm.exception), refusal)
+        # The tools read it as torch.load does.
+        info = tools_scan_checkpoint(data)
         self.assertEqual(info.format, "torchscript")
-        exp = predict("safe_globals", Checkpoint.from_bytes(buf.getvalue()))
-        loaded, message = torch_weights_only(buf.getvalue())
+        exp = predict("safe_globals", FileCheckpoint.from_bytes(data))
+        loaded, message = torch_weights_only(data)
         if TORCH_REFUSES_TORCHSCRIPT:
             self.assertIn("Cannot use ``weights_only=True`` with TorchScript archives", info.weights_only_blocker)
             self.assertFalse(exp.loads)
@@ -190,13 +210,36 @@ class ArchiveDifferential(AgreesWithTorch, unittest.TestCase):
 
 
 class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
+    """Formats before torch 1.6: read by the tools (``FileCheckpoint``, ``tools.scan_checkpoint``)."""
+
+    wrap = staticmethod(FileCheckpoint.from_bytes)
+
+    def test_the_core_refuses_them_naming_the_tools(self) -> None:
+        buf = io.BytesIO()
+        torch.save({"a": 1}, buf, _use_new_zipfile_serialization=False)
+        tar = self.tar_of({"storages": b"", "tensors": b"", "pickle": b""})
+        for label, data in (("legacy", buf.getvalue()), ("tar", tar)):
+            for how, call in (
+                ("scan_checkpoint", scan_checkpoint),
+                ("predict", lambda d: predict("safe_globals", Checkpoint.from_bytes(d))),
+            ):
+                with self.subTest(label, core=how):
+                    with self.assertRaises(CheckpointFormatError) as cm:
+                        call(data)
+                    self.assertEqual(
+                        str(cm.exception),
+                        f"not a zip archive (the first bytes are {data[:4]!r}): torch.save has written zip "
+                        "archives since torch 1.6; read other formats (legacy streams, tar archives) and files "
+                        "with torch_serial_testing.tools.scan_checkpoint",
+                    )
+
     def test_legacy_protocols_0_to_5_are_torch_checkpoints(self) -> None:
         for proto in range(6):
             for obj in ({"t": torch.ones(2)}, {"a": 1, "b": [1, 2]}):
                 buf = io.BytesIO()
                 torch.save(obj, buf, pickle_protocol=proto, _use_new_zipfile_serialization=False)
                 with self.subTest(proto=proto, keys=sorted(obj)):
-                    info = scan_checkpoint(buf.getvalue())
+                    info = tools_scan_checkpoint(buf.getvalue())
                     self.assertEqual(info.format, "legacy")
                     self.assertAgreesWithTorch(buf.getvalue())
                     if proto < 2:  # the magic number itself is a LONG: "Unsupported operand 76"
@@ -205,16 +248,16 @@ class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
     def test_every_legacy_pickle_is_scanned(self) -> None:
         sys_info = H.glob("collections", "deque") + b")R."  # collections.deque() as sys_info
         data = H.legacy_stream(pickle.dumps({"a": 1}, protocol=2), b"\x80\x02" + sys_info)
-        info = scan_checkpoint(data)
+        info = tools_scan_checkpoint(data)
         self.assertIn(EVIL_NAME, info.globals)
         self.assertAgreesWithTorch(data)
 
     def test_wrong_magic_or_protocol_version(self) -> None:
         with self.assertRaisesRegex(CheckpointFormatError, "no torch magic number"):
-            scan_checkpoint(pickle.dumps(12345, protocol=2) + pickle.dumps(1001, protocol=2))
+            tools_scan_checkpoint(pickle.dumps(12345, protocol=2) + pickle.dumps(1001, protocol=2))
         bad_version = pickle.dumps(H.LEGACY_MAGIC, protocol=2) + pickle.dumps(1000, protocol=2)
         with self.assertRaisesRegex(CheckpointFormatError, "protocol version"):
-            scan_checkpoint(bad_version)
+            tools_scan_checkpoint(bad_version)
 
     def tar_of(self, members: dict[str, bytes], sparse: frozenset[str] = frozenset()) -> bytes:
         out = io.BytesIO()
@@ -241,7 +284,7 @@ class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
         )
         tensors = pickle.dumps(0, protocol=2)
         data = self.tar_of({"storages": storages, "tensors": tensors, "pickle": pickle.dumps({}, protocol=2)})
-        info = scan_checkpoint(data)
+        info = tools_scan_checkpoint(data)
         self.assertEqual(info.format, "tar")
         self.assertIn(EVIL_NAME, info.full_load_globals)
         self.assertIn("torch.FloatStorage", info.full_load_globals)
@@ -254,7 +297,7 @@ class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
             "pickle": pickle.dumps({}, protocol=2),
         }
         with self.assertRaisesRegex(CheckpointFormatError, "GNU sparse"):
-            scan_checkpoint(self.tar_of(members, sparse=frozenset({"storages"})))
+            tools_scan_checkpoint(self.tar_of(members, sparse=frozenset({"storages"})))
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w:") as tar:
             link = tarfile.TarInfo("storages")
@@ -262,11 +305,7 @@ class LegacyAndTar(AgreesWithTorch, unittest.TestCase):
             link.linkname = "/etc/passwd"
             tar.addfile(link)
         with self.assertRaisesRegex(CheckpointFormatError, "not a regular file"):
-            scan_checkpoint(out.getvalue())
-
-
-if __name__ == "__main__":
-    unittest.main()
+            tools_scan_checkpoint(out.getvalue())
 
 
 class Alpha:
@@ -311,3 +350,7 @@ class TestRememberedScans(unittest.TestCase):
         finally:
             ck._small_infos.clear()
             ck._small_infos.update(saved_cache)
+
+
+if __name__ == "__main__":
+    unittest.main()

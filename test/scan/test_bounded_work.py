@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 from torch_serial_testing import CheckpointFormatError, scan_checkpoint
 from torch_serial_testing.tools.cli import main
-from torch_serial_testing.checkpoint import ScanLimits, scan_limits
+from torch_serial_testing.model import ScanLimits, scan_limits
 
 OBJ = H.glob("mymod", "Y") + b")\x81q\x00}q\x010"  # an object, a dict state in memo 1
 

@@ -25,10 +25,12 @@ import torch
 from test.helpers.other_torches import load_standin, switch_reader
 from test.helpers.roundtrip_fixtures import TinyNet
 from torch_serial_testing import Checkpoint, CheckpointInfo, load, predict, required_globals
+from torch_serial_testing import modes as load_call
 from torch_serial_testing.errors import CheckpointFormatError, RoundTripConfigError
 from torch_serial_testing.prediction import declared_names
-from torch_serial_testing import modes as load_call
 from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.tools import facts
+from torch_serial_testing.tools import required_globals as tools_required_globals
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from tools.differential import corpus, corpus_classes, oracle, worker  # noqa: E402
@@ -73,9 +75,9 @@ def _both_refused_by_torch() -> bool:
 
 class TestSwitchReadings(unittest.TestCase):
     def test_running_torch_is_asked(self) -> None:
-        found, _any_case, _strips = load_call.truthy_spellings(WO)
+        found, _any_case, _strips = facts.truthy_spellings(WO)
         self.assertTrue({"1", "y", "yes", "true"} <= set(found))
-        self.assertEqual(list(found), [s for s in load_call.CANDIDATE_SPELLINGS if _forced_weights_only_by_torch(s)])
+        self.assertEqual(list(found), [s for s in facts.CANDIDATE_SPELLINGS if _forced_weights_only_by_torch(s)])
 
     def test_predicted_truthiness_matches_a_real_load(self) -> None:
         for value in ("1", "Y", "true", "TRUE", "YES", "yes ", " 1", "on", "0", ""):
@@ -90,12 +92,12 @@ class TestSwitchReadings(unittest.TestCase):
                 self.assertTrue(load_call.is_truthy("true", name))
                 self.assertFalse(load_call.is_truthy("TRUE", name))
                 self.assertFalse(load_call.is_truthy("Y", name))
-            self.assertIn("case-sensitive", load_call.describe_spellings(WO))
-            self.assertTrue(load_call.torch_reads_force_no_weights_only())
+            self.assertIn("case-sensitive", facts.describe_spellings(WO))
+            self.assertTrue(facts.torch_reads_force_no_weights_only())
 
     def test_prediction_on_a_torch_28_like_reading(self) -> None:
         with load_standin(switch_reader(**TORCH_28_LIKE)):
-            switches = load_call.WeightsOnlySwitches.from_environ({WO: "TRUE", NO: "yes"})
+            switches = facts.WeightsOnlySwitches.from_environ({WO: "TRUE", NO: "yes"})
             self.assertEqual((switches.force_weights_only, switches.force_no_weights_only), (False, True))
             exp = predict("weights_only_false", Checkpoint.save(TinyNet()), environ={WO: "TRUE"})
             self.assertEqual((exp.weights_only, exp.loads), (False, True))
@@ -116,8 +118,8 @@ class TestSwitchReadings(unittest.TestCase):
         with load_standin(switch_reader(**TORCH_25_LIKE)):
             self.assertTrue(load_call.is_truthy("Yes", WO))
             self.assertFalse(load_call.is_truthy("1", NO))
-            self.assertFalse(load_call.torch_reads_force_no_weights_only())
-            self.assertFalse(load_call.WeightsOnlySwitches.from_environ({WO: "1", NO: "1"}).conflict)
+            self.assertFalse(facts.torch_reads_force_no_weights_only())
+            self.assertFalse(facts.WeightsOnlySwitches.from_environ({WO: "1", NO: "1"}).conflict)
 
     def test_without_an_answer_nothing_is_decided(self) -> None:
         # Formerly, without torch's source, the version decided which switches it reads; now a
@@ -127,14 +129,12 @@ class TestSwitchReadings(unittest.TestCase):
 
         with load_standin(broken), mock.patch.object(torch, "__version__", "2.5.1"):
             with self.assertRaisesRegex(ProbeFailed, "canary raised OSError"):
-                load_call.torch_reads_force_no_weights_only()
+                facts.torch_reads_force_no_weights_only()
             exp = predict("default", Checkpoint.save(TinyNet()), environ={NO: "1"})
             self.assertIn("canary raised OSError: no torch.serialization.load here", exp.unknown)
         # Asked of torch again: the second switch exactly where this torch's load reads it (>= 2.6).
-        self.assertEqual(load_call.torch_reads_force_no_weights_only(), _both_refused_by_torch())
-        self.assertEqual(
-            load_call.WeightsOnlySwitches.from_environ({WO: "1", NO: "1"}).conflict, _both_refused_by_torch()
-        )
+        self.assertEqual(facts.torch_reads_force_no_weights_only(), _both_refused_by_torch())
+        self.assertEqual(facts.WeightsOnlySwitches.from_environ({WO: "1", NO: "1"}).conflict, _both_refused_by_torch())
 
 
 class TestPredictArguments(unittest.TestCase):
@@ -198,6 +198,12 @@ class TestPredictArguments(unittest.TestCase):
 
 
 class TestRequiredGlobalsForms(unittest.TestCase):
+    #: A file given to the core's required_globals: the tools read files.
+    FILE_REFUSAL = (
+        "required_globals({!r}): a file is read by torch_serial_testing.tools.required_globals(path); "
+        "to get the globals of the str object itself, call required_globals(obj=...)"
+    )
+
     def test_keywords_say_what_is_meant(self) -> None:
         data = Checkpoint.save(TinyNet()).rewound().getvalue()
         expected = required_globals(TinyNet())
@@ -210,23 +216,43 @@ class TestRequiredGlobalsForms(unittest.TestCase):
             path = os.path.join(d, "ckpt.pt")
             with open(path, "wb") as fh:
                 fh.write(data)
-            self.assertEqual(required_globals(path=path), expected)
-            self.assertEqual(required_globals(path), expected)  # positional str: a path (back-compat)
+            self.assertEqual(tools_required_globals(path), expected)  # files: the tools' reader
             self.assertEqual(required_globals(obj=path), required_globals(obj="x"))
-            with self.assertRaisesRegex(TypeError, "path="):
+            with self.assertRaises(TypeError) as cm:
                 required_globals(checkpoint=path)
+            self.assertEqual(str(cm.exception), self.FILE_REFUSAL.format(path))
+            with self.assertRaisesRegex(TypeError, "unexpected keyword argument 'path'"):
+                required_globals(path=path)  # type: ignore[call-arg]
 
     def test_positional_forms(self) -> None:
         data = Checkpoint.save(TinyNet()).rewound().getvalue()
-        self.assertEqual(required_globals(data), required_globals(checkpoint=data))  # back-compat
-        with self.assertRaisesRegex(CheckpointFormatError, r"required_globals\(obj=\.\.\.\)"):
+        self.assertEqual(required_globals(data), required_globals(checkpoint=data))
+        with self.assertRaises(CheckpointFormatError) as cm:
             required_globals(b"not a checkpoint")
-        with self.assertRaisesRegex(FileNotFoundError, r"required_globals\(obj=\.\.\.\)"):
-            required_globals("no/such/file.pt")
+        self.assertEqual(
+            str(cm.exception),
+            "not a zip archive (the first bytes are b'not '): torch.save has written zip archives since torch 1.6; "
+            "read other formats (legacy streams, tar archives) and files with "
+            "torch_serial_testing.tools.scan_checkpoint",
+        )
+        # A positional str is never guessed to be a path any more: the core reads no files.
+        for value in ("no/such/file.pt", __file__):
+            with self.subTest(value=value):
+                with self.assertRaises(TypeError) as cm:
+                    required_globals(value)
+                self.assertEqual(str(cm.exception), self.FILE_REFUSAL.format(value))
         with self.assertRaisesRegex(TypeError, "exactly one of"):
             required_globals(data, obj=data)
         with self.assertRaisesRegex(TypeError, "exactly one of"):
             required_globals()
+
+    def test_the_tools_read_every_format(self) -> None:
+        buf = io.BytesIO()
+        torch.save(TinyNet(), buf, _use_new_zipfile_serialization=False)
+        legacy = buf.getvalue()
+        with self.assertRaisesRegex(CheckpointFormatError, r"^not a zip archive .*tools\.scan_checkpoint$"):
+            required_globals(legacy)
+        self.assertEqual(tools_required_globals(legacy), required_globals(TinyNet()))
 
 
 class TestOracleComparison(unittest.TestCase):

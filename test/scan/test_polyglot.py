@@ -22,7 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 from test.helpers.polyglots import ascii_pickle, tar_legacy_polyglot  # noqa: E402
-from torch_serial_testing import CheckpointFormatError, scan_checkpoint
+from torch_serial_testing import CheckpointFormatError
+from torch_serial_testing import scan_checkpoint as core_scan_checkpoint
+from torch_serial_testing.tools import scan_checkpoint  # every format torch.load reads
 from torch_serial_testing.tools.cli import main
 
 #: builtins.exec('1'): what a full load of the stream reading would run.
@@ -103,6 +105,14 @@ class TestPolyglotScan(unittest.TestCase):
         info = scan_checkpoint(data)
         self.assertEqual((info.format, info.readings), ("legacy", ("legacy",)))
         self.assertIn("builtins.exec", info.globals)
+
+    def test_the_core_reads_no_polyglot(self):
+        # The core reads torch.save's zip archive from memory; the tar and stream readings are the tools'.
+        data = tar_legacy_polyglot(ascii_pickle({"tar": 1}), EXEC_PICKLE)
+        with self.assertRaisesRegex(
+            CheckpointFormatError, r"^not a zip archive .*torch_serial_testing\.tools\.scan_checkpoint$"
+        ):
+            core_scan_checkpoint(data)
 
     def test_damaged_both_ways_names_the_tar(self):
         data = tar_legacy_polyglot(ascii_pickle({"tar": 1}), b"\x80\x02}")  # the stream's object has no STOP

@@ -1,5 +1,8 @@
 """Issue 28 (speed and memory): the scan reads the pickle records, never tensor bytes.
 
+Files and streams are read by the tools (:mod:`torch_serial_testing.tools.formats`), in place; the
+core's in-test scan reads the pickle record of the archive :meth:`Checkpoint.save` wrote.
+
 Bytes read are counted through the file object torch's reader and the scan are given, for a
 checkpoint of a few KiB and one of 16 MiB of tensor data: the same, and far below the tensors'.
 (Time and RSS are measured by ``bench/scan_cost.py``, not asserted here.)
@@ -14,8 +17,8 @@ import unittest
 
 import torch
 
-from torch_serial_testing import scan_checkpoint
 from torch_serial_testing.checkpoint import Checkpoint
+from torch_serial_testing.tools import FileCheckpoint, scan_checkpoint
 
 TENSOR_BYTES = 16 << 20
 
@@ -91,7 +94,7 @@ class TestReadsOnlyRecords(unittest.TestCase):
             with CountingFile(path, "r") as f:
                 self.assertEqual(scan_checkpoint(f).format, "zip")
                 self.assertLess(f.count, 64 * 1024)
-            ckpt = Checkpoint.from_path(path)
+            ckpt = FileCheckpoint.from_path(path)
             try:
                 self.assertEqual(ckpt.info.format, "zip")
                 self.assertGreater(ckpt.nbytes, TENSOR_BYTES)

@@ -1,4 +1,4 @@
-"""Issue 27.6: inspect and scan_checkpoint read regular files only, judged before anything is read.
+"""Issue 27.6: inspect and the tools' scan_checkpoint read regular files only, judged before anything is read.
 
 /dev/zero used to end in a MemoryError traceback and a FIFO without a writer hung: both, and
 directories, sockets and symlinks to any of them, are now one CheckpointFormatError / exit 2.
@@ -19,9 +19,10 @@ from contextlib import redirect_stdout
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
-from torch_serial_testing import CheckpointFormatError, scan_checkpoint
+from torch_serial_testing import CheckpointFormatError, predict
+from torch_serial_testing import scan_checkpoint as core_scan_checkpoint
+from torch_serial_testing.tools import FileCheckpoint, scan_checkpoint
 from torch_serial_testing.tools.cli import main
-from torch_serial_testing.checkpoint import Checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -44,7 +45,7 @@ class TestNotRegularFiles(unittest.TestCase):
         with self.assertRaisesRegex(CheckpointFormatError, f"is {kind}, not a regular file"):
             scan_checkpoint(path)
         with self.assertRaisesRegex(CheckpointFormatError, "not a regular file"):
-            Checkpoint.from_path(path)
+            FileCheckpoint.from_path(path)
         code, report = _inspect_json(path)
         self.assertEqual((code, report["status"], report["exit_code"]), (2, "unreadable", 2))
         self.assertRegex(report["error"], kind)
@@ -91,11 +92,33 @@ class TestNotRegularFiles(unittest.TestCase):
         data = H.torch_zip(b"\x80\x02}.")
         with open(path, "wb") as fh:
             fh.write(data)
-        ckpt = Checkpoint.from_path(path)
+        ckpt = FileCheckpoint.from_path(path)
         self.assertEqual(ckpt.nbytes, len(data))
         self.assertEqual(ckpt.info.format, "zip")
         self.assertFalse(ckpt.owned)
         ckpt.rewound().close()
+
+    def test_the_core_reads_no_path(self):
+        path = os.path.join(self.dir, "ok.pt")
+        with open(path, "wb") as fh:
+            fh.write(H.torch_zip(b"\x80\x02}."))
+        with self.assertRaises(TypeError) as cm:
+            core_scan_checkpoint(path)
+        self.assertEqual(
+            str(cm.exception),
+            f"scan_checkpoint takes bytes, a buffer or a Checkpoint, not the path {path!r}: files are "
+            "read by torch_serial_testing.tools.scan_checkpoint(path)",
+        )
+        with self.assertRaises(TypeError) as cm:
+            predict("safe_globals", path)
+        self.assertEqual(
+            str(cm.exception),
+            f"predict() takes a Checkpoint (or, to predict, bytes or a buffer), not the path {path!r}: "
+            "wrap a file with torch_serial_testing.tools.FileCheckpoint.from_path(path)",
+        )
+        checkpoint = FileCheckpoint.from_path(path)
+        self.addCleanup(checkpoint.rewound().close)
+        self.assertTrue(predict("safe_globals", checkpoint).loads)
 
     def test_stdin_from_dev_zero_is_capped(self):
         with open("/dev/zero", "rb") as zero:

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 
 from torch_serial_testing import CheckpointFormatError, scan_checkpoint
-from torch_serial_testing.checkpoint import ScanLimits, default_scan_limits, scan_limits
+from torch_serial_testing.model import ScanLimits, default_scan_limits, scan_limits
 
 MB = 1 << 20
 

@@ -1,1 +1,1 @@
-"""Tests of ``torch_serial_testing.testing``."""
+"""Tests of the mixin and the core modules around it: case, outcomes, isolation, instantiation, comparison, the pytest plugin."""

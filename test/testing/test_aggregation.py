@@ -22,7 +22,12 @@ from pathlib import Path
 from unittest import mock
 
 import torch_serial_testing
-from torch_serial_testing import RoundTripConfigError, SerializationRoundTripTestCase, import_round_trip_tests, instantiate_round_trip_tests
+from torch_serial_testing import (
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    import_round_trip_tests,
+    instantiate_round_trip_tests,
+)
 
 from test.helpers.source_lines import def_lines_of
 

@@ -28,12 +28,19 @@ from test.helpers.roundtrip_fixtures import (
     MODULE_SAFE_GLOBALS,
     REFUSES_BOTH_SWITCHES,
     SAFE_GLOBALS_SKIP,
+    TINY_GLOBALS,
     TINY_SAFE_GLOBALS,
     WEIGHTS_ONLY_BARE_ENV,
     TinyNet,
 )
 from test.helpers.subprocess_env import child_env
-from torch_serial_testing import ExpectedRejection, LoadMode, RoundTripConfigError, SerializationRoundTripTestCase, supported_qengines
+from torch_serial_testing import (
+    ExpectedRejection,
+    LoadMode,
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    supported_qengines,
+)
 
 TEST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TEST_DIR)
@@ -170,6 +177,70 @@ class TestDeclarationErrors(unittest.TestCase):
             message,
         )
         self.assertIn("self.round_trip(..., safe_globals=(", message)
+
+    def test_missing_and_unneeded_in_one_error_with_the_one_fix(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (ExtraConfig, *MODULE_SAFE_GLOBALS)  # misses TinyNet, over-trusts ExtraConfig
+
+            def test_rt(self):
+                self.round_trip(TinyNet(), mode="safe_globals")
+
+        message = only_problem(self, *run_inner(Inner))  # one: the over-trust is not reported again at cleanup
+        refs = ", ".join(n.rsplit(".", 1)[1] for n in sorted(TINY_GLOBALS, key=lambda n: not n.startswith("builtins.")))
+        self.assertEqual(
+            message[message.index("AllowlistError: ") :],
+            "AllowlistError: Inner.safe_globals misses 1 global(s) the checkpoint needs: "
+            f"test.helpers.roundtrip_fixtures.TinyNet and over-trusts 1 it does not need: {__name__}.ExtraConfig\n"
+            "The exact declaration (declare only what you trust):\n\n"
+            "import torch\nfrom test.helpers.roundtrip_fixtures import TinyNet\n\n"
+            f"class Inner(...):\n    safe_globals = ({refs}{',' if ', ' not in refs else ''})\n\n"
+            "(outside a test class, the same globals in a torch.load call:)\n"
+            "import torch\nfrom test.helpers.roundtrip_fixtures import TinyNet\n\n"
+            f"with torch.serialization.safe_globals([{refs}]):\n    obj = torch.load(f, weights_only=True)\n",
+        )
+
+    def test_a_calls_missing_and_unneeded_globals_in_one_error(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            def test_rt(self):
+                self.round_trip(TinyNet(), mode="safe_globals", safe_globals=(ExtraConfig, torch.nn.Linear))
+
+        message = only_problem(self, *run_inner(Inner))
+        self.assertIn(
+            f"AllowlistError: the safe_globals= argument of round_trip() misses {len(TINY_GLOBALS)} global(s) the "
+            f"checkpoint needs: {', '.join(TINY_GLOBALS)} and over-trusts 2 it does not need: "
+            f"{__name__}.ExtraConfig, torch.nn.modules.linear.Linear\n",
+            message,
+        )
+        refs = ", ".join(n.rsplit(".", 1)[1] for n in sorted(TINY_GLOBALS, key=lambda n: not n.startswith("builtins.")))
+        self.assertIn(f"\nself.round_trip(..., safe_globals=({refs}{',' if ', ' not in refs else ''}))\n", message)
+
+    def test_a_declaration_is_judged_only_where_the_safe_globals_mode_uses_it(self):
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = (ExtraConfig,)  # needed by no checkpoint below
+
+            def test_weights_only_false(self):
+                self.round_trip(torch.ones(2), mode="weights_only_false")
+                self.round_trip(torch.ones(2), mode="weights_only_false", safe_globals=(ExtraConfig,))
+
+            def test_default(self):
+                self.round_trip(torch.ones(2), mode="default")
+
+            def test_safe_globals(self):
+                self.round_trip(torch.ones(2), mode="safe_globals")
+
+        result, out = run_inner(Inner)
+        message = only_problem(self, result, out)
+        self.assertEqual(result.failures[0][0].id().rsplit(".", 1)[1], "test_safe_globals")
+        self.assertIn(
+            f"AllowlistError: Inner.safe_globals over-trusts: the checkpoint does not need {__name__}.ExtraConfig.\n",
+            message,
+        )
+        self.assertRegex(out, r"test_default \(.*\) \.\.\. default: loaded as expected \([^)]*\) \.\.\. ok\n")
+        self.assertRegex(
+            out,
+            r"test_weights_only_false \(.*\) \.\.\. weights_only_false: loaded as expected "
+            r"\(weights_only=False explicit\) \.\.\. ok\n",
+        )
 
 
 class TestLocalClasses(unittest.TestCase):

@@ -8,7 +8,13 @@ import warnings
 import torch
 
 from test.helpers.roundtrip_fixtures import TinyNet, tiny_qlinear
-from torch_serial_testing import RoundTripMismatch, assert_round_trip_equal, override_qengine, round_trip, supported_qengines
+from torch_serial_testing import (
+    RoundTripMismatch,
+    assert_round_trip_equal,
+    override_qengine,
+    round_trip,
+    supported_qengines,
+)
 
 
 class TestComparison(unittest.TestCase):

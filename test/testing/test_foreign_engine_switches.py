@@ -30,7 +30,7 @@ DRIVER = textwrap.dedent("""
     import io, json, random, sys, unittest
     sys.path.insert(0, {root!r})
     from test.helpers import foreign_switch_cases as cases
-    from torch_serial_testing.torch_facts import engines
+    from torch_serial_testing import engines
 
     def flat(suite):
         for item in suite:

@@ -29,7 +29,7 @@ import unittest
 import torch
 
 from torch_serial_testing import Checkpoint, SerializationRoundTripTestCase, load
-from torch_serial_testing.torch_facts.loader import torch_load_replacement
+from torch_serial_testing.serialization import torch_load_replacement
 from test.helpers import hostile_tests as ht
 
 WOU = torch._weights_only_unpickler

@@ -16,7 +16,14 @@ import torch
 from test.helpers.python_compat import verbose_ids
 from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, TINY_SAFE_GLOBALS, TinyNet
 from test.helpers.subprocess_env import child_env, import_path
-from torch_serial_testing import RoundTripConfigError, SerializationRoundTripTestCase, cross_engine, instantiate_round_trip_tests, no_round_trip_dims, round_trip_dims
+from torch_serial_testing import (
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    cross_engine,
+    instantiate_round_trip_tests,
+    no_round_trip_dims,
+    round_trip_dims,
+)
 from torch_serial_testing import devices, engines
 from torch_serial_testing.devices import resolve_devices
 
@@ -202,12 +209,12 @@ class TestDimensions(unittest.TestCase):
 
     def test_privateuse1_backend_naming_and_aliases(self):
         # Renaming privateuse1 is irreversible, so it runs in a subprocess.  Whether the env filters
-        # read the backend's name (npu) as privateuse1 is asked of pytorch's filter by the library:
-        # in a fresh interpreter while the test module is not imported here, in this process once
-        # it is.  The child also asks the real filter itself; both answers must equal it.
+        # read the backend's name (npu) as privateuse1 is asked of pytorch's filter by the library, in
+        # this process (pytorch's test module is imported for it, only then).  The child also asks
+        # the real filter itself; both answers must equal it.
         code = textwrap.dedent("""
             import sys, torch, types
-            from torch_serial_testing.torch_facts import devices
+            from torch_serial_testing import devices
             def out(*args):  # marked: pytorch's test modules print notices of their own
                 print("OUT", *args)
             out(devices.class_suffix("privateuse1"))
@@ -236,7 +243,7 @@ class TestDimensions(unittest.TestCase):
         self.assertEqual(out[0], "PRIVATEUSE1")
         self.assertEqual(out[1], "NPU ('cpu', 'npu')")
         self.assertEqual(out[2], "('npu',)")
-        self.assertEqual(out[3], "fresh")  # the first answer came from a fresh interpreter
+        self.assertEqual(out[3], "imported")  # asked of pytorch's filter in this process
         # excluding the backend by its name: exactly as pytorch's own filter reads that name
         # (torch 2.4's compares names as written and keeps the privateuse1 base)
         self.assertIn(out[5], ("pytorch drops it", "pytorch keeps it"))
@@ -308,25 +315,27 @@ class TestDimensions(unittest.TestCase):
             )
 
     def test_filter_aliasing_that_cannot_be_asked_says_so(self):
-        # Without pytorch's test module imported, the library asks a fresh interpreter; when that
-        # fails, instantiation stops saying why and what to do -- never a guessed rule.
-        failed = subprocess.CompletedProcess([], 1, "", "Traceback ...\nImportError: no common_device_type here\n")
-        modules = {k: v for k, v in sys.modules.items() if k != "torch.testing._internal.common_device_type"}
+        # The library asks pytorch's filter in this process (never a child interpreter); where pytorch's
+        # test module cannot be imported, instantiation stops saying why and what to do -- never a
+        # guessed rule.
+        modules = dict(sys.modules)
+        modules["torch.testing._internal"] = None  # a torch without its test helpers: importing them fails
         with (
             mock.patch.dict(devices._aliasing, clear=True),
             mock.patch.dict(sys.modules, modules, clear=True),
-            mock.patch.object(subprocess, "run", return_value=failed) as ran,
+            mock.patch.object(subprocess, "run", side_effect=AssertionError("a child interpreter")) as ran,
+            mock.patch.object(subprocess, "Popen", side_effect=AssertionError("a child interpreter")) as popen,
         ):
             with self.assertRaisesRegex(
                 RoundTripConfigError,
-                r"cannot tell how pytorch's filter_desired_device_types reads PYTORCH_TESTING_DEVICE_ONLY_FOR/"
-                r"PYTORCH_TESTING_DEVICE_EXCEPT_FOR for the npu backend: asking it in a fresh interpreter "
-                r"failed \(ImportError: no common_device_type here\); import "
-                r"torch.testing._internal.common_device_type before instantiating, or unset the filters",
+                r"^cannot tell how pytorch's filter_desired_device_types reads PYTORCH_TESTING_DEVICE_ONLY_FOR/"
+                r"PYTORCH_TESTING_DEVICE_EXCEPT_FOR for the npu backend: "
+                r"torch\.testing\._internal\.common_device_type cannot be imported \(ModuleNotFoundError: import "
+                r"of torch\.testing\._internal halted; None in sys\.modules\); unset the filters$",
             ):
                 devices._filters_alias_backend_name("npu")
-        self.assertEqual(ran.call_count, 1)
-        self.assertNotIn("npu", devices._aliasing)  # a failed question is not remembered
+            self.assertNotIn("npu", devices._aliasing)  # a failed question is not remembered
+        self.assertEqual((ran.call_count, popen.call_count), (0, 0))
 
 
 class TestBadInput(unittest.TestCase):

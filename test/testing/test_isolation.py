@@ -9,6 +9,7 @@ id is the same in shuffled orders and under ``pytest -n 2``.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import random
@@ -26,7 +27,7 @@ import torch
 
 from torch_serial_testing import LeakedGlobalStateError, SerializationRoundTripTestCase
 from torch_serial_testing.errors import qualified_name
-from torch_serial_testing import load as loading
+from torch_serial_testing import loading
 from torch_serial_testing.declarations import normalize_safe_globals
 from torch_serial_testing import engines
 from torch_serial_testing.modes import torch_default_weights_only
@@ -82,8 +83,6 @@ def _other_engine() -> str:
 
 def _run(*tests: unittest.TestCase) -> unittest.TestResult:
     """Run *tests* in this order through an inner TextTestRunner (output discarded)."""
-    import io
-
     runner = unittest.TextTestRunner(stream=io.StringIO(), verbosity=2, warnings=None)
     return runner.run(unittest.TestSuite(tests))
 
@@ -314,8 +313,13 @@ class TestPreRegisteredGlobalsSurvive(unittest.TestCase):
             def test_import(self) -> None:
                 __import__(name)
 
-        result = _run(ImportsBackend("test_import"))
+        stream = io.StringIO()
+        result = unittest.TextTestRunner(stream=stream, verbosity=2).run(ImportsBackend("test_import"))
         self.assertTrue(result.wasSuccessful(), result.failures + result.errors)
+        # kept, and named once in verbose output (torch's own modules' registrations would be kept silently)
+        self.assertIn(
+            f"... kept safe globals registered at import time: {name}.BackendTensorMeta ... ok\n", stream.getvalue()
+        )
         registered = {qualified_name(g) for g in torch.serialization.get_safe_globals()}
         self.assertIn(f"{name}.BackendTensorMeta", registered)
         self.assertIn(PreRegistered, torch.serialization.get_safe_globals())

@@ -1,5 +1,6 @@
 """The SerializationRoundTripTestCase mixin: round trips, allowlist checks, reporting, bad input."""
 
+import functools
 import io
 import json
 import os
@@ -26,7 +27,7 @@ from test.helpers.roundtrip_fixtures import (
     default_outcome,
     tiny_qlinear,
 )
-from torch_serial_testing import LoadMode, RoundTripConfigError, SerializationRoundTripTestCase
+from torch_serial_testing import LoadMode, RoundTripConfigError, SerializationRoundTripTestCase, UnsafeCallable
 from torch_serial_testing.outcomes import REPORT_ENV
 from torch_serial_testing.checkpoint import Checkpoint
 from torch_serial_testing.registry import allowlisted
@@ -226,6 +227,29 @@ class TestRoundTrip(unittest.TestCase):
         )
         self.assertTrue(all(r["test"].endswith("Inner.test_all") for r in records))
 
+    def test_an_empty_golden_record_in_either_form(self):
+        # A checkpoint that needs nothing: "" (0.1.0's form), or the one empty line records pinned before.
+        class Inner(SerializationRoundTripTestCase, unittest.TestCase):
+            def test_empty_string(self):
+                self.assertRequiredGlobalsExpectedInline({"w": torch.ones(2)}, "")
+
+            def test_one_empty_line(self):
+                self.assertRequiredGlobalsExpectedInline(
+                    {"w": torch.ones(2)},
+                    """\
+
+""",
+                )
+
+            def test_two_empty_lines_fail(self):
+                self.assertRequiredGlobalsExpectedInline({"w": torch.ones(2)}, "\n\n")
+
+        with mock.patch.dict(os.environ, {"EXPECTTEST_ACCEPT": ""}):
+            result, out = run_inner(Inner)
+        self.assertEqual(result.testsRun, 3)
+        self.assertEqual(result.errors, [], out)
+        self.assertEqual([t.id().rsplit(".", 1)[1] for t, _ in result.failures], ["test_two_empty_lines_fail"], out)
+
     def test_seed_module_expected_inline(self):
         class Inner(SerializationRoundTripTestCase, unittest.TestCase):
             def test_pinned(self):
@@ -287,8 +311,22 @@ class TestExpectAccept(unittest.TestCase):
 
 
 class TestSnippet(unittest.TestCase):
+    """Snippets are printed for files the user did not produce: the tools' business, not the facade's."""
+
+    def test_the_facade_names_the_tools(self):
+        import torch_serial_testing
+
+        for name in ("safe_globals_snippet", "refusal_notes", "judge_global", "dangerous_reason"):
+            with self.subTest(name), self.assertRaises(AttributeError) as cm:
+                getattr(torch_serial_testing, name)
+            self.assertEqual(
+                str(cm.exception),
+                f"{name} judges checkpoints from strangers and lives in the tools since 0.2.0: "
+                f"from torch_serial_testing.tools import {name}",
+            )
+
     def test_context_or_process_wide_form(self):
-        from torch_serial_testing import safe_globals_snippet
+        from torch_serial_testing.tools import safe_globals_snippet
 
         with_context = safe_globals_snippet(
             ["test.helpers.roundtrip_fixtures.TinyNet", "torch.ScriptObject"], context=True
@@ -325,10 +363,74 @@ class TestClassCreationErrors(unittest.TestCase):
         )
         self.assertIs(cls._tst_safe_globals[0].obj, TinyNet)
 
-    def test_dangerous_global_refused(self):
-        for bad in (os.system, eval, "subprocess.Popen", getattr):
-            with self.subTest(bad=bad), self.assertRaisesRegex(RoundTripConfigError, "refusing to allowlist"):
+    def test_what_can_never_be_a_safe_global_is_refused(self):
+        # The small check on an author's declaration: known code-running callables (by their own
+        # identity, whatever name they are declared under), modules, objects not importable under the
+        # name they pickle by.  The full trust policy is the tools' (inspect, audit), never applied here.
+        runs_code = "runs code or reaches the system when a pickle calls it"
+        cases = [
+            (
+                os.system,
+                f"refusing to allowlist {os.system.__module__}.system: {os.system.__module__}.system {runs_code}",
+            ),
+            (eval, f"refusing to allowlist builtins.eval: builtins.eval {runs_code}"),
+            ("builtins.exec", f"refusing to allowlist builtins.exec: builtins.exec {runs_code}"),
+            (getattr, f"refusing to allowlist builtins.getattr: builtins.getattr {runs_code}"),
+            ("subprocess.Popen", f"refusing to allowlist subprocess.Popen: subprocess.Popen {runs_code}"),
+            (functools.partial, f"refusing to allowlist functools.partial: functools.partial {runs_code}"),
+            (torch.load, f"refusing to allowlist torch.serialization.load: torch.serialization.load {runs_code}"),
+            ((eval, "x.Safe"), f"refusing to allowlist x.Safe: builtins.eval {runs_code}"),
+            (
+                UnsafeCallable(eval, reason="it is needed"),
+                f"refusing to allowlist builtins.eval: builtins.eval {runs_code}",
+            ),
+            (
+                "torch.nn",
+                "refusing to allowlist torch.nn: it is the module torch.nn: a pickle names globals in modules, "
+                "never a module itself",
+            ),
+            (
+                NotUnderItsName,
+                f"refusing to allowlist {__name__}.Elsewhere: safe global '{__name__}.Elsewhere' is not importable; "
+                "fix the spelling ('package.module.Name') or declare the object itself",
+            ),
+            (
+                AnAlias,
+                f"refusing to allowlist {__name__}.TheOriginal: {__name__}.TheOriginal resolves to another object: "
+                "a pickle names it by its module and qualified name, so declare it as (TheOriginal, '<the name the "
+                "checkpoint uses>')",
+            ),
+        ]
+        for bad, message in cases:
+            with self.subTest(bad=bad), self.assertRaises(RoundTripConfigError) as cm:
                 type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": (bad,)})
+            self.assertEqual(str(cm.exception), message)
+
+    def test_any_class_or_function_may_be_declared(self):
+        # Trusted as torch trusts them: classes of the author's and of torch's (torch.testing's TwoTensor,
+        # torch.jit.CompilationUnit included), plain functions, (object, 'module.Name') pairs as stated.
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        declared = (
+            TwoTensor,
+            torch.jit.CompilationUnit,
+            tst_scan,
+            (TinyNet, "elsewhere.TinyNet"),
+            UnsafeCallable(torch.nn.functional.relu, reason="a hook"),
+        )
+        cls = type("Ok", (SerializationRoundTripTestCase, unittest.TestCase), {"safe_globals": declared})
+        self.assertEqual(
+            [(sg.name, sg.explicit_name) for sg in cls._tst_safe_globals],
+            [
+                ("torch.testing._internal.two_tensor.TwoTensor", False),
+                ("torch.jit.CompilationUnit", False),
+                (f"{__name__}.tst_scan", False),
+                ("elsewhere.TinyNet", True),
+                ("torch.nn.functional.relu", False),
+            ],
+        )
+        self.assertEqual(cls._tst_safe_globals[3].torch_entry, (TinyNet, "elsewhere.TinyNet"))
+        self.assertEqual(cls._tst_safe_globals[4].unsafe_reason, "a hook")
 
     def test_safe_globals_must_be_a_sequence(self):
         with self.assertRaisesRegex(RoundTripConfigError, "must be a tuple or list"):
@@ -345,6 +447,21 @@ class TestClassCreationErrors(unittest.TestCase):
     def test_make_module_not_callable(self):
         with self.assertRaisesRegex(RoundTripConfigError, "make_module must be a method"):
             type("Bad", (SerializationRoundTripTestCase, unittest.TestCase), {"make_module": 3})
+
+
+class TheOriginal:
+    pass
+
+
+#: Pickled as ``TheOriginal`` (its qualified name), declared under this one: resolves to another object.
+AnAlias = type("TheOriginal", (), {"__module__": __name__})
+
+
+class NotUnderItsName:
+    pass
+
+
+NotUnderItsName.__qualname__ = "Elsewhere"  # pickled as <module>.Elsewhere, which does not exist
 
 
 def torch_refusal(obj, allow):

@@ -9,7 +9,13 @@ import torch
 from torch.testing._internal.common_device_type import instantiate_device_type_tests, precisionOverride
 from torch.testing._internal.common_utils import TestCase, parametrize, swap
 
-from torch_serial_testing import AllowlistError, RoundTripConfigError, SerializationRoundTripTestCase, instantiate_round_trip_tests, round_trip_dims
+from torch_serial_testing import (
+    AllowlistError,
+    RoundTripConfigError,
+    SerializationRoundTripTestCase,
+    instantiate_round_trip_tests,
+    round_trip_dims,
+)
 
 
 class Settings:  # a checkpointed object that is not a module (its checkpoint never names builtins.set)

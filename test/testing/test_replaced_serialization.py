@@ -21,8 +21,8 @@ import torch
 
 from torch_serial_testing import Checkpoint, LeakedGlobalStateError, SerializationRoundTripTestCase
 from torch_serial_testing.loading import load
-from torch_serial_testing.serialization import torch_load_replacement
-from torch_serial_testing.serialization import genuine
+from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.serialization import genuine, torch_load_replacement
 
 from test.helpers import hostile_tests as ht
 from test.helpers.isolation_fixtures import run_tests
@@ -204,6 +204,32 @@ class TestRestoredWithinTheTest(HostileCase):
 
         self.check_clean(fn)
 
+    def test_kwdefaults_changed_in_place_never_make_foreign_bytes_load_fully(self) -> None:
+        # torch's load changed in place (a bare torch.load made a full load): the library will not call
+        # it, so foreign bytes are not loaded at all, and their payload never runs.
+        outcomes: list[Any] = []
+
+        def fn(case: Any) -> None:
+            kwdefaults = torch.serialization.load.__kwdefaults__
+            case.addCleanup(kwdefaults.__setitem__, "weights_only", kwdefaults["weights_only"])
+            kwdefaults["weights_only"] = False  # a bare torch.load becomes a full load
+            try:
+                load(Checkpoint.from_bytes(ht.payload_checkpoint()), "default")
+            except ProbeFailed as e:
+                outcomes.append((str(e).split(";")[0], list(ht.RAN)))
+
+        self.check_clean(fn)
+        self.assertEqual(
+            outcomes,
+            [
+                (
+                    "torch.serialization.load was changed in place (its __code__ or __kwdefaults__: now "
+                    "{'weights_only': False, 'mmap': None}, was {'weights_only': None, 'mmap': None})",
+                    [],
+                )
+            ],
+        )
+
 
 class TestReplacedBeforeTheTest(unittest.TestCase):
     """A replacement already there when tests start (a backend's, torch_npu) is the process's: bytes
@@ -262,7 +288,7 @@ class TestReplacedBeforeTheLibraryRan(unittest.TestCase):
             shim = ht.wrapped_force_full_load_shim(torch.load)
             torch.load = torch.serialization.load = shim
             from torch_serial_testing import Checkpoint, load
-            from torch_serial_testing.torch_facts.probes import ProbeFailed
+            from torch_serial_testing.probes import ProbeFailed
             try:
                 load(Checkpoint.from_bytes(ht.payload_checkpoint()), "default")
             except ProbeFailed as e:
@@ -282,7 +308,7 @@ class TestReplacedBeforeTheLibraryRan(unittest.TestCase):
             from test.helpers import hostile_tests as ht
             torch.load = ht.wrapped_force_full_load_shim(torch.load)
             from torch_serial_testing import Checkpoint, load
-            from torch_serial_testing.torch_facts.serialization_state import genuine
+            from torch_serial_testing.serialization import genuine
             result = load(Checkpoint.from_bytes(ht.payload_checkpoint()), "default")
             print("LOADED", result.loaded, "RAN", ht.RAN, "GENUINE", genuine("load") is torch.serialization.load)
             """

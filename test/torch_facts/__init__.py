@@ -1,1 +1,1 @@
-"""Tests of ``torch_serial_testing.torch_facts``."""
+"""Tests of what the library asks torch: its unpickler's rules, load decisions, registry, devices."""

@@ -3,7 +3,7 @@
 torch 2.4 to 2.13 and 2.15 refuse APPEND(S) onto anything but exactly a ``list`` (APPENDS
 saying "Can only extend lists"); torch 2.14.1 lets an allowlisted ``list`` subclass through and
 words both refusals "Can only append to lists".  The model learns which target each opcode
-accepts and its message by probing torch's unpickler (``torch_facts.unpickler.unpickler_rules``);
+accepts and its message by probing torch's unpickler (``torch_serial_testing.unpickler.unpickler_rules``);
 these tests compare it with a real ``torch.load`` for every opcode x target kind x way of
 allowlisting, read a torch 2.14.1-like stand-in unpickler through the probes, and replay other
 torches' rules (rules objects) on this one.

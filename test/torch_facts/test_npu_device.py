@@ -222,12 +222,12 @@ class TestDeviceFiltersMatchPytorchWithoutBackend(unittest.TestCase):
 
 
 ALIASING_CHILD = r"""
-import json, subprocess, sys, types
+import json, os, platform, subprocess, sys, types
 from unittest import mock
 import torch
-from torch_serial_testing.core.errors import RoundTripConfigError
-from torch_serial_testing.torch_facts import devices
-from torch_serial_testing.torch_facts.devices import EXCEPT_FOR, ONLY_FOR, resolve_devices
+from torch_serial_testing import devices
+from torch_serial_testing.devices import EXCEPT_FOR, ONLY_FOR, resolve_devices
+from torch_serial_testing.errors import RoundTripConfigError
 
 CDT = "torch.testing._internal.common_device_type"
 torch.utils.rename_privateuse1_backend("npu")  # a registered, available backend (irreversible: a child)
@@ -235,13 +235,12 @@ module = types.ModuleType("torch.npu")
 module.is_available = lambda: True
 torch._register_device_module("npu", module)
 VALUES = ["", "cpu", "npu", "privateuse1", "cpu,npu", "npu,privateuse1", "NPU"]
-out = {"cdt_before": CDT in sys.modules}
-runs = []
-real_run = subprocess.run
+out = {}
+started = []
 
-def counting_run(*args, **kwargs):
-    runs.append(args[0][:2])
-    return real_run(*args, **kwargs)
+def no_child(*args, **kwargs):
+    started.append(repr(args)[:200])
+    raise AssertionError("the library started a child process")
 
 def selections():
     found = {}
@@ -265,57 +264,55 @@ def pytorchs(cdt):
                 found[f"{only}|{excl}"] = None
     return found
 
-# 1. pytorch's test module not imported: the library asks a fresh interpreter, once, and imports nothing
-with mock.patch.object(subprocess, "run", counting_run):
-    out["fresh"] = devices._filters_alias_backend_name("npu")
-    out["fresh_selections"] = selections()
-out["fresh_runs"] = runs[:]
-out["cdt_after"] = CDT in sys.modules
-
-# 2. a fresh interpreter that cannot run: a clear error, never a guess
-devices._aliasing.clear()
-with mock.patch.object(sys, "executable", "/bin/false"):
-    try:
-        out["failed"] = ["answered", devices._filters_alias_backend_name("npu")]
-    except RoundTripConfigError as e:
-        out["failed"] = ["raised", str(e)]
-
-# 3. imported: asked in this process, of the real function -- and of a stand-in behaving like
-# torch 2.4's filter (names compared as written), which the probe must read as not aliasing
-devices._aliasing.clear()
-from torch.testing._internal import common_device_type as cdt
-runs.clear()
-
-def as_written(device_type_test_bases, except_for=None, only_for=None):
-    both = set(except_for or []) & set(only_for or [])
-    if both:
-        raise AssertionError(f"device ({both}) appeared in both except_for and only_for")
-    bases = list(device_type_test_bases)
-    if except_for:
-        bases = [b for b in bases if b.device_type not in except_for]
-    if only_for:
-        bases = [b for b in bases if b.device_type in only_for]
-    return bases
-
-with mock.patch.object(subprocess, "run", counting_run):
-    out["in_process"] = devices._filters_alias_backend_name("npu")
-    out["in_process_mismatches"] = [k for k, v in pytorchs(cdt).items() if selections()[k] != v]
+# pytorch's common_utils (imported with common_device_type) calls platform.platform(), which runs
+# `uname -p` once per process: asked here first, so that a process started below is the library's
+platform.platform()
+with mock.patch.object(subprocess.Popen, "_execute_child", no_child), mock.patch.object(os, "fork", no_child):
+    # 0. no filter set: pytorch's filter is not needed, and its module not imported
+    out["cdt_at_start"] = CDT in sys.modules
+    out["unfiltered"] = list(resolve_devices(("cpu", "privateuse1"), {}))
+    out["cdt_unfiltered"] = CDT in sys.modules
+    # 1. its module cannot be imported: a clear error, never a guess
+    with mock.patch.dict(sys.modules, {CDT: None}):
+        try:
+            out["failed"] = ["answered", devices._filters_alias_backend_name("npu")]
+        except RoundTripConfigError as e:
+            out["failed"] = ["raised", str(e)]
+    # 2. a filter set: pytorch's own function is asked, in this process (its module imported for it), once
+    out["aliases"] = devices._filters_alias_backend_name("npu")
+    out["cdt_after"] = CDT in sys.modules
+    from torch.testing._internal import common_device_type as cdt
+    out["mismatches"] = [k for k, v in pytorchs(cdt).items() if selections()[k] != v]
+    # 3. a stand-in behaving like torch 2.4's filter (names compared as written), which the library must
+    # read as not aliasing
     devices._aliasing.clear()
+
+    def as_written(device_type_test_bases, except_for=None, only_for=None):
+        both = set(except_for or []) & set(only_for or [])
+        if both:
+            raise AssertionError(f"device ({both}) appeared in both except_for and only_for")
+        bases = list(device_type_test_bases)
+        if except_for:
+            bases = [b for b in bases if b.device_type not in except_for]
+        if only_for:
+            bases = [b for b in bases if b.device_type in only_for]
+        return bases
+
     with mock.patch.object(cdt, "filter_desired_device_types", as_written):
         out["as_written"] = devices._filters_alias_backend_name("npu")
         out["as_written_selections"] = selections()
         out["as_written_mismatches"] = [k for k, v in pytorchs(cdt).items() if selections()[k] != v]
     devices._aliasing.clear()
-out["in_process_runs"] = runs[:]
+out["started"] = started
 print("RESULT", json.dumps(out))
 """
 
 
 class TestTheLibraryAsksPytorchsFilter(unittest.TestCase):
-    """devices._filters_alias_backend_name: pytorch's real filter_desired_device_types is asked --
-    in this process when pytorch's test module is imported, else in a fresh interpreter."""
+    """devices._filters_alias_backend_name: pytorch's real filter_desired_device_types is asked, in this
+    process (its module imported for it, only when a filter is set); no child interpreter."""
 
-    def test_both_paths_and_a_filter_like_torch_2_4(self):
+    def test_in_process_and_a_filter_like_torch_2_4(self):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCH_FORCE_", "PYTORCH_TESTING_DEVICE_"))}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), str(TEST_DIR), os.environ.get("PYTHONPATH")) if p)
         proc = subprocess.run(
@@ -330,30 +327,27 @@ class TestTheLibraryAsksPytorchsFilter(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         r = json.loads(line[len("RESULT ") :])
-        # 1. not imported: one fresh interpreter answers, as pytorch's filter reads the name here
-        self.assertFalse(r["cdt_before"])
-        self.assertEqual(r["fresh"], FILTERS_ALIAS_BACKEND)
-        self.assertEqual(r["fresh_runs"], [[sys.executable, "-c"]])
-        self.assertFalse(r["cdt_after"], "the library imported torch.testing._internal.common_device_type")
-        sel = r["fresh_selections"]
-        self.assertEqual(sel["privateuse1|"], ["privateuse1"])
+        self.assertEqual(r["started"], [])
+        # 0. no filter: both devices, pytorch's test module left alone
+        self.assertFalse(r["cdt_at_start"])
+        self.assertEqual(r["unfiltered"], ["cpu", "privateuse1"])
+        self.assertFalse(r["cdt_unfiltered"], "the library imported torch.testing._internal.common_device_type")
+        # 1. it cannot be imported: refused with the reason and the way out
         self.assertEqual(
-            (sel["npu|"], sel["|npu"]),
-            (["privateuse1"], ["cpu"]) if FILTERS_ALIAS_BACKEND else ([], ["cpu", "privateuse1"]),
+            r["failed"],
+            [
+                "raised",
+                "cannot tell how pytorch's filter_desired_device_types reads "
+                "PYTORCH_TESTING_DEVICE_ONLY_FOR/PYTORCH_TESTING_DEVICE_EXCEPT_FOR for the npu backend: "
+                "torch.testing._internal.common_device_type cannot be imported (ModuleNotFoundError: import of "
+                "torch.testing._internal.common_device_type halted; None in sys.modules); unset the filters",
+            ],
         )
-        # 2. it cannot run: refused with the reason and the way out
-        self.assertEqual(r["failed"][0], "raised", r["failed"])
-        self.assertRegex(
-            r["failed"][1],
-            r"cannot tell how pytorch's filter_desired_device_types reads "
-            r"PYTORCH_TESTING_DEVICE_ONLY_FOR/PYTORCH_TESTING_DEVICE_EXCEPT_FOR for the npu backend: "
-            r"asking it in a fresh interpreter failed \(.*\); import "
-            r"torch\.testing\._internal\.common_device_type before instantiating, or unset the filters",
-        )
-        # 3. imported: asked here, no child; and the answer follows the filter's behaviour
-        self.assertEqual(r["in_process"], FILTERS_ALIAS_BACKEND)
-        self.assertEqual(r["in_process_runs"], [])
-        self.assertEqual(r["in_process_mismatches"], [])
+        # 2. asked here, as pytorch's filter reads the name, and the selections are pytorch's
+        self.assertEqual(r["aliases"], FILTERS_ALIAS_BACKEND)
+        self.assertTrue(r["cdt_after"])
+        self.assertEqual(r["mismatches"], [])
+        # 3. the answer follows the filter's behaviour
         self.assertIs(r["as_written"], False)
         self.assertEqual(r["as_written_mismatches"], [])
         sel = r["as_written_selections"]

@@ -8,6 +8,7 @@ and every generated test must end exactly as under torch's own loader, with the 
 reporting differences written into the outcome text.
 """
 
+import builtins
 import contextlib
 import io
 import json
@@ -27,8 +28,8 @@ import torch
 import torch_serial_testing as tst
 from torch_serial_testing import Checkpoint
 from torch_serial_testing.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
+from torch_serial_testing.registry import registered_globals, restore_registry, snapshot_registry
 from torch_serial_testing.serialization import torch_load_replacement
-from torch_serial_testing.registry import registered_globals
 
 from npu_backend import fake_torch_npu
 from test.helpers.python_compat import failure_ids, verbose_ids
@@ -62,6 +63,8 @@ REPLACED = f"torch.load is replaced by {FAKE_LOAD}, which "
 REGISTERED_NOTE = f"runs with process-wide safe globals {fake_torch_npu.registered_name()}"
 # ... and only that one: the globals torch registers itself (2.14: every builtin exception) are not listed.
 REGISTERED_ONLY = re.escape(REGISTERED_NOTE) + r"[;)]"
+#: What torch 2.14's distributed_c10d registers at import (torch's own: never in the note).
+BUILTIN_EXCEPTIONS = [t for t in vars(builtins).values() if isinstance(t, type) and issubclass(t, BaseException)]
 PRINTED_NOTE = f"printed the {FORCE_NO_WO} notice instead of warning"
 REWORDED_NOTE = re.compile(
     r"worded the rejection itself \(UnpicklingError raised in npu_backend\.fake_torch_npu\.load, ending "
@@ -181,26 +184,66 @@ class TestLibraryUnderTheFake(FakeInstalled):
                 if not loads:
                     self.assertRegex(result.summary, REWORDED_NOTE)
 
-    def test_torch_own_registrations_unknown_is_said_so(self):
-        # Which registered globals are torch's own is asked of a fresh interpreter; when that one
-        # cannot run, the note lists every registered global and says why it cannot tell.
-        from torch_serial_testing.tools.cli.doctor import doctor_report
-        from torch_serial_testing import registry
+    def test_a_round_trip_test_starts_no_child_process(self):
+        # Which registered globals are torch's own is told in the test process (registry.registered_by_torch):
+        # a whole test -- setUp, round trips in every mode, the restore -- starts no process, and its
+        # notes list only the replacement's global, not the ones torch registered itself (at import torch;
+        # 2.14: every builtin exception, registered here as 2.14 does, before any test).
+        from torch_serial_testing.tools import facts
+
+        from test.helpers.isolation_fixtures import run_tests
+
+        started = []
+
+        def no_child(*args, **kwargs):
+            started.append(repr(args)[:200])
+            raise AssertionError("a round-trip test started a child process")
+
+        snapshot = snapshot_registry()
+        self.addCleanup(restore_registry, snapshot)
+        torch.serialization.add_safe_globals(BUILTIN_EXCEPTIONS)
+        summaries = []
+
+        class RoundTrips(tst.SerializationRoundTripTestCase, unittest.TestCase):
+            safe_globals = TINY_SAFE_GLOBALS
+
+            def test_every_mode(self):
+                for mode in ("weights_only_false", "safe_globals", "default"):
+                    with self.subTest(mode=mode):
+                        self.round_trip(TinyNet(), mode=mode)
+                summaries.extend(self.round_trip_outcomes)
 
         with (
             clean_env(),
-            mock.patch.dict(registry._own, clear=True),
+            mock.patch.dict(facts._own, clear=True),  # the tools' answer, were anything to ask for it
+            mock.patch.object(subprocess.Popen, "_execute_child", no_child),
+            mock.patch.object(os, "fork", no_child),
+            mock.patch.object(os, "posix_spawn", no_child, create=True),
+        ):
+            result = run_tests(RoundTrips("test_every_mode"))
+        self.assertEqual(started, [])
+        self.assertEqual((result.errors, result.failures), ([], []))
+        self.assertEqual(len(summaries), 3, summaries)
+        for summary in summaries:
+            self.assertIn(REPLACED, summary)
+            self.assertRegex(summary, REGISTERED_ONLY)
+        registered = registered_globals()
+        self.assertIn("builtins.ZeroDivisionError", registered)
+        self.assertIn("torch.nested._internal.nested_tensor.NestedTensor", registered)
+
+    def test_doctor_says_when_torchs_own_registrations_are_unknown(self):
+        # doctor (a tool) asks a fresh interpreter which registered globals are torch's own; when that
+        # one cannot run, it lists them all and says why it cannot tell.
+        from torch_serial_testing.tools import facts
+        from torch_serial_testing.tools.cli.doctor import doctor_report
+
+        with (
+            clean_env(),
+            mock.patch.dict(facts._own, clear=True),
             mock.patch.object(sys, "executable", "/bin/false"),
         ):
-            result = tst.round_trip(TinyNet(), "weights_only_false")
             report = doctor_report({})
         registered = ", ".join(sorted(registered_globals()))
-        self.assertTrue(result.loaded, result.summary)
-        note = (
-            f"runs with process-wide safe globals {registered} (which of them are torch's own is unknown: "
-            "a fresh interpreter could not report torch's own registrations ("
-        )
-        self.assertIn(note, result.summary)
         (explained,) = [p for p in report["problems"] if p.startswith(f"torch.load is replaced by {FAKE_LOAD}")]
         self.assertIn(
             f"registers its own safe globals (here, with torch's own: {registered}; which are torch's "

@@ -1,5 +1,12 @@
 """Threads: predict() under the registry lock, and warnings that stay in their own thread.
 
+What the library guarantees to threads, and only that: ``registry_lock`` is held around each
+prediction and the load it predicts (a ``safe_globals`` context of one thread's load is never seen by
+another thread's prediction, and the registry is as before once the loads are done), and a load
+observes and consumes torch's FORCE_NO warning in its own thread only.  Switching quantized engines or
+the mobile allocator is not serialised (no lock, as pytorch's ``override_quantized_engine``): nothing
+here asserts it.
+
 Each race is made deterministic with ``Gate``: its ``__setstate__`` runs while
 torch loads it, i.e. while the round trip is inside its ``safe_globals`` context
 and its warning observation, and lets another thread act exactly then.
@@ -15,10 +22,9 @@ from typing import Any
 
 import torch
 
-from torch_serial_testing import Checkpoint
-from torch_serial_testing import load as loading
-from torch_serial_testing.prediction import predict
+from torch_serial_testing import Checkpoint, loading
 from torch_serial_testing import serialization as loader
+from torch_serial_testing.prediction import predict
 from torch_serial_testing.registry import snapshot_registry
 
 from test.helpers.isolation_fixtures import (

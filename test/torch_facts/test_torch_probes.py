@@ -1,12 +1,14 @@
 """The library's probes of torch: each answer is what a real ``torch.load`` does, another release's
 behaviour (a stand-in) is read right, and a probe that cannot run makes the prediction unknown.
 
-Every rule the model replays (:mod:`torch_serial_testing.torch_facts`) is learnt by feeding torch's
-real weights-only unpickler a pickle of a few opcodes, or ``torch.serialization.load`` a canary
-checkpoint.  These tests check those answers against real ``torch.load`` calls on checkpoints
-made here (never against the probes' own pickles, never against torch's source text); replace
-torch's behaviour by stand-ins of other releases (:mod:`other_torches`) and check the probes
-report them; and make probes fail, which must turn the affected predictions unknown, never a guess.
+Every rule the model replays (:mod:`torch_serial_testing.unpickler`, :mod:`torch_serial_testing.modes`;
+what a TorchScript archive meets and how the switches are spelt: the tools' :mod:`.tools.facts`) is
+learnt by feeding torch's real weights-only unpickler a pickle of a few opcodes, or
+``torch.serialization.load`` a canary checkpoint.  These tests check those answers against real
+``torch.load`` calls on checkpoints made here (never against the probes' own pickles, never against
+torch's source text); replace torch's behaviour by stand-ins of other releases (:mod:`other_torches`)
+and check the probes report them; and make probes fail, which must turn the affected predictions
+unknown, never a guess.
 """
 
 from __future__ import annotations
@@ -43,12 +45,21 @@ from test.helpers.other_torches import (
     unpickler_standin,
 )
 from test.helpers.roundtrip_fixtures import clean_env
-from torch_serial_testing import Checkpoint, predict
-from torch_serial_testing.errors import ConflictingEnvironmentError, UnexpectedLoadOutcome
-from torch_serial_testing import modes as load_call, unpickler as records
+from torch_serial_testing import Checkpoint, modes, predict, tools, unpickler
+from torch_serial_testing import checkpoint as checkpoint_module
+from torch_serial_testing.errors import CheckpointFormatError, ConflictingEnvironmentError, UnexpectedLoadOutcome
 from torch_serial_testing.probes import ProbeFailed
 from torch_serial_testing.registry import allowlisted
-from torch_serial_testing.unpickler import APPEND_TARGETS, SETITEM_TARGETS, ContainerRule, PersidRules, global_refusal, unpickler_rules
+from torch_serial_testing.tools import facts
+from torch_serial_testing.tools.formats import FileCheckpoint
+from torch_serial_testing.unpickler import (
+    APPEND_TARGETS,
+    SETITEM_TARGETS,
+    ContainerRule,
+    PersidRules,
+    global_refusal,
+    unpickler_rules,
+)
 
 # -- objects torch.save writes container opcodes for, onto targets of every kind ----------------------
 
@@ -275,7 +286,7 @@ class TestAnswersAreWhatTorchLoadDoes(unittest.TestCase):
 
     def test_torchscript_refusal(self) -> None:
         buf = torchscript_archive()
-        refusal = records.torchscript_refusal()
+        refusal = facts.torchscript_refusal()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns that it dispatches to torch.jit.load
             try:
@@ -352,15 +363,15 @@ class TestSwitchSpellingsAreTorchs(unittest.TestCase):
         for value in SPELLINGS:
             with self.subTest(value=value):
                 forced, _ = real_load({FORCE_WO: value}, False)
-                self.assertEqual(load_call._ask(False, value, None), (forced == "refused", False))
-                self.assertEqual(load_call.is_truthy(value, FORCE_WO), forced == "refused")
+                self.assertEqual(modes._ask(False, value, None), (forced == "refused", False))
+                self.assertEqual(modes.is_truthy(value, FORCE_WO), forced == "refused")
                 bare, warned = real_load({FORCE_NO_WO: value}, None)
-                self.assertEqual(load_call._ask(None, None, value), (bare == "refused", warned))
-                self.assertEqual(load_call.is_truthy(value, FORCE_NO_WO), warned)
-                switches = load_call.WeightsOnlySwitches.from_environ({FORCE_WO: value})
+                self.assertEqual(modes._ask(None, None, value), (bare == "refused", warned))
+                self.assertEqual(modes.is_truthy(value, FORCE_NO_WO), warned)
+                switches = facts.WeightsOnlySwitches.from_environ({FORCE_WO: value})
                 self.assertEqual((switches.force_weights_only, switches.conflict), (forced == "refused", False))
-        self.assertFalse(load_call.is_truthy(None, FORCE_WO))  # unset
-        self.assertFalse(load_call.is_truthy(None, FORCE_NO_WO))
+        self.assertFalse(modes.is_truthy(None, FORCE_WO))  # unset
+        self.assertFalse(modes.is_truthy(None, FORCE_NO_WO))
 
     def test_both_set(self) -> None:
         for wo, no in (
@@ -374,7 +385,7 @@ class TestSwitchSpellingsAreTorchs(unittest.TestCase):
         ):
             with self.subTest(wo=wo, no=no):
                 outcome, _ = real_load({FORCE_WO: wo, FORCE_NO_WO: no}, None)
-                switches = load_call.WeightsOnlySwitches.from_environ({FORCE_WO: wo, FORCE_NO_WO: no})
+                switches = facts.WeightsOnlySwitches.from_environ({FORCE_WO: wo, FORCE_NO_WO: no})
                 self.assertEqual(switches.conflict, outcome == "conflict")
                 if outcome == "conflict":
                     with self.assertRaises(ConflictingEnvironmentError) as cm:
@@ -390,10 +401,10 @@ class TestSwitchSpellingsAreTorchs(unittest.TestCase):
                 explicit = False if name == FORCE_WO else None
                 sets = [
                     s
-                    for s in load_call.CANDIDATE_SPELLINGS
+                    for s in facts.CANDIDATE_SPELLINGS
                     if real_load({name: s}, explicit) == (("refused", False) if name == FORCE_WO else ("loaded", True))
                 ]
-                found, any_case, strips = load_call.truthy_spellings(name)
+                found, any_case, strips = facts.truthy_spellings(name)
                 self.assertEqual(list(found), sets)
                 if found:
                     upper = [real_load({name: s.upper()}, explicit)[0] for s in found]
@@ -401,9 +412,9 @@ class TestSwitchSpellingsAreTorchs(unittest.TestCase):
                     self.assertEqual(
                         strips, real_load({name: f" {found[0]} "}, explicit) == real_load({name: found[0]}, explicit)
                     )
-                    self.assertTrue(load_call.describe_spellings(name).startswith(", ".join(found) + " ("))
-        self.assertEqual(load_call.torch_reads_force_no_weights_only(), real_load({FORCE_NO_WO: "1"}, None)[1])
-        self.assertEqual(load_call.torch_default_weights_only()[0], real_load({}, None)[0] == "refused")
+                    self.assertTrue(facts.describe_spellings(name).startswith(", ".join(found) + " ("))
+        self.assertEqual(facts.torch_reads_force_no_weights_only(), real_load({FORCE_NO_WO: "1"}, None)[1])
+        self.assertEqual(modes.torch_default_weights_only()[0], real_load({}, None)[0] == "refused")
 
 
 # -- other releases, by stand-ins of their behaviour ----------------------------------------------------
@@ -508,31 +519,39 @@ class TestOtherReleasesReadRight(unittest.TestCase):
         self.assertIn(global_refusal("builtins.frozenset"), message)
 
     def test_torch_24_hands_torchscript_to_jit(self) -> None:
-        buf = torchscript_archive()
-        checkpoint = Checkpoint.from_bytes(buf.getvalue())
-        self.assertEqual(checkpoint.format, "torchscript")
+        # What a TorchScript archive meets is read by the tools, into its scan: a "jit" check where torch
+        # hands it to torch.jit.load (2.4), which the prediction reads as a full load.
+        data = torchscript_archive().getvalue()
+        self.assertEqual(FileCheckpoint.from_bytes(data).format, "torchscript")
         with load_standin(switch_reader(jit_dispatch=True)), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # this torch's torch.jit.load, which the stand-in calls
-            self.assertIsNone(records.torchscript_refusal())
+            self.assertIsNone(facts.torchscript_refusal())
+            checkpoint = FileCheckpoint.from_bytes(data)
+            self.assertEqual([(c.kind, c.name, c.message) for c in checkpoint.info.checks], [("jit", "", "")])
             exp = predict("safe_globals", checkpoint)
             self.assertEqual((exp.weights_only, exp.loads, exp.unknown), (False, True, None))
-            self.assertIn("hands TorchScript archives to torch.jit.load", exp.reason)
-            self.assertIsInstance(
-                torch.serialization.load(io.BytesIO(buf.getvalue()), weights_only=True), torch.jit.ScriptModule
+            self.assertEqual(
+                exp.reason,
+                "weights_only=True explicit; this torch hands TorchScript archives to torch.jit.load whatever "
+                "weights_only says",
             )
-        exp = predict("safe_globals", checkpoint)  # this torch again
-        if records.torchscript_refusal() is not None:
-            self.assertEqual((exp.weights_only, exp.loads, exp.rejection), (True, False, records.torchscript_refusal()))
+            self.assertIsInstance(torch.serialization.load(io.BytesIO(data), weights_only=True), torch.jit.ScriptModule)
+        exp = predict("safe_globals", FileCheckpoint.from_bytes(data))  # this torch again
+        refusal = facts.torchscript_refusal()
+        if refusal is not None:
+            self.assertEqual((exp.weights_only, exp.loads, exp.rejection), (True, False, refusal))
+        else:
+            self.assertEqual((exp.weights_only, exp.loads), (False, True))
 
     def test_torch_28_reads_the_switches_case_sensitively(self) -> None:
         from torch_serial_testing.tools.cli import doctor
 
         with load_standin(switch_reader(lower=False)):
             self.assertEqual(
-                [load_call.is_truthy(v, FORCE_WO) for v in ("true", "TRUE", "Y", "y")], [True, False, False, True]
+                [modes.is_truthy(v, FORCE_WO) for v in ("true", "TRUE", "Y", "y")], [True, False, False, True]
             )
-            self.assertIn("case-sensitive", load_call.describe_spellings(FORCE_WO))
-            switches = load_call.WeightsOnlySwitches.from_environ({FORCE_WO: "TRUE", FORCE_NO_WO: "yes"})
+            self.assertIn("case-sensitive", facts.describe_spellings(FORCE_WO))
+            switches = facts.WeightsOnlySwitches.from_environ({FORCE_WO: "TRUE", FORCE_NO_WO: "yes"})
             self.assertEqual(
                 (switches.force_weights_only, switches.force_no_weights_only, switches.conflict), (False, True, False)
             )
@@ -547,7 +566,7 @@ class TestOtherReleasesReadRight(unittest.TestCase):
             self.assertIn("case-sensitive", text)
             self.assertIn("case-sensitive", problems[0])
         self.assertEqual(
-            "case-sensitive" in load_call.describe_spellings(FORCE_WO),
+            "case-sensitive" in facts.describe_spellings(FORCE_WO),
             real_load({FORCE_WO: "TRUE"}, False)[0] != "refused",
         )  # this torch again
 
@@ -556,13 +575,11 @@ class TestOtherReleasesReadRight(unittest.TestCase):
             load_standin(switch_reader(reads_no=False, default=False)),
             mock.patch.object(torch, "__version__", "2.5.1"),
         ):
-            self.assertFalse(load_call.is_truthy("1", FORCE_NO_WO))
-            self.assertTrue(load_call.is_truthy("Yes", FORCE_WO))
-            self.assertFalse(load_call.torch_reads_force_no_weights_only())
-            self.assertEqual(
-                load_call.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)")
-            )
-            switches = load_call.WeightsOnlySwitches.from_environ({FORCE_WO: "1", FORCE_NO_WO: "1"})
+            self.assertFalse(modes.is_truthy("1", FORCE_NO_WO))
+            self.assertTrue(modes.is_truthy("Yes", FORCE_WO))
+            self.assertFalse(facts.torch_reads_force_no_weights_only())
+            self.assertEqual(modes.torch_default_weights_only(), (False, "the default before torch 2.6 (torch 2.5.1)"))
+            switches = facts.WeightsOnlySwitches.from_environ({FORCE_WO: "1", FORCE_NO_WO: "1"})
             self.assertEqual(
                 (switches.force_weights_only, switches.force_no_weights_only, switches.conflict), (True, False, False)
             )
@@ -574,7 +591,7 @@ class TestOtherReleasesReadRight(unittest.TestCase):
         with load_standin(switch_reader(default=False)), mock.patch.object(torch, "__version__", "2.6.0"):
             # a torch >= 2.6 whose bare load is a full one: an fbcode build, said so
             self.assertEqual(
-                load_call.torch_default_weights_only(), (False, "this torch build (fbcode) keeps the old default")
+                modes.torch_default_weights_only(), (False, "this torch build (fbcode) keeps the old default")
             )
 
 
@@ -646,7 +663,7 @@ class TestProbesThatCannotRun(unittest.TestCase):
         checkpoint = Checkpoint.save({"t": torch.ones(1)})
         with load_standin(broken), clean_env():
             with self.assertRaisesRegex(ProbeFailed, "canary raised OSError: this stand-in"):
-                load_call.decide(tst.LoadMode.DEFAULT)
+                modes.decide(tst.LoadMode.DEFAULT)
             for mode in tst.LoadMode:
                 with self.subTest(mode.value):
                     exp = predict(mode, checkpoint)
@@ -666,14 +683,14 @@ class TestProbesThatCannotRun(unittest.TestCase):
         self.assertIsNone(predict("default", checkpoint).unknown)
 
     def test_a_torchscript_probe_that_fails(self) -> None:
-        buf = torchscript_archive()
+        data = torchscript_archive().getvalue()
         real = torch.serialization.load
 
         def no_torchscript(f: Any, *args: Any, **kwargs: Any) -> Any:
             start = f.tell()
             head = f.read(4)
             f.seek(start)
-            if head == b"PK\x03\x04" and records.is_torchscript(torch._C.PyTorchFileReader(f)):
+            if head == b"PK\x03\x04" and unpickler.is_torchscript(torch._C.PyTorchFileReader(f)):
                 f.seek(start)
                 raise ValueError("this stand-in cannot read TorchScript archives")
             f.seek(start)
@@ -681,14 +698,45 @@ class TestProbesThatCannotRun(unittest.TestCase):
 
         with load_standin(no_torchscript):
             with self.assertRaisesRegex(ProbeFailed, "TorchScript archive .* raised in .*ValueError"):
-                records.torchscript_refusal()
-            info = tst.scan_checkpoint(buf.getvalue())
+                facts.torchscript_refusal()
+            info = tools.scan_checkpoint(data)
             self.assertEqual(info.format, "torchscript")
             self.assertEqual([c.kind for c in info.checks], ["unknown"])
-            exp = predict("safe_globals", Checkpoint.from_bytes(buf.getvalue()))
+            self.assertIn("what this torch does with a TorchScript archive is unknown: ", info.checks[0].message)
+            exp = predict("safe_globals", FileCheckpoint.from_bytes(data))
             self.assertFalse(exp.loads)
             self.assertIn("this stand-in cannot read TorchScript archives", exp.unknown)
             self.assertTrue(predict("safe_globals", Checkpoint.save({"t": torch.ones(1)})).loads)  # others: known
+
+
+class TestTheCoreReadsNoTorchScript(unittest.TestCase):
+    """The core reads the zip archive torch.save writes; a TorchScript archive raises, naming the tools,
+    whether or not the tools read the same bytes before (the scans of small checkpoints are remembered
+    by content, and by the reader that made them)."""
+
+    MESSAGE = (
+        "this is a TorchScript archive (torch.jit.save wrote it): torch.load hands it to torch.jit.load; "
+        "read it with torch_serial_testing.tools.scan_checkpoint"
+    )
+
+    def check_refused(self, data: bytes) -> None:
+        for read in (
+            lambda: Checkpoint.from_bytes(data).info,
+            lambda: Checkpoint.from_bytes(data).format,
+            lambda: tst.scan_checkpoint(data),
+            lambda: predict("safe_globals", Checkpoint.from_bytes(data)),
+        ):
+            with self.assertRaises(CheckpointFormatError) as cm:
+                read()
+            self.assertEqual(str(cm.exception), self.MESSAGE)
+
+    def test_before_and_after_the_tools_read_it(self) -> None:
+        data = torchscript_archive().getvalue()
+        with mock.patch.dict(checkpoint_module._small_infos, clear=True):
+            self.check_refused(data)
+            self.assertEqual(tools.scan_checkpoint(data).format, "torchscript")
+            self.assertEqual(FileCheckpoint.from_bytes(data).format, "torchscript")
+            self.check_refused(data)
 
 
 class TestNothingReadsSource(unittest.TestCase):
@@ -702,7 +750,7 @@ class TestNothingReadsSource(unittest.TestCase):
         readers += [(linecache, n) for n in ("getline", "getlines", "updatecache")]
         readers += [(ast, "parse"), (tokenize, "open")]
         forget_probes()
-        load_call._answers.clear()
+        modes._answers.clear()
         with mock.patch("builtins.compile", side_effect=refuse), mock.patch("builtins.eval", side_effect=refuse):
             patches = [mock.patch.object(module, name, side_effect=refuse) for module, name in readers]
             for p in patches:
@@ -710,10 +758,10 @@ class TestNothingReadsSource(unittest.TestCase):
             try:
                 unpickler_rules()
                 global_refusal("builtins.frozenset")
-                records.torchscript_refusal()
-                load_call.truthy_spellings(FORCE_WO)
-                load_call.truthy_spellings(FORCE_NO_WO)
-                load_call.torch_default_weights_only()
+                facts.torchscript_refusal()
+                facts.truthy_spellings(FORCE_WO)
+                facts.truthy_spellings(FORCE_NO_WO)
+                modes.torch_default_weights_only()
                 exp = predict("safe_globals", Checkpoint.save({"f": frozenset([1]), "tag": "no source"}))
             finally:
                 for p in patches:

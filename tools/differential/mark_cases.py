@@ -67,7 +67,7 @@ def cases() -> Iterator[tuple[str, bytes]]:
     """``(label, checkpoint bytes)``: each popping opcode after a MARK, as a zip and as a legacy stream."""
     import torch
 
-    from torch_serial_testing.checkpoint import LEGACY_MAGIC, LEGACY_PROTOCOL_VERSION
+    from torch_serial_testing.tools.formats import LEGACY_MAGIC, LEGACY_PROTOCOL_VERSION
 
     for op in popping_opcodes():
         body = _stream(op)
@@ -87,7 +87,8 @@ def compare(data: bytes) -> tuple[bool, bool, str]:
     """``(torch raises, the library says it does not load, what each said)`` for a weights-only load."""
     import torch
 
-    from torch_serial_testing import Checkpoint, CheckpointFormatError, predict
+    from torch_serial_testing import CheckpointFormatError, predict
+    from torch_serial_testing.tools import FileCheckpoint  # a zip as the core reads it, and legacy streams
 
     try:
         torch.load(io.BytesIO(data), weights_only=True)
@@ -95,7 +96,7 @@ def compare(data: bytes) -> tuple[bool, bool, str]:
     except Exception as e:  # noqa: BLE001 - the outcome is the data
         actual = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:80]}"
     try:
-        exp = predict("safe_globals", Checkpoint.from_bytes(data), [])
+        exp = predict("safe_globals", FileCheckpoint.from_bytes(data), [])
         said = "loads" if exp.loads else f"rejects: {(exp.reason or '')[:80]}"
         rejects = not exp.loads
     except CheckpointFormatError as e:

@@ -130,10 +130,9 @@ def declared_for(variant: str, checkpoint: Any) -> tuple[list[Any], Optional[str
     """
     if variant != "safe_globals:required":
         return [], None
+    from torch_serial_testing.declarations import resolve_global
     from torch_serial_testing.errors import qualified_name
     from torch_serial_testing.prediction import required_globals
-    from torch_serial_testing.declarations import resolve_global
-    from torch_serial_testing.registry import registry_takes_named_entries
 
     try:
         names = required_globals(checkpoint)
@@ -155,6 +154,35 @@ def declared_for(variant: str, checkpoint: Any) -> tuple[list[Any], Optional[str
         named = ", ".join(n for e in out if isinstance(e, tuple) for n in e[1:])
         return [], f"required globals {named} can only be allowlisted as (obj, name), which this torch cannot take"
     return out, None
+
+
+_named_entries: dict[Any, bool] = {}
+
+
+def registry_takes_named_entries() -> bool:
+    """Whether torch's allowlist takes ``(obj, "module.Name")`` entries (torch 2.4 keys every entry by
+    its own ``__module__.__name__``): registers ``(obj, "<its module>.RenamedProbe")`` and unpickles it."""
+    from torch import _weights_only_unpickler as wou
+
+    from torch_serial_testing.probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
+    from torch_serial_testing.registry import preserved_registry
+
+    key = wou._get_user_allowed_globals
+    known = _named_entries.get(key)
+    if known is None:
+        name = f"{ProbeOther.__module__}.RenamedProbe"
+        with preserved_registry():
+            try:
+                wou._add_safe_globals([(ProbeOther, name)])
+                outcome = unpickle(global_op(name) + STOP)
+            except ProbeFailed:
+                raise
+            except Exception as e:  # noqa: BLE001 - a registry that rejects the tuple form says no
+                outcome = None
+                if not isinstance(e, (TypeError, ValueError, AttributeError)):
+                    raise ProbeFailed(f"registering an (obj, name) entry raised {type(e).__name__}: {e}") from None
+        known = _named_entries[key] = outcome is not None and outcome.loaded and outcome.value is ProbeOther
+    return known
 
 
 # -- the comparison ---------------------------------------------------------------------------
@@ -188,7 +216,7 @@ def _similar(a: str, b: str) -> bool:
 
 def compare(pred: dict[str, Any], act: dict[str, Any], kind: str, fmt: str, checkpoint: Any) -> Optional[str]:
     """None when predict() agrees with torch, else the cause label."""
-    from torch_serial_testing import load as load_modes
+    from torch_serial_testing import loading as load_modes
 
     po, ao = pred["outcome"], act["outcome"]
     message = act.get("message", "")
@@ -295,8 +323,12 @@ def _qengine(name: Optional[str]) -> Iterator[None]:
 def _compare_all(pass_no: int, entry: dict[str, Any], data: bytes) -> list[dict[str, Any]]:
     """Every variant of one pass for one checkpoint: the real load next to predict()."""
     from torch_serial_testing.checkpoint import Checkpoint
+    from torch_serial_testing.tools import FileCheckpoint
 
-    checkpoint = Checkpoint.from_bytes(data)
+    # The core reads torch.save's zip archive from memory; legacy streams and TorchScript archives are
+    # read by the tools, as inspect reads them.  The predictions are the same either way.
+    reader = Checkpoint if entry["format"].startswith("zip") else FileCheckpoint
+    checkpoint = reader.from_bytes(data)
     results = []
     for variant in PASSES[pass_no]:
         declared, problem = declared_for(variant, checkpoint)

@@ -4,6 +4,7 @@ safe globals its own modules register (a fresh interpreter), the legacy tar form
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from dataclasses import dataclass
@@ -202,3 +203,44 @@ class WeightsOnlySwitches:
 
     def conflict_message(self) -> str:
         return conflict_message(self.raw.get(FORCE_WO), self.raw.get(FORCE_NO_WO))
+
+
+_torchscript_refusal: list[Optional[str]] = []
+
+
+def torchscript_refusal() -> Optional[str]:
+    """torch's message refusing a TorchScript archive weights-only, or None when it hands it to
+    ``torch.jit.load`` whatever ``weights_only`` says (torch 2.4): asked once, with a tiny archive."""
+    if not _torchscript_refusal:
+        import torch
+
+        from ..serialization import genuine, observe_serialization_warnings, raiser
+
+        buf = io.BytesIO()
+        writer = torch._C.PyTorchFileWriter(buf)
+        for name in ("data.pkl", "constants.pkl"):
+            writer.write_record(name, b"\x80\x02).", 4)
+        writer.write_end_of_file()
+        del writer
+        buf.seek(0)
+        with observe_serialization_warnings(consume_all=True):  # torch warns that it dispatches to jit
+            try:
+                genuine("load")(buf, weights_only=True)
+                error: Optional[BaseException] = None
+            except Exception as e:  # noqa: BLE001 - where it was raised is the answer
+                error = e
+        where = raiser(error) if error is not None else "nowhere"
+        if where.startswith("torch.jit"):
+            _torchscript_refusal.append(None)
+        elif where.startswith("torch.serialization") and isinstance(error, RuntimeError):
+            message = str(error).strip()
+            unsafe = getattr(torch.serialization, "UNSAFE_MESSAGE", "")
+            if unsafe and message.endswith(unsafe):
+                message = message[: -len(unsafe)].strip()
+            _torchscript_refusal.append(message)
+        else:
+            raise ProbeFailed(
+                f"torch.load of a TorchScript archive with weights_only=True raised in {where}: "
+                f"{type(error).__name__}: {error}"
+            )
+    return _torchscript_refusal[0]

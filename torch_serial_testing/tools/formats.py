@@ -39,7 +39,8 @@ from ..prediction import needed_globals
 from ..model import Global, ScanLimits, ScanState, default_scan_limits
 from ..stream import TruncatedStream, is_truncated
 from ..walker import scan_pickle
-from .facts import TAR_REFUSAL, storage_element_size
+from ..probes import ProbeFailed
+from .facts import TAR_REFUSAL, storage_element_size, torchscript_refusal
 
 __all__ = ["FileCheckpoint", "required_globals", "scan_checkpoint", "open_regular_file", "read_any", "LEGACY_MAGIC"]
 
@@ -156,12 +157,25 @@ LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL_VERSION = 1001
 
 
+def _torchscript(state: ScanState) -> str:
+    """A TorchScript archive: what torch.load does with it weights-only (refuses it; torch 2.4 hands it to
+    torch.jit.load, a ``jit`` check the prediction reads)."""
+    try:
+        refusal = torchscript_refusal()
+    except ProbeFailed as e:
+        state.check("unknown", "", f"what this torch does with a TorchScript archive is unknown: {e}")
+    else:
+        state.check("refused", "", refusal) if refusal is not None else state.check("jit")
+    state.weights_only_live = False
+    return "torchscript"
+
+
 def read_any(f: IO[bytes], nbytes: int, state: ScanState) -> str:
     """Walk every pickle torch would unpickle from *f* (at position 0); return the format name."""
     head = f.read(4)
     f.seek(0)
     if head == ZIP_MAGIC:  # torch reads a zip from every kind of source, never anything else
-        return read_zip(f, nbytes, state)
+        return read_zip(f, nbytes, state, _torchscript)
     if not _is_tar(f):
         _scan_legacy(f, nbytes, state)
         return "legacy"

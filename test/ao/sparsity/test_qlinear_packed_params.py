@@ -85,7 +85,14 @@ except ImportError as e:  # a torch without sparse quantization: every test skip
 else:
     SPARSE_MISSING = None
 
-from torch_serial_testing import SerializationRoundTripTestCase, cross_engine, instantiate_round_trip_tests, override_qengine, qualified_name, supported_qengines
+from torch_serial_testing import (
+    SerializationRoundTripTestCase,
+    cross_engine,
+    instantiate_round_trip_tests,
+    override_qengine,
+    qualified_name,
+    supported_qengines,
+)
 from torch_serial_testing.registry import torch_allowlist
 
 try:  # what upstream test files use; plain unittest when it cannot be imported
