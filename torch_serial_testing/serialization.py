@@ -328,7 +328,8 @@ class SerializationState:
                         delattr(cls, k)
         for fn, code, defaults, kwdefaults in self.functions:  # torch.load's default changed in place...
             if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ != kwdefaults:
-                changes.append(f"{fn.__module__}.{fn.__qualname__} was changed in place (__code__, __defaults__ or __kwdefaults__)")
+                what = "__code__, __defaults__ or __kwdefaults__"
+                changes.append(f"{fn.__module__}.{fn.__qualname__} was changed in place ({what})")
                 fn.__code__, fn.__defaults__ = code, defaults
                 fn.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
         changes += self._restore_allowlist() + self._restore_packages()
