@@ -9,6 +9,8 @@
 ``flagship``    ``python -m unittest test_qlinear_packed_params`` vs ``python -m unittest`` of an
                 empty pytorch ``TestCase`` file (whole processes), and vs its plain-torch twin
                 (:mod:`flagship_plain`, the same tests without the library: the library's share).
+``small_file``  ``python -m unittest three_tests`` (one module, three load modes) vs its plain-torch
+                twin :mod:`three_tests_plain` (whole processes, interleaved).
 ``scanners``    ``inspect`` next to ``torch.serialization.get_unsafe_globals_in_checkpoint`` and
                 picklescan (optional) on the same files, whole processes: wall time, peak RSS
                 and what each reported (:mod:`scanners`).
@@ -42,7 +44,7 @@ import report  # noqa: E402
 import scanners  # noqa: E402
 import timing  # noqa: E402
 
-BENCHMARKS = ("import", "round_trip", "flagship", "scanners", "instructions")
+BENCHMARKS = ("import", "round_trip", "flagship", "small_file", "scanners", "instructions")
 RESULTS = os.path.join(HERE, "RESULTS.rst")
 
 
@@ -128,10 +130,17 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(
             "The flagship's plain-torch twin (``bench/flagship_plain.py``) runs the same tests -- its "
             "builders and checks taken from the flagship file, the same saves and loads per mode -- "
-            "without the library, so the flagship's time over the twin is the library's share "
-            "(informational; the target is against the empty file)."
+            "without the library, so the flagship's time over the twin is the library's share."
         )
-    if "import" in only or "flagship" in only:
+    if "small_file" in only:
+        log(f"[small_file] {2 * rounds} interleaved rounds of two files ...")
+        pair, summary = timing.time_three_tests(2 * rounds)
+        pairs.append(pair)
+        notes.append(
+            f"The three-test file (``bench/three_tests.py``, one module in three load modes): {summary}.  Its "
+            "plain-torch twin (``bench/three_tests_plain.py``) makes the same saves and loads by hand."
+        )
+    if "import" in only or "flagship" in only or "small_file" in only:
         notes.append(
             "Whole processes import byte-compiled code on both sides: the library's and the test files' "
             "``.pyc`` are written first (``compileall``), as ``pip install`` does for torch."

@@ -378,6 +378,21 @@ def time_flagship(rounds: int) -> tuple[list[Pair], str]:
     return pairs, f"{summary}; its plain-torch twin: {_runner_summary(last.get('twin', ''))}"
 
 
+THREE_TESTS_LABEL = "three-test file vs its plain-torch twin (whole process)"
+
+
+def time_three_tests(rounds: int) -> tuple[Pair, str]:
+    """The smallest real use, :mod:`three_tests` (one module, three load modes), vs its plain-torch
+    twin :mod:`three_tests_plain`, interleaved, under ``python -m unittest``."""
+    py = sys.executable
+    files = {"library": "three_tests", "plain": "three_tests_plain"}
+    byte_compile(os.path.dirname(tst.__file__), *(os.path.join(HERE, m + ".py") for m in files.values()))
+    commands = {who: ([py, "-m", "unittest", module], HERE) for who, module in files.items()}
+    runs, last = run_interleaved(commands, rounds, process_env())
+    pair = pair_of(runs, "library", "plain", THREE_TESTS_LABEL, "three_tests vs three_tests_plain", commands)
+    return pair, f"{_runner_summary(last.get('library', ''))}; its twin: {_runner_summary(last.get('plain', ''))}"
+
+
 def all_round_trips(rounds: int, min_run_time: float) -> list[Pair]:
     small, small_declared = small_module()
     with tst.override_qengine("qnnpack"):  # its packed weights load only under the engine that packed them

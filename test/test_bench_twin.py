@@ -83,3 +83,28 @@ class TestFlagshipPlainTwin(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertIn("Ran 20 tests", proc.stderr)
         self.assertNotIn("skipped", proc.stderr)
+
+
+@unittest.skipUnless(
+    hasattr(torch.serialization, "safe_globals"),
+    "torch < 2.5 has no safe_globals context: the library skips that mode, the twin would not",
+)
+class TestThreeTestsPlainTwin(unittest.TestCase):
+    """bench/three_tests_plain.py stays the twin of bench/three_tests.py (issue 37's 3-test file)."""
+
+    def test_same_tests_both_green_the_twin_without_the_library(self) -> None:
+        self.assertEqual(_ids(BENCH, "three_tests"), _ids(BENCH, "three_tests_plain"))
+        self.assertEqual(len(_ids(BENCH, "three_tests")), 3)
+        for module in ("three_tests", "three_tests_plain"):
+            with self.subTest(module=module):
+                proc = subprocess.run(
+                    [sys.executable, "-m", "unittest", "-v", module],
+                    capture_output=True,
+                    text=True,
+                    cwd=BENCH,
+                    env=_env(),
+                    timeout=600,
+                )
+                self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+                self.assertIn("Ran 3 tests", proc.stderr)
+                self.assertNotIn("skipped", proc.stderr)

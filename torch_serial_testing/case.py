@@ -1,9 +1,4 @@
-"""The ``SerializationRoundTripTestCase`` mixin: the author's declarations, the test's coordinates and
-its round trips, wired to the load (:mod:`.outcomes`), isolation (:mod:`.isolation`) and comparison.
-
-When torch should reject a test's load, the test ends there as a pass and says so
-("default: rejected as expected (...)") in verbose output.
-"""
+"""The ``SerializationRoundTripTestCase`` mixin: a test's declarations, coordinates and round trips."""
 
 from __future__ import annotations
 
@@ -11,34 +6,25 @@ import contextlib
 import os
 import sys
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, Sequence, Union
 
-from .declarations import Declaration, SafeGlobal, as_safe_globals, normalize_safe_globals, refuse_local
-from .engines import override_qengine, qnnpack_allocator, validate_qengines
+from .declarations import Declaration, as_safe_globals, normalize_safe_globals, refuse_local
+from .dimensions import override_qengine, qnnpack_allocator, validate_qengines
 from .errors import LeakedGlobalStateError, RoundTripConfigError, dimension
 from .isolation import GlobalState, start_ignoring, stop_ignoring
 from .modes import LoadMode
-from .outcomes import (
-    MISSING,
-    OPEN_SUBTESTS_ATTRIBUTE,
-    RoundTripRecord,
-    SUBTEST_NO_MESSAGE,
-    current_subtest,
-    ExpectedRejection,
-    ends_on_rejection,
-    load_each_mode,
-    load_in_test,
-    note,
-    save,
-)
+from .outcomes import MISSING, OPEN_SUBTESTS_ATTRIBUTE, ExpectedRejection, ends_on_rejection, load_in_test
+from .outcomes import report, save
 from .variants import CaseSpec, author_class, resolvable, with_dims
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpoint
 
+_Mode = Optional[Union[LoadMode, str]]
+_Globals = Optional[Sequence[Any]]
 
-def _main_module_names() -> list[str]:
-    """Module names under which the ``__main__`` script could also be imported (best first)."""
+
+def _main_module_names() -> list[str]:  # best first
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     if not path:
@@ -48,30 +34,28 @@ def _main_module_names() -> list[str]:
     path = os.path.splitext(os.path.abspath(path))[0]
     for entry in sys.path:  # the dotted name relative to each sys.path entry that holds it
         root = os.path.abspath(entry or os.getcwd())
-        if path.startswith(root + os.sep):
-            dotted = path[len(root) + 1 :].replace(os.sep, ".")
-            if dotted not in names:
-                names.append(dotted)
+        dotted = path[len(root) + 1 :].replace(os.sep, ".")
+        if path.startswith(root + os.sep) and dotted not in names:
+            names.append(dotted)
     base = os.path.basename(path)
     return names if base in names else [*names, base]
 
 
 def _stable_names(names: Sequence[str], expect: str) -> list[str]:
-    """*names* with ``__main__.X`` renamed: as pinned in *expect*, else the shortest importable name.
-
-    A class of a file run as a script (``python test_foo.py``, pytorch's habit) is pickled as
-    ``__main__.Name``, imported as ``test_foo.Name``: a golden record pins the importable name.
-    """
+    """*names* with a script's ``__main__.X`` as pinned in *expect*, else as its shortest importable name."""
     if not any(n.startswith("__main__.") for n in names):
         return list(names)
     candidates, pinned = _main_module_names(), set(expect.splitlines())
-    out = []
-    for name in names:
-        if name.startswith("__main__.") and candidates:
-            options = [f"{module}.{name[len('__main__.') :]}" for module in candidates]
-            name = next((o for o in options if o in pinned), None) or min(options, key=len)
-        out.append(name)
-    return sorted(out)
+
+    def stable(name: str) -> str:
+        options = [f"{module}.{name[len('__main__.') :]}" for module in candidates]
+        return next((o for o in options if o in pinned), None) or min(options, key=len)
+
+    return sorted(stable(n) if n.startswith("__main__.") and candidates else n for n in names)
+
+
+def _coordinate(field: str, default: Any = None, doc: Optional[str] = None) -> Any:
+    return property(lambda self: (getattr(self._tst_case, field) if self._tst_case else None) or default, doc=doc)
 
 
 class SerializationRoundTripTestCase:
@@ -92,14 +76,11 @@ class SerializationRoundTripTestCase:
     qengines: ClassVar[Optional[Sequence[str]]] = None
     devices: ClassVar[Optional[Sequence[str]]] = None
 
-    _tst_safe_globals: ClassVar[tuple[SafeGlobal, ...]] = ()
-    _tst_state_dict_safe_globals: ClassVar[tuple[SafeGlobal, ...]] = ()
     _tst_case: ClassVar[Optional[CaseSpec]] = None
     _tst_in_flight: Optional[ExpectedRejection] = None  # raised by a load, not yet caught by the library
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        # Bad declarations fail here, at class creation, not in the middle of a run.
+        super().__init_subclass__(**kwargs)  # bad declarations fail here, at class creation, not mid-run
         refuse_local(cls.safe_globals, f"{cls.__name__}.safe_globals")
         refuse_local(cls.state_dict_safe_globals, f"{cls.__name__}.state_dict_safe_globals")
         for attribute in ("safe_globals", "state_dict_safe_globals"):
@@ -126,25 +107,14 @@ class SerializationRoundTripTestCase:
     def setUp(self) -> None:
         getattr(super(), "setUp", lambda: None)()
         self.round_trip_outcomes: list[str] = []
-        state = GlobalState.capture()
-        self.addCleanup(self._restore_global_state, state)  # type: ignore[attr-defined]
+        self.addCleanup(self._restore_global_state, GlobalState.capture())  # type: ignore[attr-defined]
         if self.ignore_warnings:
-            self._tst_ignoring = start_ignoring(self.ignore_warnings)
-            self.addCleanup(self._tst_unquiet)  # type: ignore[attr-defined]
-
-    def _tst_unquiet(self) -> None:
-        token = self.__dict__.pop("_tst_ignoring", None)
-        if token is not None:
-            stop_ignoring(token)
-
-    def _tst_note_leaks(self, leaks: Sequence[str]) -> None:
-        """Leaks found before the final restore (engine state at the end of an engine test's body)."""
-        self.__dict__.setdefault("_tst_noted_leaks", []).extend(leaks)
+            self.addCleanup(stop_ignoring, start_ignoring(self.ignore_warnings))  # type: ignore[attr-defined]
 
     def _restore_global_state(self, state: GlobalState) -> None:
         if state.restored:
             return
-        leaks = [*self.__dict__.pop("_tst_noted_leaks", []), *state.restore()]
+        leaks = [*self.__dict__.pop("_tst_noted_leaks", []), *state.restore()]  # noted: engine state, by variants
         if state.kept_at_import:  # torch's own registrations are not news
             self._tst_say("kept safe globals registered at import time: " + ", ".join(state.kept_at_import))
         if not leaks:
@@ -163,13 +133,11 @@ class SerializationRoundTripTestCase:
 
     @contextlib.contextmanager
     def subTest(self, msg: Any = MISSING, **params: Any) -> Iterator[None]:  # noqa: N802 - unittest API
-        """``unittest`` subTest in which an expected rejection ends only that subtest, as a pass; a
-        ``GeneratorExit`` (the block yields and its generator is closed) passes through, not recorded."""
+        """``unittest`` subTest that an expected rejection ends as a pass (a closed generator's exit passes through)."""
         args = () if msg is MISSING else (msg,)
         closing: Optional[GeneratorExit] = None
-        # named in the records also where the result has no subTest support (pytest < 9)
-        open_subtests = self.__dict__.setdefault(OPEN_SUBTESTS_ATTRIBUTE, [])
-        open_subtests.append((SUBTEST_NO_MESSAGE if msg is MISSING else msg, params))
+        open_subtests = self.__dict__.setdefault(OPEN_SUBTESTS_ATTRIBUTE, [])  # for results without subTests
+        open_subtests.append((msg, params))
         try:
             with super().subTest(*args, **params):  # type: ignore[misc]
                 try:
@@ -188,20 +156,11 @@ class SerializationRoundTripTestCase:
             raise closing
 
     # This generated test's coordinates; outside instantiation no mode and no engine, on cpu.
-    load_mode = property(lambda self: self._tst_case.mode if self._tst_case else None)
-    qengine = property(
-        lambda self: self._tst_case.save_qengine if self._tst_case else None,
-        doc="The engine the module is built and saved under.",
-    )
-    load_qengine = property(
-        lambda self: self._tst_case.load_qengine if self._tst_case else None,
-        doc="The engine the checkpoint is loaded under (differs only in cross-engine tests).",
-    )
-    device_type = property(lambda self: self._tst_case.device_type if self._tst_case else "cpu")
-    load_device = property(
-        lambda self: (self._tst_case.map_location if self._tst_case else None) or "cpu",
-        doc="Where loads put tensors: the device (``npu``), or ``cpu`` in a ``..._to_cpu`` twin.",
-    )
+    load_mode = _coordinate("mode")
+    qengine = _coordinate("save_qengine", doc="The engine the module is built and saved under.")
+    load_qengine = _coordinate("load_qengine", doc="The engine loads run under (differs only in cross-engine tests).")
+    device_type = _coordinate("device_type", "cpu")
+    load_device = _coordinate("map_location", "cpu", "Where loads put tensors: the device, or cpu in a _to_cpu twin.")
 
     def loading_engine(self) -> contextlib.AbstractContextManager[None]:
         """Context for post-load checks that must run under the load engine (the allocator as found)."""
@@ -228,55 +187,55 @@ class SerializationRoundTripTestCase:
             )
         return module
 
+    def _declared(self, given: _Globals, method: str, attribute: str = "safe_globals") -> Declaration:
+        """The globals a load trusts: the class's *attribute*, or *given* to *method*."""
+        owner = author_class(type(self), attribute)  # never a generated TestFooCPU
+        if given is None:
+            return Declaration(owner, attribute, method, getattr(self, f"_tst_{attribute}"))
+        refuse_local(given, "safe_globals=")  # checked like a class declaration
+        return Declaration(owner, None, method, as_safe_globals(given))
+
     def round_trip(
-        self,
-        obj: Any,
-        *,
-        mode: Optional[LoadMode | str] = None,
-        safe_globals: Optional[Sequence[Any]] = None,
-        map_location: Any = MISSING,
+        self, obj: Any, *, mode: _Mode = None, safe_globals: _Globals = None, map_location: Any = MISSING
     ) -> Any:
-        """Save *obj* to memory and load it back in this test's mode (or *mode*); the loaded object.  If
-        torch should reject the load here, the test ends as a pass once the rejection is checked.  The
-        class's ``safe_globals`` apply unless *safe_globals* is given (``()`` for a plain dict)."""
-        return load_in_test(
-            self, save(obj), mode, *self._declared(safe_globals, "safe_globals", "round_trip"), map_location, obj
-        )
+        """Save *obj* and load it back in this test's mode (or *mode*) under the class's ``safe_globals`` unless
+        given (``()`` for a plain dict); the loaded object.  A load torch should reject ends the test as a pass."""
+        return load_in_test(self, save(obj), mode, self._declared(safe_globals, "round_trip"), map_location, obj)
 
     def round_trip_each_mode(self, obj: Any, check: Any = None, *, safe_globals: Any = None) -> dict[LoadMode, Any]:
         """Save *obj* once, load it in each of the class's modes (a ``subTest`` each: a rejection ends only its
         mode's), ``check(loaded, mode)``: one build per case, in a ``round_trip_dims(load_modes=())`` test."""
-        return load_each_mode(
-            self, save(obj), self._declared(safe_globals, "safe_globals", "round_trip_each_mode"), obj, check
-        )
-
-    def _declared(
-        self, given: Optional[Sequence[Any]], attribute: str, method: str
-    ) -> tuple[Sequence[SafeGlobal], Declaration]:
-        """The globals a load trusts (the class's *attribute*, or *given* to *method*) and where they come from."""
-        owner = author_class(type(self), attribute)  # never a generated TestFooCPU
-        if given is None:
-            return getattr(self, f"_tst_{attribute}"), Declaration(owner, attribute, method)
-        refuse_local(given, "safe_globals=")  # checked like a class declaration
-        return as_safe_globals(given), Declaration(owner, None, method)
+        checkpoint, declared = save(obj), self._declared(safe_globals, "round_trip_each_mode")
+        if self.load_mode is not None:
+            raise RoundTripConfigError(
+                f"round_trip_each_mode loads in every load mode itself, but {self.id()} is generated per load "  # type: ignore[attr-defined]
+                f"mode ({self.load_mode.value}): every mode would be loaded once per mode.  Decorate the test with "
+                "@round_trip_dims(load_modes=()) (it keeps its engine and device dimensions)"
+            )
+        loaded: dict[LoadMode, Any] = {}
+        for mode in type(self).load_modes or tuple(LoadMode):  # a declared dimension is never empty
+            with self.subTest(load_mode=mode.value):
+                loaded[mode] = value = load_in_test(self, checkpoint, mode, declared, MISSING, obj)
+                if check is not None:
+                    check(value, mode)
+        return loaded
 
     def round_trip_state_dict(
         self,
         module: Any = None,
         *,
-        mode: Optional[LoadMode | str] = None,
+        mode: _Mode = None,
         factory: Optional[Callable[[], Any]] = None,
-        safe_globals: Optional[Sequence[Any]] = None,
+        safe_globals: _Globals = None,
         strict: bool = True,
         return_state: bool = False,
     ) -> Any:
-        """Round-trip ``module.state_dict()`` into a fresh module from *factory*, under the class's
-        ``state_dict_safe_globals`` unless *safe_globals* is given; the module, or with *return_state*
-        ``(module, loaded state_dict)``."""
+        """Round-trip ``module.state_dict()`` into a fresh module from *factory* (``state_dict_safe_globals``
+        unless *safe_globals* is given); the module, or with *return_state* ``(module, loaded state_dict)``."""
         module = self.build_module(factory) if module is None else module
-        declared = self._declared(safe_globals, "state_dict_safe_globals", "round_trip_state_dict")
+        declared = self._declared(safe_globals, "round_trip_state_dict", "state_dict_safe_globals")
         state_dict = module.state_dict()
-        state = load_in_test(self, save(state_dict), mode, *declared, MISSING, state_dict)
+        state = load_in_test(self, save(state_dict), mode, declared, MISSING, state_dict)
         with self.loading_engine():
             fresh = self.build_module(factory)
             fresh.load_state_dict(state, strict=strict)
@@ -286,40 +245,26 @@ class SerializationRoundTripTestCase:
         self,
         obj: Any,
         *,
-        mode: Optional[LoadMode | str] = None,
-        safe_globals: Optional[Sequence[Any]] = None,
+        mode: _Mode = None,
+        safe_globals: _Globals = None,
         map_location: Any = MISSING,
         mmap: bool = False,
         **load_kwargs: Any,
     ) -> Any:
-        """As :meth:`round_trip`, loading through a file path: the saved bytes go to a private
-        temporary file (removed after the load) and ``torch.load(path, ..., mmap=mmap, **load_kwargs)``
-        reads them.  *load_kwargs*: any other keyword in ``load.LOAD_KWARGS`` (the mode and
-        *map_location* have their own arguments; pickle_load_args such as ``encoding`` are refused: torch
-        ignores them in weights-only loads)."""
+        """As :meth:`round_trip`, through a temporary file read by ``torch.load(path, mmap=mmap, **load_kwargs)``
+        (``loading.LOAD_KWARGS``; pickle_load_args such as ``encoding`` are refused: weights-only loads ignore them)."""
         extra = {"mmap": True, **load_kwargs} if mmap else dict(load_kwargs)
-        declared, where = self._declared(safe_globals, "safe_globals", "round_trip_file")
-        return load_in_test(
-            self, save(obj), mode, declared, where, map_location, obj, from_file=True, extra_kwargs=extra
-        )
+        declared = self._declared(safe_globals, "round_trip_file")
+        return load_in_test(self, save(obj), mode, declared, map_location, obj, extra)
 
     def round_trip_pickle(self, obj: Any, *, protocol: Optional[int] = None) -> Any:
-        """``pickle.loads(pickle.dumps(obj, protocol))``, asserted to do what torch does here: a tensor's
-        pickle rebuilds its storages with ``torch.load(..., weights_only=False)``, which the
-        ``TORCH_FORCE_*`` switches reach (see :func:`.load.pickle_round_trip`).  It has no load mode: in a
-        generated test it runs the same in every mode (``round_trip_dims(load_modes=())`` runs it once)."""
+        """``pickle.loads(pickle.dumps(obj, protocol))``, asserted to do what torch does (a tensor's pickle loads
+        with ``torch.load(weights_only=False)``, which ``TORCH_FORCE_*`` reaches); no mode of its own."""
         from .loading import pickle_round_trip
 
         with self.loading_engine(), qnnpack_allocator(self.load_qengine):
             result = pickle_round_trip(obj, protocol)
-        outcomes: list[str] = self.round_trip_outcomes
-        if result.summary not in outcomes:
-            outcomes.append(result.summary)
-            self._tst_say(result.summary)
-        note(
-            self,
-            RoundTripRecord("pickle.loads", None, True, result.weights_only, result.summary, current_subtest(self)),
-        )
+        report(self, "pickle.loads", None, True, result.weights_only, result.summary)
         return result.value
 
     def save_checkpoint(self, obj: Any) -> Checkpoint:
@@ -327,22 +272,11 @@ class SerializationRoundTripTestCase:
         return save(obj)
 
     def load_checkpoint(
-        self,
-        checkpoint: Checkpoint,
-        *,
-        mode: Optional[LoadMode | str] = None,
-        safe_globals: Optional[Sequence[Any]] = None,
-        map_location: Any = MISSING,
+        self, checkpoint: Checkpoint, *, mode: _Mode = None, safe_globals: _Globals = None, map_location: Any = MISSING
     ) -> Any:
         """Load *checkpoint* in a mode under this test's load engine, asserting the predicted outcome."""
-        return load_in_test(
-            self,
-            checkpoint,
-            mode,
-            *self._declared(safe_globals, "safe_globals", "load_checkpoint"),
-            map_location,
-            MISSING,
-        )
+        declared = self._declared(safe_globals, "load_checkpoint")
+        return load_in_test(self, checkpoint, mode, declared, map_location, MISSING)
 
     def assertRoundTripEqual(  # noqa: N802 - unittest naming
         self,
@@ -357,8 +291,7 @@ class SerializationRoundTripTestCase:
         check_device: bool = True,
         check_layout: bool = True,
     ) -> None:
-        """Deep comparison, exact by default, naming the path of the first difference; the knobs
-        (as in ``torch.testing.assert_close``) are those of :func:`assert_round_trip_equal`."""
+        """Deep comparison, exact by default, naming the first difference's path (:func:`assert_round_trip_equal`)."""
         from .comparison import assert_round_trip_equal
 
         assert_round_trip_equal(
@@ -380,17 +313,12 @@ class SerializationRoundTripTestCase:
         return required_globals(obj_or_buffer)
 
     def assertRequiredGlobalsExpectedInline(self, obj_or_buffer: Any, expect: str, skip: int = 0) -> None:  # noqa: N802
-        """Pin the required globals, one per line (none: ``""``, or one empty line), as an expecttest golden record that
-        is the same however the file is run (:func:`_stable_names`); ``EXPECTTEST_ACCEPT=1`` rewrites it."""
+        """Pin the required globals, one per line (none: ``""``, or one empty line), as an expecttest golden
+        record that is the same however the file is run; ``EXPECTTEST_ACCEPT=1`` rewrites it."""
         from expecttest import assert_expected_inline
 
         names = _stable_names(self.required_globals(obj_or_buffer), expect)
         # No global: "" -- or one empty line, as records written before 0.1.0's final form pinned it.
         actual = "".join(f"{name}\n" for name in names) or ("\n" if expect == "\n" else "")
-        assert_expected_inline(
-            actual,
-            expect,
-            skip=skip + 1,
-            assert_eq=self.assertMultiLineEqual,  # type: ignore[attr-defined]  # a mixin of a TestCase
-            debug_id=self.id(),  # type: ignore[attr-defined]
-        )
+        test: Any = self  # a mixin of a TestCase
+        assert_expected_inline(actual, expect, skip=skip + 1, assert_eq=test.assertMultiLineEqual, debug_id=test.id())

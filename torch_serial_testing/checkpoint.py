@@ -1,14 +1,9 @@
 """Checkpoint bytes: who produced them, and what a static scan finds in them.
 
-*Ownership*: only a :class:`Checkpoint` made by :meth:`Checkpoint.save` (bytes this process just wrote
-with torch's own ``torch.save``) may ever be loaded with ``weights_only=False``; bytes from anywhere
-else are *foreign* and only ever loaded weights-only.  *The scan* (:attr:`Checkpoint.info`,
-:func:`scan_checkpoint`) reads what ``torch.load`` reads of the zip archive ``torch.save`` writes --
-``data.pkl``, through torch's own reader -- and walks it (:mod:`.walker`): nothing is imported or
-executed, tensor storages are never touched, the work is bounded (:class:`~.model.ScanLimits`).  A
-TorchScript archive is recognised as ``torch.load`` recognises it.  Files on disk and the formats
-before torch 1.6 (legacy streams, tar archives) are read by :mod:`torch_serial_testing.tools.formats`.
-"""
+Only bytes :meth:`Checkpoint.save` just wrote with torch's own ``torch.save`` are ever loaded with
+``weights_only=False``; others are *foreign*.  The scan walks ``data.pkl`` of the zip archive, read by
+torch's own reader, importing and executing nothing, its work bounded (:class:`~.model.ScanLimits`).
+Files, TorchScript and the formats before torch 1.6: :mod:`torch_serial_testing.tools.formats`."""
 
 from __future__ import annotations
 
@@ -27,56 +22,42 @@ from .walker import scan_pickle
 
 #: Told the bytes of every :meth:`Checkpoint.save` (an observer such as the audit's): a copy, after the save.
 _SAVE_LISTENERS: list[Callable[[bytes], None]] = []
+BufferLike = Union[bytes, bytearray, memoryview, IO[bytes], "Checkpoint"]
+ZIP_MAGIC = b"PK\x03\x04"
 
 
 def add_save_listener(listener: Callable[[bytes], None]) -> None:
-    """Have *listener* told the bytes of every :meth:`Checkpoint.save` (idempotent).  The save itself is
-    torch's own function, which no replacement of ``torch.save`` (an observer's wrapper included) sees."""
+    """Have *listener* told the bytes of every :meth:`Checkpoint.save` (idempotent): no replacement of
+    ``torch.save`` (an observer's wrapper included) sees that save."""
     if listener not in _SAVE_LISTENERS:
         _SAVE_LISTENERS.append(listener)
 
 
-#: Formats a scan may report (``legacy`` and ``tar``: read by the tools only).
-FORMATS = ("zip", "torchscript", "legacy", "tar")
-
-BufferLike = Union[bytes, bytearray, memoryview, IO[bytes], "Checkpoint"]
-
-
 @dataclass(frozen=True)
 class CheckpointInfo:
-    """What a static scan found: the format, the globals the pickles name and the checks torch's
-    weights-only unpickler would make (in its order, duplicates dropped)."""
+    """What a static scan found: the format; the globals as torch's weights-only unpickler spells them
+    (its Python-2 renames applied); the opcodes it refuses; its reason when no allowlist can make it
+    load this (TorchScript, an unsupported opcode, SETITEM on a defaultdict...); every global a *full*
+    unpickle resolves, as it resolves them; the checks it would make (in its order, duplicates
+    dropped); the work done; every format torch may read the bytes as (``("tar", "legacy")`` for bytes
+    that are both: a path is read as tar, ``io.BytesIO`` as legacy; the rest is then of both readings)."""
 
     format: str
-    #: Globals as torch's weights-only unpickler spells them (its Python-2 renames applied), sorted.
     globals: tuple[str, ...]
     nbytes: int
-    #: Opcodes torch's weights-only unpickler refuses ("Unsupported operand"), e.g. STACK_GLOBAL.
     unsupported_opcodes: tuple[str, ...] = ()
-    #: torch's reason when NO allowlist can make ``weights_only=True`` load this (TorchScript, tar, an
-    #: unsupported opcode, SETITEM on a defaultdict, a non-storage persistent id...), else None.
     weights_only_blocker: Optional[str] = None
-    #: Every global a *full* unpickle resolves, as it resolves it (``_compat_pickle``, ``load_module_mapping``).
     full_load_globals: tuple[str, ...] = ()
     checks: tuple[Check, ...] = ()
-    #: Work the scan did: opcodes walked, pickle bytes read, the largest memo held.
     opcodes_walked: int = 0
     bytes_scanned: int = 0
     memo_entries: int = 0
-    #: Every format torch may read the bytes as: one, or ``("tar", "legacy")`` for bytes that are both a
-    #: tar archive (what ``torch.load`` of a path reads) and a legacy stream (what it reads from
-    #: ``io.BytesIO``); the names and checks above are then those of both readings.
     readings: tuple[str, ...] = ()
 
     @property
     def type_checks(self) -> tuple[str, ...]:
         """Types BUILD is applied to that must be allowlisted (e.g. ``numpy.dtypes.Float64DType``)."""
         return tuple(c.name for c in self.checks if c.kind == "type")
-
-    @property
-    def unresolved(self) -> bool:
-        """True when a global is built at unpickling time and cannot be named statically."""
-        return any(g.startswith("<") for g in self.globals)
 
 
 class Checkpoint:
@@ -92,9 +73,8 @@ class Checkpoint:
 
     @classmethod
     def save(cls, obj: Any) -> Checkpoint:
-        """``torch.save`` *obj* into a private in-memory buffer (no copy is ever made of it), with torch's
-        own function (:func:`~.serialization.genuine`): a replaced ``torch.save`` could write any bytes
-        into a buffer that is then trusted with a full load."""
+        """``torch.save`` *obj* into a private in-memory buffer, with torch's own function: a replaced
+        ``torch.save`` could write any bytes into a buffer that is then trusted with a full load."""
         from .serialization import genuine
 
         buffer = io.BytesIO()
@@ -133,7 +113,6 @@ class Checkpoint:
 
     @property
     def owned(self) -> bool:
-        """True only for bytes produced by :meth:`save` in this process."""
         return self._owned
 
     @property
@@ -146,9 +125,8 @@ class Checkpoint:
     def info(self) -> CheckpointInfo:
         """The static scan, computed once (under the default :class:`~.model.ScanLimits`)."""
         if self._info is None:
-            self._info = _small_checkpoint_info(self._buffer, self._read) or _scan(
-                self.rewound(), default_scan_limits(), self._read
-            )
+            small = _small_checkpoint_info(self._buffer, self._read)
+            self._info = small or _scan(self.rewound(), default_scan_limits(), self._read)
         return self._info
 
     def _read(self, f: IO[bytes], nbytes: int, state: ScanState) -> str:
@@ -157,9 +135,8 @@ class Checkpoint:
 
     @property
     def format(self) -> str:
-        """``zip`` or ``torchscript`` (``legacy``, ``tar``: :mod:`~torch_serial_testing.tools.formats`).
-        Known without a scan for a zip archive :meth:`save` wrote (``torch.save`` writes no
-        ``constants.pkl``): a full load needs no scan."""
+        """``zip`` or ``torchscript`` (``legacy``, ``tar``: the tools).  Known without a scan for a zip
+        archive :meth:`save` wrote (``torch.save`` writes no ``constants.pkl``): a full load needs no scan."""
         if self._info is None and self._owned and isinstance(self._buffer, io.BytesIO):
             with self._buffer.getbuffer() as view:
                 head = bytes(view[:4])
@@ -168,7 +145,6 @@ class Checkpoint:
         return self.info.format
 
     def rewound(self) -> IO[bytes]:
-        """The underlying buffer (or file) at position 0 (for ``torch.load``)."""
         self._buffer.seek(0)
         return self._buffer
 
@@ -181,25 +157,17 @@ class Checkpoint:
 # whether numpy is imported; failed scans and scans without this torch's rules are not kept.  Keyed
 # by the size and the last 256 bytes (a zip's central directory: every record's CRC-32 and size),
 # cheaper to hash than all of them; a hit counts only when the bytes are equal (one memcmp).
-_SMALL_CHECKPOINT = 64 * 1024
-
-_SMALL_ENTRIES = 64
-
-_TAIL = 256
-
+_SMALL_CHECKPOINT, _SMALL_ENTRIES, _TAIL = 64 * 1024, 64, 256
 _small_infos: dict[tuple[Any, ...], tuple[bytes, ScanLimits, Any, CheckpointInfo]] = {}
-
 _small_lock = threading.Lock()
 
 
 def _small_checkpoint_info(buffer: IO[bytes], read: Any) -> Optional[CheckpointInfo]:
     """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones (and files)."""
-    if (
-        not isinstance(buffer, io.BytesIO) or len(buffer.getbuffer()) > _SMALL_CHECKPOINT
-    ):  # the view is released at once (no reference kept)
+    # (the view is released at once: no reference kept)
+    if not isinstance(buffer, io.BytesIO) or len(buffer.getbuffer()) > _SMALL_CHECKPOINT:
         return None
-    limits = default_scan_limits()
-    rules = walk_rules()
+    limits, rules = default_scan_limits(), walk_rules()
     data = buffer.getvalue()  # at most a memcpy; comparing bytes is a memcmp
     # the reader too: the core's refuses what the tools' reads (TorchScript, legacy), on the same bytes
     key = (len(data), data[-_TAIL:], id(limits), id(rules), getattr(read, "__func__", read), "numpy" in sys.modules)
@@ -232,13 +200,9 @@ def _require_binary_seekable(f: Any) -> None:
 
 
 def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> CheckpointInfo:
-    """The format, the globals and torch's weights-only checks of a checkpoint, without unpickling it.
-
-    *f*: bytes, a binary buffer (from where it is positioned, as for ``torch.load``) or a
-    :class:`Checkpoint`.  Raises :class:`CheckpointFormatError` naming what is wrong for empty,
-    truncated, damaged, unrecognised or over-limit bytes (*limits*, default the current
-    :func:`~.model.scan_limits`).  A file path: ``torch_serial_testing.tools.scan_checkpoint``.
-    """
+    """The format, the globals and torch's weights-only checks of *f* (bytes, a binary buffer from where
+    it is positioned, or a :class:`Checkpoint`), without unpickling it.  Raises :class:`CheckpointFormatError`
+    naming what is wrong for empty, truncated, damaged, unrecognised or over-*limits* bytes."""
     limits = default_scan_limits() if limits is None else limits
     if isinstance(f, (str, os.PathLike)):
         raise TypeError(
@@ -278,13 +242,9 @@ def _scan(f: IO[bytes], limits: ScanLimits, read: Callable[[IO[bytes], int, Scan
     )
 
 
-ZIP_MAGIC = b"PK\x03\x04"
-
-
 def read_zip(f: IO[bytes], nbytes: int, state: ScanState, torchscript: Optional[Callable[..., str]] = None) -> str:
     """Walk the pickle torch would unpickle from the zip archive *f*; the format.  A TorchScript archive
-    goes to *torchscript* (``(state) -> format``); it and other formats are read by the tools
-    (:mod:`torch_serial_testing.tools.formats`)."""
+    goes to *torchscript* (``(state) -> format``, the tools'), else raises."""
     head = f.read(4)
     f.seek(0)
     if head != ZIP_MAGIC:
@@ -293,17 +253,6 @@ def read_zip(f: IO[bytes], nbytes: int, state: ScanState, torchscript: Optional[
             "torch 1.6; read other formats (legacy streams, tar archives) and files with "
             "torch_serial_testing.tools.scan_checkpoint"
         )
-    return _scan_zip(f, state, torchscript)
-
-
-def _one_line(e: BaseException) -> str:
-    """The first line of *e*, without the boilerplate torch's reader appends ("This is an internal miniz error...")."""
-    text = str(e).strip().splitlines()
-    first = text[0] if text else type(e).__name__
-    return first.split(". This is an internal miniz error")[0].split("  (Could this error")[0]
-
-
-def _scan_zip(f: IO[bytes], state: ScanState, torchscript: Optional[Callable[..., str]]) -> str:
     try:
         reader = zip_reader(f)
     except (RuntimeError, ValueError, OSError) as e:
@@ -332,6 +281,13 @@ def _scan_zip(f: IO[bytes], state: ScanState, torchscript: Optional[Callable[...
     _cap(len(data), "data.pkl", state)
     scan_pickle(data, 0, state, zip_format=True)
     return "zip"
+
+
+def _one_line(e: BaseException) -> str:
+    """The first line of *e*, without the boilerplate torch's reader appends ("This is an internal miniz error...")."""
+    text = str(e).strip().splitlines()
+    first = text[0] if text else type(e).__name__
+    return first.split(". This is an internal miniz error")[0].split("  (Could this error")[0]
 
 
 def _cap(size: int, what: str, state: ScanState) -> None:

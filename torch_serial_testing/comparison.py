@@ -9,7 +9,8 @@ axis all match: a round trip must not change a single bit.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional
+from collections import namedtuple
+from typing import Any, Optional
 
 
 class RoundTripMismatch(AssertionError):
@@ -17,26 +18,13 @@ class RoundTripMismatch(AssertionError):
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"round trip mismatch at {path or '<root>'}: {message}")
-        self.path = path
-        self.detail = message
+        self.path, self.detail = path, message
 
 
 _EXACT_SCALARS = (bool, int, float, complex, str, bytes, type(None))
-
-
-class _Checks(NamedTuple):
-    """Which properties count, as in ``torch.testing.assert_close`` (all strict by default)."""
-
-    rtol: Optional[float] = None
-    atol: Optional[float] = None
-    allow_subclasses: bool = False
-    check_requires_grad: bool = True
-    check_dtype: bool = True
-    check_device: bool = True
-    check_layout: bool = True
-
-
-_EXACT = _Checks()
+#: Which properties count, as in ``torch.testing.assert_close``; ``_EXACT``: all, exactly.
+_Checks = namedtuple("_Checks", "rtol atol allow_subclasses check_requires_grad check_dtype check_device check_layout")
+_EXACT = _Checks(None, None, False, True, True, True, True)
 
 
 def assert_round_trip_equal(
@@ -58,8 +46,7 @@ def assert_round_trip_equal(
     ``torch.testing.assert_close``, relaxes one property (``check_dtype=False``: values compared after
     promotion, ``check_device=False``: on the CPU, ``check_layout=False``: sparse compared dense,
     ``allow_subclasses``: related types match); shapes, quantization parameters and container
-    keys/lengths are always compared.
-    """
+    keys/lengths are always compared."""
     if (rtol is None) != (atol is None):
         raise ValueError("pass rtol and atol together (or neither, for exact comparison)")
     knobs = map(bool, (allow_subclasses, check_requires_grad, check_dtype, check_device, check_layout))
@@ -75,31 +62,25 @@ def _compare(e: Any, a: Any, path: str, checks: _Checks) -> None:
 
     if isinstance(e, torch.Tensor) or isinstance(a, torch.Tensor):
         _compare_tensors(e, a, path, checks)
-        return
-    if not _same_type(e, a, checks):
+    elif not _same_type(e, a, checks):
         raise RoundTripMismatch(path, f"type {type(a).__name__} != expected {type(e).__name__} ({a!r} vs {e!r})")
-    if isinstance(e, torch.nn.Module):
+    elif isinstance(e, torch.nn.Module):
         _compare(e.state_dict(), a.state_dict(), f"{path}.state_dict()", checks)
-        return
-    if isinstance(e, torch.ScriptObject):
+    elif isinstance(e, torch.ScriptObject):
         # a TorchScript class's own __getstate__ (torch's stubs declare none on ScriptObject)
         _compare(e.__getstate__(), a.__getstate__(), f"{path}.__getstate__()", checks)  # type: ignore[attr-defined]
-        return
-    if isinstance(e, dict):
-        missing = [k for k in e if k not in a]
-        extra = [k for k in a if k not in e]
+    elif isinstance(e, dict):
+        missing, extra = [k for k in e if k not in a], [k for k in a if k not in e]
         if missing or extra:
             raise RoundTripMismatch(path, f"keys differ: missing {missing}, unexpected {extra}")
         for k in e:
             _compare(e[k], a[k], f"{path}[{k!r}]", checks)
-        return
-    if isinstance(e, (list, tuple)):
+    elif isinstance(e, (list, tuple)):
         if len(e) != len(a):
             raise RoundTripMismatch(path, f"length {len(a)} != expected {len(e)}")
         for i, (x, y) in enumerate(zip(e, a)):
             _compare(x, y, f"{path}[{i}]", checks)
-        return
-    if e != a and not (isinstance(e, float) and math.isnan(e) and math.isnan(a)):
+    elif e != a and not (isinstance(e, float) and math.isnan(e) and math.isnan(a)):
         exact = isinstance(e, _EXACT_SCALARS) or isinstance(e, (torch.dtype, torch.device, torch.Size, torch.qscheme))
         raise RoundTripMismatch(path, f"{a!r} != expected {e!r}" + ("" if exact else " (compared with ==)"))
 
@@ -110,19 +91,10 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
     if not (isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor)):
         raise RoundTripMismatch(path, f"type {type(a).__name__} != expected {type(e).__name__}")
     if not _same_type(e, a, checks):
-        raise RoundTripMismatch(
-            path,
-            f"tensor class {type(a).__name__} != expected {type(e).__name__} (allow_subclasses=True "
-            "accepts related classes such as Parameter vs Tensor)",
-        )
-    strictness = (
-        ("dtype", checks.check_dtype),
-        ("device", checks.check_device),
-        ("layout", checks.check_layout),
-        ("shape", None),
-        ("requires_grad", checks.check_requires_grad),
-    )  # None: always compared
-    for attr, strict in strictness:
+        why = "allow_subclasses=True accepts related classes such as Parameter vs Tensor"
+        raise RoundTripMismatch(path, f"tensor class {type(a).__name__} != expected {type(e).__name__} ({why})")
+    for attr in ("dtype", "device", "layout", "shape", "requires_grad"):
+        strict = getattr(checks, f"check_{attr}", None)  # None: the shape, always compared
         x, y = getattr(e, attr), getattr(a, attr)
         if strict is not False and x != y:
             hint = "" if strict is None else f" (check_{attr}=False ignores it)"
@@ -130,7 +102,14 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
     if e.is_quantized or a.is_quantized:
         if e.is_quantized != a.is_quantized:
             raise RoundTripMismatch(path, f"quantized {a.is_quantized} != expected {e.is_quantized}")
-        _compare_quantized(e, a, path)
+        per_tensor = e.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
+        for attr in ("qscheme", *(("q_scale", "q_zero_point") if per_tensor else ("q_per_channel_axis",))):
+            x, y = getattr(e, attr)(), getattr(a, attr)()
+            if x != y:
+                raise RoundTripMismatch(path, f"{attr} {y} != expected {x}")
+        for attr in () if per_tensor else ("q_per_channel_scales", "q_per_channel_zero_points"):
+            _compare_tensors(getattr(e, attr)(), getattr(a, attr)(), f"{path}.{attr}()", _EXACT)
+        _compare_tensors(e.int_repr().cpu(), a.int_repr().cpu(), f"{path}.int_repr()", _EXACT)
         return
     if e.device != a.device:  # only reached with check_device=False
         e, a = e.cpu(), a.cpu()
@@ -145,28 +124,6 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
     except (RuntimeError, NotImplementedError):  # a tensor kind torch.equal does not support
         pass
     try:
-        torch.testing.assert_close(
-            a,
-            e,
-            rtol=checks.rtol or 0,
-            atol=checks.atol or 0,
-            equal_nan=True,
-            check_device=True,
-            check_dtype=True,
-            check_layout=True,
-        )
+        torch.testing.assert_close(a, e, rtol=checks.rtol or 0, atol=checks.atol or 0, equal_nan=True)
     except AssertionError as err:
         raise RoundTripMismatch(path, f"tensor values differ: {err}") from None
-
-
-def _compare_quantized(e: Any, a: Any, path: str) -> None:
-    import torch
-
-    per_tensor = e.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric)
-    for attr in ("qscheme", *(("q_scale", "q_zero_point") if per_tensor else ("q_per_channel_axis",))):
-        x, y = getattr(e, attr)(), getattr(a, attr)()
-        if x != y:
-            raise RoundTripMismatch(path, f"{attr} {y} != expected {x}")
-    for attr in () if per_tensor else ("q_per_channel_scales", "q_per_channel_zero_points"):
-        _compare_tensors(getattr(e, attr)(), getattr(a, attr)(), f"{path}.{attr}()", _EXACT)
-    _compare_tensors(e.int_repr().cpu(), a.int_repr().cpu(), f"{path}.int_repr()", _EXACT)

@@ -1,30 +1,17 @@
-"""A declaration of safe globals, read once: what each entry is, the name torch matches it by.
-
-Entries are objects, ``'module.Name'`` strings, ``(object, 'module.Name')`` pairs (torch's form for a
-class pickled under another name) or :class:`UnsafeCallable` wrappers (accepted as plain entries).
-The author's declaration is trusted as torch trusts it, with one small check
-(:func:`declaration_problem`): what can never be a safe global is refused, saying the fix.
-"""
+"""A declaration of safe globals, read once: each entry and the name torch matches it by.  It is trusted as
+torch trusts it, with one small check (:func:`declaration_problem`), and judged against what loads needed."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import types
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
-from .errors import (
-    AllowlistError,
-    RoundTripConfigError,
-    imported_prefix,
-    is_marker,
-    name_problem,
-    qualified_name,
-    quote_name,
-    show_name,
-    torch_key,
-)
-from .registry import registered_globals, torch_allowlist
+from .errors import AllowlistError, RoundTripConfigError, imported_prefix, is_marker, name_problem
+from .errors import qualified_name, quote_name, show_name, torch_key
+from .registry import registered_globals, safe_globals_context_missing, torch_allowlist
 
 
 @dataclass(frozen=True)
@@ -34,8 +21,7 @@ class SafeGlobal:
     obj: Any
     name: str
     explicit_name: bool = False
-    #: The author's reason, for an :class:`UnsafeCallable` entry.
-    unsafe_reason: Optional[str] = None
+    unsafe_reason: Optional[str] = None  # the author's reason, for an UnsafeCallable entry
 
     @property
     def torch_entry(self) -> Any:
@@ -55,8 +41,7 @@ class UnsafeCallable:
             raise RoundTripConfigError(
                 "UnsafeCallable needs reason='why this checkpoint legitimately calls it' (a non-empty string)"
             )
-        self.target = target
-        self.reason = reason
+        self.target, self.reason = target, reason
 
     def __repr__(self) -> str:
         target = self.target if isinstance(self.target, str) else torch_key(self.target) or type(self.target).__name__
@@ -72,8 +57,7 @@ def _check_declaration(declared: Any) -> None:
 
 
 def split_entry(item: Any) -> tuple[Any, Optional[str], bool, Optional[str]]:
-    """(object or None for a bare name, the name torch matches it by or None when the object has none,
-    whether that name was explicit, the :class:`UnsafeCallable` reason) of one entry; imports nothing."""
+    """(object or None, the name torch matches it by or None, explicit name?, UnsafeCallable reason); no import."""
     if isinstance(item, SafeGlobal):
         return item.obj, item.name, item.explicit_name, item.unsafe_reason
     if isinstance(item, UnsafeCallable):
@@ -101,15 +85,13 @@ def resolve_global(name: str) -> Any:
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
+            module = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
             continue
         try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
+            return functools.reduce(getattr, parts[cut:], module)
         except AttributeError:
             break
-        return obj
     raise RoundTripConfigError(
         f"safe global {quote_name(name)} is not importable; fix the spelling ('package.module.Name') or "
         "declare the object itself"
@@ -144,9 +126,7 @@ def _code_running(name: Optional[str]) -> bool:
 
 
 def _runs_as(obj: Any, depth: int = 0) -> list[Optional[str]]:
-    """What calling *obj* calls, when that is not *obj* itself: the class of a call-building instance
-    (a ``functools.partial``, an ``operator.attrgetter``), the object a bound method or method-wrapper
-    is bound to (``os.system.__call__``)."""
+    """What calling *obj* calls if not *obj*: a call-building instance's class, a bound method's owner."""
     if isinstance(obj, (type, types.ModuleType, types.FunctionType)) or depth > 3:
         return []
     names = [torch_key(type(obj))]
@@ -156,29 +136,12 @@ def _runs_as(obj: Any, depth: int = 0) -> list[Optional[str]]:
     return names
 
 
-def _undeclarable(name: str) -> Optional[str]:
-    """Why no declaration may name *name* (a global a checkpoint needs), or None."""
-    if is_marker(name):
-        return "built at unpickling time, so no name can allow it"
-    problem = name_problem(name)
-    if problem:
-        return f"not a dotted Python name ({problem})"
-    if _code_running(name):
-        return "it runs code or reaches the system when a pickle calls it"
-    return None
-
-
 def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
-    """Why *obj* can never be the safe global *name* (*explicit*: the author wrote the name), or None.
-
-    Refused: a module; a known code-running callable (``eval``, ``os.system``, ``subprocess.*``), by its
-    own identity and by the declared name; an object that is not importable under the name it pickles
-    by (``module.qualname``).  Anything else the author may trust, as torch lets them: their classes,
-    torch's (``torch.testing._internal.two_tensor.TwoTensor`` included), functions."""
+    """Why *obj* can never be the safe global *name* (*explicit*: the author wrote it): a module, a known
+    code-running callable (by identity and by name), an object not importable under its pickled name."""
     if isinstance(obj, types.ModuleType):
         return f"it is the module {show_name(obj.__name__)}: a pickle names globals in modules, never a module itself"
-    real = torch_key(obj)
-    for n in (real, name, *_runs_as(obj)):
+    for n in (torch_key(obj), name, *_runs_as(obj)):
         if _code_running(n):
             return f"{show_name(n)} runs code or reaches the system when a pickle calls it"
     if explicit:
@@ -201,10 +164,9 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
     out: list[SafeGlobal] = []
     for item in declared:
         obj, name, explicit, unsafe = split_entry(item)
-        if isinstance(obj, types.ModuleType):  # before its missing name: say what it is
-            problem = declaration_problem(obj, "", False)
-            raise RoundTripConfigError(f"refusing to allowlist {show_name(name or obj.__name__)}: {problem}")
-        if obj is None:  # a name the author wrote: imported to find the object
+        if isinstance(obj, types.ModuleType):  # refused below, named even without a name of its own
+            name = name or obj.__name__
+        elif obj is None:  # a name the author wrote: imported to find the object
             obj = resolve_global(name)  # type: ignore[arg-type]
             explicit = torch_key(obj) != name
         elif name is None:
@@ -231,20 +193,15 @@ as_safe_globals = normalize_safe_globals
 
 
 def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
-    """``(object or None, name)`` per entry, refusing nothing (a prediction only predicts).  Objects are
-    named by ``module.qualname`` as torch's ``_get_user_allowed_globals`` does (never their ``.name``);
-    ``'module.Name'`` strings are not imported."""
+    """``(object or None, name)`` per entry as torch names it (``module.qualname``), refusing nothing."""
     _check_declaration(safe_globals)
     entries = (split_entry(item)[:2] for item in safe_globals)
     return tuple((obj, qualified_name(obj) if name is None else name) for obj, name in entries)  # raises, saying why
 
 
-#: Globals a later torch put on its own allowlist (``builtins.set``: torch 2.6).  Declaring one is
-#: never over-trust, so one declaration serves every torch and module, whether or not its
-#: checkpoint names it (a quantized ``Conv2d`` pickles through ``__getstate__``, never naming ``set``).
+#: Globals a later torch allowlists itself (``builtins.set``: 2.6).  Declaring one is never over-trust: one
+#: declaration serves every torch and module, whether its checkpoint names it or not.
 LATER_ALLOWLISTED = frozenset({"builtins.set"})
-
-_CONTAINER_CHECKS = ("append", "appends", "setitem", "setitems")
 
 
 def allowed_anyway() -> frozenset[str]:
@@ -253,14 +210,13 @@ def allowed_anyway() -> frozenset[str]:
 
 
 def names_used(info: Any) -> set[str]:
-    """Every name a scanned checkpoint's weights-only load may need allowed (globals, BUILD types,
-    container targets)."""
-    return set(info.globals) | {c.name for c in info.checks if c.kind == "type" or c.kind in _CONTAINER_CHECKS}
+    """Every name a weights-only load of *info* may need allowed (globals, BUILD types, container targets)."""
+    kinds = ("type", "append", "appends", "setitem", "setitems")
+    return set(info.globals) | {c.name for c in info.checks if c.kind in kinds}
 
 
 def paste_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(import lines, references) that name *names* in code: builtins bare, ``torch.X`` through
-    ``torch``, the rest imported from their longest imported module (aliased when two share a name)."""
+    """(import lines, references) naming *names* in code, each imported from its longest imported module."""
     imports: list[str] = []
     refs: list[str] = []
     bound: dict[str, str] = {"torch": "torch"}
@@ -284,14 +240,17 @@ def paste_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
     return sorted(imports), refs
 
 
+_Names = Iterable[str]
+
+
+@dataclass(frozen=True)
 class Declaration:
-    """Where the declared globals live: class *owner*'s *attribute*, or (None) the ``safe_globals=``
-    argument of *method*."""
+    """Globals a load trusts (*entries*), declared in *owner*'s *attribute* or (None) *method*'s argument."""
 
-    __slots__ = ("owner", "attribute", "method")
-
-    def __init__(self, owner: str, attribute: Optional[str], method: str = "round_trip") -> None:
-        self.owner, self.attribute, self.method = owner, attribute, method
+    owner: str
+    attribute: Optional[str]
+    method: str = "round_trip"
+    entries: Sequence[SafeGlobal] = ()
 
     @property
     def label(self) -> str:
@@ -299,46 +258,40 @@ class Declaration:
 
     def fix(self, names: Sequence[str]) -> str:
         """The declaration of exactly *names*, where it lives, then the plain ``torch.load`` form."""
-        import torch
-
         imports, refs = paste_parts(names)
-        tuple_text = "(" + ", ".join(refs) + ("," if len(refs) == 1 else "") + ")"
-        where = (
-            [f"class {self.owner}(...):", f"    {self.attribute} = {tuple_text}"]
-            if self.attribute
-            else [f"self.{self.method}(..., safe_globals={tuple_text})"]
-        )
         listed = ", ".join(refs)
-        call = (
-            [f"with torch.serialization.safe_globals([{listed}]):", "    obj = torch.load(f, weights_only=True)"]
-            if hasattr(torch.serialization, "safe_globals")
-            else [f"torch.serialization.add_safe_globals([{listed}])", "obj = torch.load(f, weights_only=True)"]
-        )
+        tuple_text = f"({listed}{',' if len(refs) == 1 else ''})"
+        if self.attribute:
+            where = f"class {self.owner}(...):\n    {self.attribute} = {tuple_text}"
+        else:
+            where = f"self.{self.method}(..., safe_globals={tuple_text})"
+        if safe_globals_context_missing() is None:
+            call = f"with torch.serialization.safe_globals([{listed}]):\n    obj = torch.load(f, weights_only=True)"
+        else:
+            call = f"torch.serialization.add_safe_globals([{listed}])\nobj = torch.load(f, weights_only=True)"
         head = "\n".join(["import torch", *imports, ""])
-        return (
-            f"{head}\n" + "\n".join(where) + "\n\n(outside a test class, the same globals in a torch.load call:)\n"
-            f"{head}\n" + "\n".join(call)
-        )
+        return f"{head}\n{where}\n\n(outside a test class, the same globals in a torch.load call:)\n{head}\n{call}"
 
     def error(
-        self,
-        declared: Iterable[str],
-        missing: Iterable[str] = (),
-        unneeded: Iterable[str] = (),
-        saved_types: Sequence[Optional[str]] = (),
+        self, declared: _Names, missing: _Names = (), unneeded: _Names = (), saved_types: Sequence[Optional[str]] = ()
     ) -> AllowlistError:
-        """One error for what the declaration misses and what it over-trusts, with the declaration that
-        fixes both (*saved_types*: the saved objects' types when they are not modules)."""
+        """One error for what the declaration misses and over-trusts, and the declaration fixing both."""
         missing, unneeded = sorted(set(missing)), sorted(set(unneeded))
         keep = sorted((set(declared) - set(unneeded)) | set(missing))
         shown_missing, shown_unneeded = ", ".join(map(show_name, missing)), ", ".join(map(show_name, unneeded))
-        parts = []
         if missing:
-            parts.append(f"{self.label} misses {len(missing)} global(s) the checkpoint needs: {shown_missing}")
-            if unneeded:
-                parts.append(f"and over-trusts {len(unneeded)} it does not need: {shown_unneeded}")
-        elif unneeded:
-            parts.append(f"{self.label} over-trusts: the checkpoint does not need {shown_unneeded}.")
+            text = f"{self.label} misses {len(missing)} global(s) the checkpoint needs: {shown_missing}"
+            text += f" and over-trusts {len(unneeded)} it does not need: {shown_unneeded}" if unneeded else ""
+        else:
+            text = f"{self.label} over-trusts: the checkpoint does not need {shown_unneeded}." if unneeded else ""
+        # a name no declaration may hold (attacker text, a code-running callable) never reaches the code
+        refused = {n: why for n, why in ((n, _undeclarable(n)) for n in missing) if why}
+        if refused:
+            return AllowlistError(
+                f"{text}\nNo declaration can make this checkpoint load: "
+                + "; ".join(f"{show_name(n)}: {why}" for n, why in refused.items())
+                + ". Never declare it; only a checkpoint from a trusted source is worth a declaration."
+            )
         saved_type = next((t for t in saved_types if t is not None), None)
         hint = (
             f"\nClass-level safe_globals apply to every round_trip in the class; this one saves a "
@@ -347,20 +300,9 @@ class Declaration:
             if unneeded and self.attribute == "safe_globals" and saved_type is not None
             else ""
         )
-        # a name no declaration may hold (attacker text, a code-running callable) never reaches the code
-        refused = {n: why for n, why in ((n, _undeclarable(n)) for n in missing) if why}
-        if refused:
-            return AllowlistError(
-                " ".join(parts)
-                + "\nNo declaration can make this checkpoint load: "
-                + "; ".join(f"{show_name(n)}: {why}" for n, why in refused.items())
-                + ". Never declare it; only a checkpoint from a trusted source is worth a declaration."
-            )
         fixing = "" if missing else "Remove them, or set allow_unneeded_safe_globals = True on the class. "
         return AllowlistError(
-            " ".join(parts)
-            + f"\n{fixing}The exact declaration (declare only what you trust):{hint}\n\n"
-            + self.fix(keep)
+            f"{text}\n{fixing}The exact declaration (declare only what you trust):{hint}\n\n{self.fix(keep)}"
         )
 
     def blocked(self, blocker: str, named: Sequence[str]) -> AllowlistError:
@@ -373,6 +315,15 @@ class Declaration:
         )
 
 
+def _undeclarable(name: str) -> Optional[str]:  # of a global a checkpoint needs
+    if is_marker(name):
+        return "built at unpickling time, so no name can allow it"
+    problem = name_problem(name)
+    if problem:
+        return f"not a dotted Python name ({problem})"
+    return "it runs code or reaches the system when a pickle calls it" if _code_running(name) else None
+
+
 def local_class_message(name: str) -> str:
     return (
         f"{name} is defined inside a function ('<locals>' in its name): pickle, and so torch.save, "
@@ -382,8 +333,7 @@ def local_class_message(name: str) -> str:
 
 
 def refuse_local(declared: Iterable[object], attribute: str) -> None:
-    """Refuse a declared function-local class: no checkpoint can name one.  Judged on the raw
-    declaration first, so the message says what to do, not why the name does not resolve."""
+    """Refuse a declared function-local class (no checkpoint names one) first, saying what to do about it."""
     if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
         return  # normalize_safe_globals names that mistake
     for item in declared:

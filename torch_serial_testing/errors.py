@@ -1,19 +1,19 @@
-"""Exceptions raised by torch_serial_testing; every message names the problem and the fix.
+"""Exceptions raised by torch_serial_testing, and how names in their messages are shown.
 
 Configuration mistakes are ``ValueError`` subclasses, raised when a class is created or instantiated;
 outcome mismatches are ``AssertionError`` subclasses, so test runners report failures, not errors.
+Messages name things from checkpoints and declarations: non-printable characters are shown escaped.
 """
 
 from __future__ import annotations
 
 import keyword
 import re
+import sys
 from typing import Any, Optional
 
 
 class _EscapedMessage(Exception):
-    """Messages name things from checkpoints and declarations: non-printable characters are shown escaped."""
-
     def __init__(self, *args: Any) -> None:
         super().__init__(*(escape_text(a, keep_newlines=True) if isinstance(a, str) else a for a in args))
 
@@ -53,20 +53,15 @@ def dimension(attr: str, value: Any, example: str) -> tuple[Any, ...]:
     items = tuple(value)
     if not items:
         raise RoundTripConfigError(f"{attr} is empty; list at least one (e.g. {attr} = {example}) or leave it as None")
-    repeated = sorted({str(x) for x in items if items.count(x) > 1})
-    if repeated:
+    if repeated := sorted({str(x) for x in items if items.count(x) > 1}):
         raise RoundTripConfigError(f"{attr} lists {', '.join(repeated)} more than once")
     return items
 
 
 #: Longer names are malformed: no real class path comes near it, and a report must stay readable.
 MAX_NAME_LENGTH = 512
-
-#: How much of a malformed name a report shows.
-_SHOWN = 160
-
-#: The scanner's placeholders for globals it cannot name, e.g. "<unresolved STACK_GLOBAL>".
-_MARKER = re.compile(r"<[A-Za-z0-9_ ]{1,80}>\Z")
+_SHOWN = 160  # how much of a malformed name a report shows
+_MARKER = re.compile(r"<[A-Za-z0-9_ ]{1,80}>\Z")  # the scanner's "<unresolved STACK_GLOBAL>"
 
 
 def name_problem(name: Any) -> Optional[str]:
@@ -86,9 +81,7 @@ def name_problem(name: Any) -> Optional[str]:
         if not part.isidentifier() or keyword.iskeyword(part):
             shown = ascii(part) if len(part) <= 40 else f"{ascii(part[:40])}..."
             return f"part {shown} is " + ("a Python keyword" if part.isidentifier() else "not a Python identifier")
-    if "." not in name:
-        return "has no module part ('module.Name')"
-    return None
+    return None if "." in name else "has no module part ('module.Name')"
 
 
 def is_valid_name(name: Any) -> bool:
@@ -96,7 +89,6 @@ def is_valid_name(name: Any) -> bool:
 
 
 def is_marker(name: Any) -> bool:
-    """True for the scanner's placeholders such as ``<unresolved STACK_GLOBAL>``."""
     return isinstance(name, str) and _MARKER.match(name) is not None
 
 
@@ -106,9 +98,7 @@ def show_name(name: Any) -> str:
         return str(name)
     if not isinstance(name, str):
         return f"<{type(name).__name__}>"
-    if len(name) > _SHOWN:
-        return f"{ascii(name[:_SHOWN])}...({len(name)} characters)"
-    return ascii(name)
+    return f"{ascii(name[:_SHOWN])}...({len(name)} characters)" if len(name) > _SHOWN else ascii(name)
 
 
 def quote_name(name: Any) -> str:
@@ -132,10 +122,8 @@ def escape_text(text: Any, *, keep_newlines: bool = False) -> str:
 
 
 def imported_prefix(name: str) -> int:
-    """How many leading parts of the dotted *name* form the longest module already in ``sys.modules``
-    (0: none); found by slicing, so linear in the name's length, and importing nothing."""
-    import sys
-
+    """How many leading parts of the dotted *name* form the longest module in ``sys.modules`` (0:
+    none); found by slicing, so linear in the name's length, and importing nothing."""
     dots = [i for i, c in enumerate(name) if c == "."]
     cut = len(dots)
     while cut > 0 and name[: dots[cut - 1]] not in sys.modules:
@@ -156,8 +144,6 @@ def qualified_name(obj: Any) -> str:
     """``module.qualname``: the spelling torch's weights-only unpickler matches *obj* by."""
     name = torch_key(obj)
     if name is None:
-        pass
-
         raise RoundTripConfigError(
             f"safe global {obj!r} has no __module__/__qualname__; declare the class or function "
             "itself, a 'module.Name' string, or an (object, 'module.Name') tuple"

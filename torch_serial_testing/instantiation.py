@@ -1,13 +1,6 @@
-"""Generate one named test per load mode x quantized engine x device, pytorch style.
-
-``instantiate_round_trip_tests(TestFoo, globals())`` replaces ``TestFoo`` by ``TestFooCPU``, ... (as
-``instantiate_device_type_tests`` does) holding ``test_<name>_<qengine>_<load_mode>_<device>``, plus
-``..._fbgemm_to_qnnpack_...`` for ``@cross_engine`` and a ``..._<device>_to_cpu`` twin off cpu.
-Inherited test methods are generated too; cases that cannot run here skip with the reason, so test ids
-are the same everywhere.  Methods carry the author's function as ``__wrapped__`` (pytest reports its
-file and line); library frames stay in tracebacks (``__unittest`` would, behind pytorch's ``TestCase``
-wrapper, cut the author's lines).  ``import_round_trip_tests`` binds the classes into an aggregator.
-"""
+"""Generate one test per load mode x quantized engine x device, pytorch style: ``TestFoo`` becomes ``TestFooCPU``,
+... holding ``test_<name>_<qengine>_<load_mode>_<device>`` (``..._fbgemm_to_qnnpack_...`` for ``@cross_engine``,
+``..._to_cpu`` twins off cpu).  Cases that cannot run here skip with the reason: ids are the same everywhere."""
 
 from __future__ import annotations
 
@@ -15,19 +8,24 @@ import importlib
 import inspect
 import types
 import unittest
-from typing import Any, Callable, MutableMapping, Optional, TypeVar, Union
+from typing import Any, Callable, MutableMapping, TypeVar, Union
 
 from .case import SerializationRoundTripTestCase
-from .devices import class_suffix, is_device_type, resolve_devices
-from .engines import validate_qengines
+from .dimensions import class_suffix, is_device_type, resolve_devices, validate_qengines
 from .errors import RoundTripConfigError, dimension
 from .modes import LoadMode
-from .variants import case_test, dtype_suffix, dtype_variants, refuse_unhonoured, specs, user_parametrize_fn
+from .variants import FRAMEWORKS, case_test, class_dims, dtype_suffix, dtype_variants, specs, user_parametrize_fn
 
 _KEEP: Any = object()
 
-# module name -> generic class name -> names of the classes generated from it (possibly none).
-_GENERATED: dict[str, dict[str, tuple[str, ...]]] = {}
+#: Attributes pytorch's decorators set that only pytorch's device-type test bases act on: never dropped silently.
+_ONLY_PYTORCH = {
+    "precision_overrides": "@precisionOverride",
+    "tolerance_overrides": "@toleranceOverride",
+    "num_required_devices": "@deviceCountAtLeast",
+}
+
+_GENERATED: dict[str, dict[str, tuple[str, ...]]] = {}  # module -> generic class -> generated class names
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -39,12 +37,9 @@ def cross_engine(fn: F) -> F:
 
 
 def round_trip_dims(*, load_modes: Any = _KEEP, qengines: Any = _KEEP, devices: Any = _KEEP) -> Callable[[F], F]:
-    """Narrow or drop this method's dimensions; an omitted one keeps the class's.
-
-    ``load_modes=()`` drops the load-mode dimension (a test that never loads), ``qengines=None``
-    the engine dimension; a tuple narrows (or adds) one.  ``devices=("cpu",)`` runs the method only
-    in those device classes; in the others its tests skip saying so (as pytorch's ``@onlyCPU``).
-    """
+    """Narrow or drop this method's dimensions; an omitted one keeps the class's.  ``load_modes=()`` drops the
+    load-mode dimension (a test that never loads), ``qengines=None`` the engine one; a tuple narrows (or adds)
+    one.  ``devices=("cpu",)`` runs the method only there; elsewhere its tests skip saying so (``@onlyCPU``)."""
     dims: dict[str, Any] = {}
     if load_modes is not _KEEP:
         if isinstance(load_modes, (str, bytes)) or not hasattr(load_modes, "__iter__"):
@@ -81,93 +76,75 @@ def no_round_trip_dims(fn: F) -> F:
 
 def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, Any]) -> list[type]:
     """Replace *generic_cls* in *scope* (usually ``globals()``) by one class per device type; the classes."""
-    if not (
-        isinstance(generic_cls, type)
-        and issubclass(generic_cls, SerializationRoundTripTestCase)
-        and issubclass(generic_cls, unittest.TestCase)
-    ):
+    test_case = isinstance(generic_cls, type) and issubclass(generic_cls, unittest.TestCase)
+    if not (test_case and issubclass(generic_cls, SerializationRoundTripTestCase)):
         raise RoundTripConfigError(
             f"{generic_cls!r} must subclass SerializationRoundTripTestCase and unittest.TestCase "
             "(class TestFoo(SerializationRoundTripTestCase, TestCase))"
         )
-    modes = tuple(generic_cls.load_modes) if generic_cls.load_modes is not None else tuple(LoadMode)
-    engines = validate_qengines(generic_cls.qengines)
+    name = generic_cls.__name__
+    modes, engines = class_dims(generic_cls)
     devices = resolve_devices(generic_cls.devices)
     tests, bases = _test_methods(generic_cls)
     if not tests:
-        raise RoundTripConfigError(
-            f"{generic_cls.__name__} has no test methods; define at least one 'def test_...(self, device)'"
-        )
-    for name, fn in tests.items():
-        refuse_unhonoured(generic_cls.__name__, name, fn)
+        raise RoundTripConfigError(f"{name} has no test methods; define at least one 'def test_...(self, device)'")
+    for test_name, fn in tests.items():
+        unhonoured = [decorator for attr, decorator in _ONLY_PYTORCH.items() if hasattr(fn, attr)]
+        if unhonoured:
+            raise RoundTripConfigError(
+                f"{name}.{test_name} is decorated with {unhonoured[0]}, which only pytorch's device-type test classes "
+                "apply; instantiate_round_trip_tests cannot honour it.  Instantiate the class with "
+                "torch.testing._internal.common_device_type.instantiate_device_type_tests instead (the "
+                "load-mode and engine dimensions work there too), or drop the decorator."
+            )
         dims = getattr(fn, "_tst_dims", {})
         fn_engines = dims.get("qengines", engines)
         if getattr(fn, "_tst_cross_engine", False) and (fn_engines is None or len(fn_engines) < 2):
             raise RoundTripConfigError(
-                f"{generic_cls.__name__}.{name} is @cross_engine but "
+                f"{name}.{test_name} is @cross_engine but "
                 f"{'its round_trip_dims give' if 'qengines' in dims else 'the class declares'} "
                 f"{len(fn_engines or ())} qengine(s); declare at least two"
             )
     module_name = scope.get("__name__", generic_cls.__module__)
-
     generated = []
     for device in devices:
-        class_name = generic_cls.__name__ + class_suffix(device)
+        class_name = name + class_suffix(device)
         if class_name in scope:
             raise RoundTripConfigError(
-                f"{class_name} already exists in the module; rename {generic_cls.__name__} or the existing {class_name}"
+                f"{class_name} already exists in the module; rename {name} or the existing {class_name}"
             )
-        # A subclass of the author's class (as pytorch's instantiate_device_type_tests makes): super(),
-        # nested classes and class attributes work; the generic tests leave the generic class below.
-        cls = type(
-            class_name,
-            (generic_cls,),
-            {
-                "device_type": device,
-                "_tst_generic": generic_cls,
-                "__module__": module_name,
-                "__qualname__": class_name,
-                "__doc__": generic_cls.__doc__,
-            },
-        )
-        for method_name, method in _methods(generic_cls, cls, tests, modes, engines, device).items():
+        # a subclass of the author's class, as pytorch makes: super(), nested classes, class attributes work
+        attrs = {"device_type": device, "_tst_generic": generic_cls, "__module__": module_name}
+        cls = type(class_name, (generic_cls,), {**attrs, "__qualname__": class_name, "__doc__": generic_cls.__doc__})
+        for method_name, method in _methods(generic_cls, cls, tests, (modes, engines), device).items():
             setattr(cls, method_name, method)
         scope[class_name] = cls
         generated.append(cls)
-    # The generic class stays in the module under its name, so what it holds resolves there (a nested
-    # helper class pickles as ``getattr(TestFoo, 'Net')``), but with no test (each kept aside for
-    # another instantiation, an inherited one masked by None), so no runner collects a generic test.
+    # The generic class stays in the module, so a nested class resolves (pickled ``getattr(TestFoo, 'Net')``),
+    # without tests (kept aside for another instantiation, inherited ones masked): no runner collects them.
     generic_cls._tst_tests = tests  # type: ignore[attr-defined]
-    for name in tests:
-        if name in vars(generic_cls):
-            delattr(generic_cls, name)  # as pytorch does
-        if hasattr(generic_cls, name):  # still inherited from a base
-            setattr(generic_cls, name, None)
+    for test_name in tests:
+        if test_name in vars(generic_cls):
+            delattr(generic_cls, test_name)  # as pytorch does
+        if hasattr(generic_cls, test_name):  # still inherited from a base
+            setattr(generic_cls, test_name, None)
     for klass in bases:  # a shared generic base in this module is generic too: never collected
         if scope.get(klass.__name__) is klass:
             del scope[klass.__name__]
-    _GENERATED.setdefault(module_name, {})[generic_cls.__name__] = tuple(c.__name__ for c in generated)
+    _GENERATED.setdefault(module_name, {})[name] = tuple(c.__name__ for c in generated)
     return generated
 
 
-def _methods(
-    generic_cls: type,
-    cls: type,
-    tests: dict[str, Callable[..., Any]],
-    modes: tuple[LoadMode, ...],
-    engines: Optional[tuple[str, ...]],
-    device: str,
-) -> dict[str, Callable[..., Any]]:
-    """The generated test methods of device class *cls*: per test, case, the author's parametrizations
-    (pytorch's ``parametrize_fn`` protocol) and ``@dtypes``; named ``test_<name>[_<params>][_<engine>]
-    [_<load_mode>]_<device>[_to_cpu][_<dtype>]``."""
+def _methods(generic_cls: type, cls: type, tests: dict[str, Any], dims: tuple[Any, Any], device: str) -> dict[str, Any]:
+    """Device class *cls*'s methods per test, case, author's parametrization (pytorch's ``parametrize_fn``)
+    and ``@dtypes``: ``test_<name>[_<params>][_<engine>][_<load_mode>]_<device>[_to_cpu][_<dtype>]``."""
     methods: dict[str, Callable[..., Any]] = {}
     part = class_suffix(device).lower()
     for name, fn in tests.items():
         user = user_parametrize_fn(fn)
-        for spec in specs(fn, modes, engines, device):
+        for spec in specs(fn, dims, device):
             case = case_test(fn, spec)
-            variants = user(case, generic_cls, cls) if user is not None else [(case, "", {}, _no_decorators)]
+            variants = user(case, generic_cls, cls) if user is not None else [(case, "", {}, lambda _kwargs: [])]
             for test, suffix, kwargs, decorator_fn in variants:
                 for dtype_kwargs in dtype_variants(fn, device):
                     params = {**kwargs, **dtype_kwargs}
@@ -184,23 +161,15 @@ def _methods(
     return methods
 
 
-def _no_decorators(_kwargs: dict[str, Any]) -> list[Any]:
-    return []
-
-
-def _bound(
-    test: Callable[..., Any], params: dict[str, Any], fn: Callable[..., Any], class_name: str, name: str
-) -> Callable[..., Any]:
+def _bound(test: Callable[..., Any], params: dict[str, Any], fn: Callable[..., Any], owner: str, name: str) -> Any:
     def generated(self: Any) -> Any:
         return test(self, **params)
 
-    generated.__name__, generated.__qualname__ = name, f"{class_name}.{name}"
+    generated.__name__, generated.__qualname__ = name, f"{owner}.{name}"
     generated.__module__, generated.__doc__ = fn.__module__, fn.__doc__
-    # pytest reports the author's def (``__wrapped__``, ``place_as``); unittest classes take no fixtures,
-    # so its signature is harmless.  Never wrapped again.
-    author = inspect.unwrap(fn)
-    generated.__wrapped__ = author  # type: ignore[attr-defined]
-    generated.place_as = author  # type: ignore[attr-defined]
+    # pytest reports the author's def (no fixtures in a unittest class); library frames stay in tracebacks:
+    # ``__unittest`` would, behind pytorch's TestCase wrapper, cut the author's lines too.
+    generated.__wrapped__ = generated.place_as = inspect.unwrap(fn)  # type: ignore[attr-defined]
     generated._tst_wrapped = True  # type: ignore[attr-defined]
     for attr in ("__unittest_skip__", "__unittest_skip_why__", "__unittest_expecting_failure__"):
         if hasattr(test, attr):
@@ -210,34 +179,25 @@ def _bound(
 
 def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], list[type]]:
     """The class's test methods, own and inherited (nearest wins), and the ``TestCase`` bases defining some."""
-    tests: dict[str, Callable[..., Any]] = {}
-    seen: set[str] = set()
+    found: dict[str, Any] = {}  # a subclass's "test_x = None" hides the base's test_x
     bases: list[type] = []
     for klass in generic_cls.__mro__:
         # a test framework's base class (unittest, expecttest, pytorch's common_utils) has no tests of ours
-        framework = f"{klass.__module__}.".startswith(("unittest.", "expecttest.", "torch.testing._internal."))
-        if framework or klass in (SerializationRoundTripTestCase, unittest.TestCase, object):
+        if f"{klass.__module__}.".startswith(FRAMEWORKS) or klass in (SerializationRoundTripTestCase, object):
             continue
-        own = False
-        for name, value in {**vars(klass), **vars(klass).get("_tst_tests", {})}.items():
-            if not name.startswith("test") or name in seen:
-                continue
-            seen.add(name)  # a subclass's "test_x = None" hides the base's test_x
-            if callable(value):
-                tests[name] = value
-                own = True
-        if own and klass is not generic_cls and issubclass(klass, unittest.TestCase):
+        attrs = {**vars(klass), **vars(klass).get("_tst_tests", {})}
+        own = {name: value for name, value in attrs.items() if name.startswith("test") and name not in found}
+        found.update(own)
+        if any(map(callable, own.values())) and klass is not generic_cls and issubclass(klass, unittest.TestCase):
             bases.append(klass)
-    return tests, bases
+    return {name: value for name, value in found.items() if callable(value)}, bases
 
 
 def import_round_trip_tests(
     module: Union[str, types.ModuleType], scope: MutableMapping[str, Any], *generic_names: str
 ) -> list[type]:
-    """Bind into *scope* (an aggregator's ``globals()``) the test classes *module* defines here: all of
-    them, or those generated from *generic_names*; in module order.  Which generated classes exist
-    depends on the machine and the device filters, so importing ``TestXCPU`` by name would turn a
-    device filter into an ImportError taking the aggregator down."""
+    """Bind into *scope* (an aggregator's ``globals()``) *module*'s test classes, all or those generated from
+    *generic_names*: which exist depends on the device filters, so importing ``TestXCPU`` by name may fail."""
     if not isinstance(module, types.ModuleType):
         if not isinstance(module, str) or not module:
             raise RoundTripConfigError(
@@ -253,17 +213,12 @@ def import_round_trip_tests(
                 f"{module.__name__} never passed {', '.join(unknown)} to instantiate_round_trip_tests "
                 f"(instantiated there: {', '.join(sorted(generated)) or 'none'}); check the generic class name"
             )
-        wanted = {name for g in generic_names for name in generated[g]}
-        classes = [getattr(module, name) for name in wanted if hasattr(module, name)]
+        wanted = {name for g in generic_names for name in generated[g] if hasattr(module, name)}
+        classes = [getattr(module, name) for name in wanted]
     else:
-        classes = [
-            obj
-            for obj in vars(module).values()
-            if inspect.isclass(obj)
-            and issubclass(obj, unittest.TestCase)
-            and obj.__module__ == module.__name__
-            and "_tst_tests" not in vars(obj)  # an instantiated generic class: no tests of its own
-        ]
+        test_cases = [c for c in vars(module).values() if inspect.isclass(c) and issubclass(c, unittest.TestCase)]
+        # of this module, and not an instantiated generic class (no tests of its own)
+        classes = [c for c in test_cases if c.__module__ == module.__name__ and "_tst_tests" not in vars(c)]
         if not classes and not generated:
             raise RoundTripConfigError(
                 f"{module.__name__} defines no unittest.TestCase class and instantiated no round-trip tests; "

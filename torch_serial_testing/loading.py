@@ -1,8 +1,4 @@
-"""The load: one exact ``torch.load`` call per mode, asserted to do what :func:`~.prediction.predict` says.
-
-* ``weights_only_false``: ``torch.load(buf, weights_only=False)``
-* ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
-* ``default``: ``torch.load(buf)``, no ``weights_only`` argument at all
+"""The load: the mode's one exact ``torch.load`` call, asserted to do what :func:`~.prediction.predict` says.
 
 Loaded, or rejected naming a predicted cause: a test is green for the right reason everywhere.  When
 ``torch.load`` is not torch's own (torch_npu replaces it), how it *reports* may differ (the
@@ -24,25 +20,13 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from .checkpoint import Checkpoint
 from .declarations import as_safe_globals, declared_entries
-from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused, torch_key
+from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from .modes import FORCE_NO_WO, LoadMode, decide
 from .prediction import Expectation, _as_checkpoint, decided
-from .registry import (
-    registered_by_torch,
-    registry_lock,
-    restore_registry,
-    safe_globals_context_missing,
-    snapshot_registry,
-)
-from .serialization import (
-    FORCE_NO_NOTICE,
-    Observation,
-    genuine,
-    observe_serialization_warnings,
-    raised_by_torch,
-    raiser,
-    watch_stdout,
-)
+from .registry import registered_by_torch, registered_entries, registry_lock, restore_registry, snapshot_registry
+from .registry import safe_globals_context_missing
+from .serialization import FORCE_NO_NOTICE, Observation, genuine, observe_serialization_warnings, raised_by_torch
+from .serialization import raiser, watch_stdout
 
 #: What a load without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment observes: nothing.
 _UNOBSERVED = Observation()
@@ -73,8 +57,6 @@ class LoadResult:
 #: ``torch.load`` keyword arguments a load may pass on (``map_location`` and the mode have their own).
 LOAD_KWARGS = ("mmap",)
 
-_PICKLE_LOAD_ARGS = ("encoding", "errors", "fix_imports")
-
 
 def load_kwargs(given: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     """*given* checked: only :data:`LOAD_KWARGS`; anything else fails naming the right argument."""
@@ -83,7 +65,7 @@ def load_kwargs(given: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     for key in extra:
         if key in own:
             raise RoundTripConfigError(f"torch.load's {key!r} is not a load kwarg here: it is {own[key]}")
-        if key in _PICKLE_LOAD_ARGS:
+        if key in ("encoding", "errors", "fix_imports"):
             raise RoundTripConfigError(
                 f"torch.load's {key!r} is a pickle_load_arg: those only apply to weights_only=False loads "
                 "(torch warns and ignores them otherwise), so a round trip in every load mode cannot use it"
@@ -119,15 +101,10 @@ def load(
     from_file: bool = False,
     extra_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> LoadResult:
-    """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says; never retried.
-
-    Only a checkpoint this process saved (:meth:`Checkpoint.save`) is ever fully unpickled: else a
-    full load raises :class:`UnsafeLoadRefused` before torch sees it.  Foreign bytes are loaded with
-    an explicit ``weights_only=True`` (the predicted bare call, robust to a replaced ``torch.load`` or
-    another thread changing the environment).  Dangerous *safe_globals* are refused; a TorchScript or
-    legacy tar checkpoint raises :class:`CheckpointFormatError`.  *from_file* loads through a path
-    (a private temporary file), as does ``mmap=True`` in *extra_kwargs* (:data:`LOAD_KWARGS`).
-    """
+    """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says; never retried.  Only
+    :meth:`Checkpoint.save` output is ever fully unpickled (else :class:`UnsafeLoadRefused`); foreign bytes
+    are loaded with an explicit ``weights_only=True``.  *from_file* (or ``mmap=True``) loads through a
+    private temporary file."""
     if isinstance(checkpoint, (LoadMode, str)) and isinstance(mode, Checkpoint):
         raise RoundTripConfigError("load() got the load mode first: the order is load(checkpoint, mode, ...)")
     mode = LoadMode.parse(mode)
@@ -156,7 +133,6 @@ def load(
                 "this is a legacy tar checkpoint (torch < 0.4): torch.load reads that format only from a "
                 "real file and never with weights_only=True; re-save it with a current torch"
             )
-        kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
         if not checkpoint.owned and expectation.replaced_by is not None:
             # Foreign bytes go to torch's own function only (see _torch_load): judged as torch's own.
             expectation = dataclasses.replace(
@@ -165,28 +141,28 @@ def load(
                 reason=f"{expectation.reason}; loaded with torch's own torch.serialization.load, not the "
                 f"replaced torch.load ({expectation.replaced_by}), which foreign bytes never reach",
             )
+        kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
         kwargs.update(extra)
         replaced = expectation.replaced_by is not None
         registered = registered_entries() if replaced else []
         # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment: without
-        # it there is nothing to observe (a replaced loader is always watched; see torch_facts.loader).
+        # it there is nothing to observe (a replaced loader is always watched).
         observing = replaced or (decision is not None and decision.force_no_set)
         # torch's safe_globals context exit drops entries registered before it (and a replaced loader
         # may register its own): the registry is restored after those loads.
         snapshot = snapshot_registry() if mode is LoadMode.SAFE_GLOBALS or replaced else None
         try:
             if observing:
-                watch = replaced and expectation.warns
-                with observe_serialization_warnings() as observed, watch_stdout(watch) as printed:
+                with observe_serialization_warnings() as observed, watch_stdout(replaced and expectation.warns) as out:
                     value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
             else:
-                observed, printed = _UNOBSERVED, None
+                observed, out = _UNOBSERVED, None
                 value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
         finally:
             if snapshot is not None:
                 restore_registry(snapshot)
-    notice_printed = bool(FORCE_NO_NOTICE.search(printed.getvalue())) if printed is not None else False
-    result = _verify(expectation, value, error, observed.seen, notice_printed, registered)
+    printed = bool(FORCE_NO_NOTICE.search(out.getvalue())) if out is not None else False
+    result = _verify(expectation, value, error, observed.seen, printed, registered)
     if error is not None:
         _drop_tracebacks(error)
     return result
@@ -206,19 +182,11 @@ def _drop_tracebacks(error: BaseException) -> None:
 
 
 def _torch_load(
-    checkpoint: Checkpoint,
-    mode: LoadMode,
-    safe_globals: Sequence[Any],
-    kwargs: dict[str, Any],
-    exp: Expectation,
-    path: Optional[str] = None,
+    checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence, kwargs: dict, exp: Expectation, path: Optional[str]
 ) -> tuple[Any, Optional[BaseException]]:
-    """The one ``torch.load`` call of *mode* (from memory, or *path*): (value, None) or (None, torch's rejection).
-
-    Bytes this process saved go to ``torch.load`` as the process has it (a backend's replacement is
-    judged by its outcome); foreign bytes only ever to torch's own ``torch.serialization.load``,
-    verified by identity (:func:`~..torch_facts.serialization_state.genuine`): a replaced
-    ``torch.load`` (a "force weights_only=False" shim) never sees them."""
+    """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection).  Bytes this
+    process saved go to ``torch.load`` as the process has it (a replacement is judged by its outcome);
+    foreign bytes only ever to torch's own ``torch.serialization.load`` (:func:`.serialization.genuine`)."""
     import torch
 
     torch_load = torch.load if checkpoint.owned else genuine("load")
@@ -250,29 +218,20 @@ def _is_error_type(error: Optional[BaseException], type_name: str) -> bool:
     return error is not None and any(c.__name__ == type_name for c in type(error).__mro__)
 
 
-def _torch_spellings(name: str) -> tuple[str, ...]:
-    """How torch's rejection message may spell *name* (it drops the ``builtins.`` prefix)."""
-    return (name, f"GLOBAL {name[len('builtins.') :]} ") if name.startswith("builtins.") else (name,)
-
-
 def _names_a_cause(exp: Expectation, message: str) -> bool:
     """Whether torch's rejection names a predicted cause: the unpickler stops at the first it meets, so
     the predicted rejection text, or any missing global or refused opcode, will do."""
-    if (exp.rejection and exp.rejection in message) or any(
-        s in message for name in exp.missing for s in _torch_spellings(name)
-    ):
+    if exp.rejection and exp.rejection in message:
         return True
+    for name in exp.missing:  # torch's message drops the ``builtins.`` prefix
+        if name in message or (name.startswith("builtins.") and f"GLOBAL {name[len('builtins.') :]} " in message):
+            return True
     codes = {getattr(pickle, op)[0] for op in exp.unsupported_opcodes if hasattr(pickle, op)}
     return any(f"Unsupported operand {code}" in message for code in codes)
 
 
 def _verify(
-    exp: Expectation,
-    value: Any,
-    error: Optional[BaseException],
-    warned: bool,
-    printed: bool = False,
-    registered: Sequence[tuple[str, Any]] = (),
+    exp: Expectation, value: Any, error: Optional[BaseException], warned: bool, printed: bool, registered: Sequence
 ) -> LoadResult:
     """Judge one load: loaded or rejected as predicted, for a predicted cause.  Under a replaced
     ``torch.load`` the warning is not judged but recorded (:func:`replacement_notes`)."""
@@ -285,10 +244,8 @@ def _verify(
     elif exp.loads and not loaded:
         problem = f"expected to load ({exp.reason}); torch rejected it:\n{error}"
     elif not exp.loads and loaded:
-        problem = (
-            f"expected rejection ({exp.summary(False).partition('(')[2].rstrip(')')}); torch loaded it: "
-            "unexpected success"
-        )
+        why = exp.summary(False).partition("(")[2].rstrip(")")
+        problem = f"expected rejection ({why}); torch loaded it: unexpected success"
     elif not loaded and not _is_error_type(error, exp.error_type):
         problem = (
             f"rejected with {type(error).__name__}, but this torch is predicted to raise {exp.error_type} "
@@ -303,10 +260,8 @@ def _verify(
             f"opcodes {list(exp.unsupported_opcodes)}):\n{error}"
         )
     elif loaded and exp.warns != warned and not exp.replaced_by:
-        problem = (
-            f"expected torch {'to' if exp.warns else 'not to'} warn about {FORCE_NO_WO}; "
-            f"it {'did' if warned else 'did not'}"
-        )
+        did = "did" if warned else "did not"
+        problem = f"expected torch {'to' if exp.warns else 'not to'} warn about {FORCE_NO_WO}; it {did}"
     if problem is not None:
         if exp.replaced_by:
             which = f" (which {'; '.join(notes)})" if notes else ""
@@ -325,18 +280,8 @@ def round_trip(
     return load(Checkpoint.save(obj), mode, safe_globals, map_location)
 
 
-def registered_entries() -> list[tuple[str, Any]]:
-    """(name, entry) of every process-wide registration, sorted by name."""
-    named = ((torch_key(g) or f"<unnamed {type(g).__name__}>", g) for g in snapshot_registry())
-    return sorted(named, key=lambda pair: pair[0])
-
-
 def replacement_notes(
-    torch_warns: bool,
-    error: Optional[BaseException],
-    warned: bool,
-    printed: bool,
-    registered: Sequence[tuple[str, Any]],
+    torch_warns: bool, error: Optional[BaseException], warned: bool, printed: bool, registered: Sequence[tuple]
 ) -> tuple[str, ...]:
     """How a replaced ``torch.load`` reported differently from torch's own: facts, not verdicts."""
     notes = []
@@ -350,21 +295,14 @@ def replacement_notes(
         notes.append(f"warned about {FORCE_NO_WO} where torch would not")
     if error is not None and not raised_by_torch(error):
         last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
-        notes.append(
-            f"worded the rejection itself ({type(error).__name__} raised in {raiser(error)}"
-            + (f", ending {last[:120]!r}" if last else "")
-            + ")"
-        )
+        ending = f", ending {last[:120]!r}" if last else ""
+        notes.append(f"worded the rejection itself ({type(error).__name__} raised in {raiser(error)}{ending})")
     # torch registers some globals itself (2.14: every builtin exception); the others come from
     # backends (torch_npu's _rebuild_npu_tensor) or user code, and they decide what loads.
     foreign = [name for name, entry in registered if not registered_by_torch(entry)]
     if foreign:
         notes.append(f"runs with process-wide safe globals {', '.join(foreign)}")
     return tuple(notes)
-
-
-#: The name a pickled storage is rebuilt by (``torch.storage._load_from_bytes``), in the pickle's bytes.
-_STORAGE_FROM_BYTES = b"_load_from_bytes"
 
 
 @dataclass(frozen=True)
@@ -379,7 +317,7 @@ def pickle_round_trip(obj: Any, protocol: Optional[int] = None) -> PickleResult:
     """``pickle.loads(pickle.dumps(obj, protocol))``; the environment conflict raises
     ConflictingEnvironmentError first, any other difference from torch's decision UnexpectedLoadOutcome."""
     data = pickle.dumps(obj, protocol=protocol)
-    if _STORAGE_FROM_BYTES not in data:  # no storage in it: torch.load is never called
+    if b"_load_from_bytes" not in data:  # no storage (torch.storage._load_from_bytes): torch.load is never called
         return PickleResult(pickle.loads(data), False, "pickle.loads: loaded as expected (no tensor storage in it)")
     decision = decide(LoadMode.WEIGHTS_ONLY_FALSE)  # the call torch.storage._load_from_bytes makes
     where = f"its storages through torch.load: {decision.reason}"

@@ -1,11 +1,8 @@
-"""The abstract machine of the walker (:mod:`.walker`): values, checks, and torch's rules applied to them.
+"""The walker's abstract machine (:mod:`.walker`): values, checks, torch's rules applied to them, the caps.
 
-Values are a global by name, an object by its type, a dict with its few known keys, a small int or
-short str as itself.  Which container targets and persistent ids torch refuses, and with which
-messages, are the running torch's (:class:`~.unpickler.UnpicklerRules`).  Also here: what REDUCE of
-an allowlisted callable builds (``numpy.dtype('f8')`` a ``numpy.dtypes.Float64DType``), the names a
-*full* unpickle resolves instead (``_compat_pickle``, torch's ``load_module_mapping``), the shape of a
-BUILD state and whether this torch's BUILD can apply it, and the caps on a scan's work.
+A value is a global by name, an object by its type, a dict with its few known keys, a small int or short
+str as itself.  Which container targets and persistent ids torch refuses, and in which words, are the
+running torch's (:class:`~.unpickler.UnpicklerRules`); so is what its BUILD does with a state.
 """
 
 from __future__ import annotations
@@ -21,8 +18,6 @@ from typing import Any, Iterator, Optional
 
 from .unpickler import BuildRules, UnpicklerRules
 
-# -- caps on the work of a scan ----------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class ScanLimits:
@@ -30,22 +25,15 @@ class ScanLimits:
     scan with a ``CheckpointFormatError`` naming it and how to raise it.  The defaults are far above what
     ``torch.save`` writes for real models and keep a worst-case scan to seconds (``bench/scan_bounds.py``)."""
 
-    #: Bytes of one pickle record after decompression (zip ``data.pkl``, tar member, legacy stream).
-    max_pickle_bytes: int = 256 * 1024 * 1024
-    #: Bytes of pickle read in total, over every pickle of the checkpoint.
-    max_scan_bytes: int = 512 * 1024 * 1024
+    max_pickle_bytes: int = 256 * 1024 * 1024  #: Bytes of one pickle, decompressed (``data.pkl``, tar member, stream).
+    max_scan_bytes: int = 512 * 1024 * 1024  #: Bytes of pickle read in total, over every pickle of the checkpoint.
     #: Opcodes walked in total (GLOBAL and INST count 4): the cap that bounds time, ~1 us each at worst.
     max_opcodes: int = 3_000_000
-    #: Memo entries (PUT/MEMOIZE) held at once by one pickle.
-    max_memo_entries: int = 2_000_000
-    #: Characters of one global name (``module.qualname``).
-    max_name_length: int = 1024
-    #: Distinct global names over the checkpoint (torch's own allowlist has a few hundred).
-    max_globals: int = 10_000
-    #: Digits of an integer written as text (protocol 0/1); Python itself refuses more than 4300.
-    max_int_digits: int = 4300
-    #: Stack depth (values plus MARK levels) of one pickle.
-    max_stack_depth: int = 1_000_000
+    max_memo_entries: int = 2_000_000  #: Memo entries (PUT/MEMOIZE) held at once by one pickle.
+    max_name_length: int = 1024  #: Characters of one global name (``module.qualname``).
+    max_globals: int = 10_000  #: Distinct global names over the checkpoint (torch's allowlist has a few hundred).
+    max_int_digits: int = 4300  #: Digits of an integer written as text (protocol 0/1); Python refuses more.
+    max_stack_depth: int = 1_000_000  #: Stack depth (values plus MARK levels) of one pickle.
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
@@ -57,8 +45,7 @@ _lock = threading.Lock()
 _current = ScanLimits()
 
 
-def default_scan_limits() -> ScanLimits:
-    """The limits scans use when none are passed (see :func:`scan_limits`)."""
+def default_scan_limits() -> ScanLimits:  # the limits scans use when none are passed
     return _current
 
 
@@ -79,9 +66,6 @@ def scan_limits(**overrides: Any) -> Iterator[ScanLimits]:
 
 UNRESOLVED = "<unresolved STACK_GLOBAL>"
 
-# torch.serialization._load's module renames for a full unpickle of a zip checkpoint.
-_LOAD_MODULE_MAPPING = {"torch.tensor": "torch._tensor"}
-
 # The type BUILD sees after REDUCE of numpy.dtype('<str>', ...).
 _NUMPY_NUMERIC = {
     "b": {1: "BoolDType"},
@@ -99,9 +83,7 @@ _NUMPY_DTYPE_STR = re.compile(r"([biufcMmOUSV])(\d{0,6})")
 def numpy_dtype_class(spec: Any) -> Optional[str]:
     """``numpy.dtypes.<X>DType`` for the type ``numpy.dtype(spec)`` builds, or None if unknown: numpy's
     own answer when it is imported, else derived from the string (numpy >= 1.25 naming)."""
-    if not isinstance(spec, str):
-        return None
-    m = _NUMPY_DTYPE_STR.fullmatch(spec)
+    m = _NUMPY_DTYPE_STR.fullmatch(spec) if isinstance(spec, str) else None
     if m is None:
         return None
     numpy = sys.modules.get("numpy")
@@ -111,26 +93,20 @@ def numpy_dtype_class(spec: Any) -> Optional[str]:
             return f"{t.__module__}.{t.__qualname__}"
         except (TypeError, ValueError):
             return None
-    kind, size = m.group(1), m.group(2)
-    if kind in _NUMPY_FLEXIBLE:
-        return f"numpy.dtypes.{_NUMPY_FLEXIBLE[kind]}"
-    name = _NUMPY_NUMERIC[kind].get(int(size)) if size else None
+    kind, size = m.groups()
+    name = _NUMPY_FLEXIBLE.get(kind) or (_NUMPY_NUMERIC[kind].get(int(size)) if size else None)
     return f"numpy.dtypes.{name}" if name else None
 
 
 class Global:
-    """A global pushed by GLOBAL: its weights-only name."""
-
-    __slots__ = ("name",)
+    __slots__ = ("name",)  # a global pushed by GLOBAL: its weights-only name
 
     def __init__(self, name: str) -> None:
         self.name = name
 
 
 class Obj:
-    """An object whose type the model knows by name (None: cannot tell statically)."""
-
-    __slots__ = ("type",)
+    __slots__ = ("type",)  # an object, by the name of its type (None: cannot tell statically)
 
     def __init__(self, type_name: Optional[str]) -> None:
         self.type = type_name
@@ -153,8 +129,7 @@ class DictValue(Obj):
             add_dict_keys(self, keys)
 
 
-def add_dict_keys(target: Any, keys: Any) -> None:
-    """SETITEM(S) onto *target*: count its keys while they are concrete and few."""
+def add_dict_keys(target: Any, keys: Any) -> None:  # SETITEM(S) onto target
     if type(target) is not DictValue or target.keys is None:
         return
     known = target.keys
@@ -173,9 +148,9 @@ INT = Obj("builtins.int")  # an int the model did not decode
 STR = Obj("builtins.str")  # a str too long to keep
 BYTES, BYTEARRAY, PICKLEBUFFER = Obj("builtins.bytes"), Obj("builtins.bytearray"), Obj("pickle.PickleBuffer")
 UNKNOWN, STORAGE = Obj(None), Obj("torch.storage.TypedStorage")
-#: The rarer opcodes that push one constant abstract value (LONG4, floats, bytes, buffers, EMPTY_SET).
-PUSHES = {0x8B: INT, 0x47: FLOAT, 0x46: FLOAT, 0x42: BYTES, 0x43: BYTES, 0x8E: BYTES, 0x96: BYTEARRAY}
-PUSHES.update({0x97: PICKLEBUFFER, 0x8F: SET})
+#: Opcodes that push one constant abstract value (EMPTY_LIST, NONE, LONG4, floats, bytes, buffers, EMPTY_SET).
+PUSHES = {0x5D: LIST, 0x4E: NONE, 0x8B: INT, 0x47: FLOAT, 0x46: FLOAT, 0x42: BYTES, 0x43: BYTES, 0x8E: BYTES}
+PUSHES.update({0x96: BYTEARRAY, 0x97: PICKLEBUFFER, 0x8F: SET})
 TENSOR, PARAMETER = "torch.Tensor", "torch.nn.parameter.Parameter"
 
 #: Types whose BUILD torch handles itself, never through the allowlist.
@@ -191,20 +166,16 @@ _REDUCE_RESULT = {
     "torch.serialization._get_layout": "torch.layout",
 }
 # REDUCE of these returns an instance of the class given as their argument 0 (or 1).
-_REDUCE_ARG_TYPE = dict.fromkeys(["copyreg._reconstructor", "copyreg.__newobj__"], 0)
-_REDUCE_ARG_TYPE.update(
-    dict.fromkeys(["torch._utils._rebuild_wrapper_subclass", "torch._tensor._rebuild_from_type_v2"], 0)
-)
+_REDUCE_ARG_TYPE = {"copyreg._reconstructor": 0, "copyreg.__newobj__": 0, "torch._tensor._rebuild_from_type_v2": 1}
 _REDUCE_ARG_TYPE.update({f"numpy.{m}.multiarray._reconstruct": 0 for m in ("core", "_core")})
-_REDUCE_ARG_TYPE["torch._tensor._rebuild_from_type_v2"] = 1
+_REDUCE_ARG_TYPE["torch._utils._rebuild_wrapper_subclass"] = 0
 
 #: The concrete values the walk keeps as themselves.
 _CONCRETE = {str: "builtins.str", bool: "builtins.bool", int: "builtins.int", tuple: "builtins.tuple"}
 
 
 def type_of(v: Any) -> Optional[str]:
-    """The type name of an abstract value (None: a global, a class or a function the scan cannot tell
-    without importing it, or not known)."""
+    """The type name of an abstract value (None: a global, or a type the scan cannot tell)."""
     return v.type if isinstance(v, Obj) else _CONCRETE.get(type(v))
 
 
@@ -226,22 +197,19 @@ def reduce_result(func: str, args: Any) -> Optional[str]:
     if func == "numpy.dtype":
         return numpy_dtype_class(args[0]) if isinstance(args, tuple) and args else None
     index = _REDUCE_ARG_TYPE.get(func)
-    if index is not None:
-        if isinstance(args, tuple) and len(args) > index and isinstance(args[index], Global):
-            return args[index].name
-        return None
-    return func  # calling a class builds an instance of it
+    if index is None:
+        return func  # calling a class builds an instance of it
+    known = isinstance(args, tuple) and len(args) > index and isinstance(args[index], Global)
+    return args[index].name if known else None
 
 
 @dataclass(frozen=True)
 class Check:
-    """One thing torch's weights-only unpickler verifies.  ``kind``: ``"global"`` (*name* must be
-    allowlisted; *message* is the GLOBAL's own name part, which torch 2.4's hint names alone);
-    ``"type"`` (BUILD onto an instance of *name*, which must be allowlisted); ``"build"``
-    (its state's *shape*, :func:`state_shape`); ``"append"``, ``"appends"``, ``"setitem"``, ``"setitems"``
-    (onto a *name*, refused with *message* depending on the allowlist: :func:`container_refused`);
-    ``"refused"`` (never loads: *message* says why); ``"unknown"`` (a rule could not be probed); ``"jit"``
-    (a TorchScript archive this torch hands to ``torch.jit.load``: only the tools read one)."""
+    """One thing torch's weights-only unpickler verifies, by ``kind``: ``"global"`` (*name* allowlisted;
+    *message*: the GLOBAL's own name part, which torch 2.4's hint names alone), ``"type"`` (BUILD onto a
+    *name*, allowlisted), ``"build"`` (its state's *shape*), ``"append(s)"``/``"setitem(s)"`` (onto a
+    *name*, refused with *message* depending on the allowlist), ``"refused"`` (never loads: *message*
+    says why), ``"unknown"`` (a rule not probed), ``"jit"`` (a TorchScript archive)."""
 
     kind: str
     name: str = ""
@@ -266,21 +234,6 @@ class ScanState:
     weights_only_live: bool = True
     #: The formats torch may read these bytes as, depending on the source it is given (a polyglot: two).
     readings: tuple[str, ...] = ()
-
-    def fork(self) -> ScanState:
-        """A fresh state for another reading of the same bytes (its work counted on from this one's)."""
-        return ScanState(self.limits, opcodes=self.opcodes, bytes_scanned=self.bytes_scanned, max_memo=self.max_memo)
-
-    def absorb(self, other: ScanState) -> None:
-        """Add what the reading *other* (made by :meth:`fork`) found: its names and checks, its work."""
-        for c in other.checks:
-            self.check(c.kind, c.name, c.message, c.shape)
-        self.globals |= other.globals
-        self.full_load_globals = {**other.full_load_globals, **self.full_load_globals}
-        self.refused_opcodes |= other.refused_opcodes
-        self.opcodes, self.bytes_scanned = other.opcodes, other.bytes_scanned  # forked: counted on from ours
-        self.max_memo = max(self.max_memo, other.max_memo)
-        self.weights_only_live = other.weights_only_live
 
     def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> None:
         key = (kind, name, message, shape)
@@ -310,13 +263,8 @@ def loaded_class(name: str) -> Optional[type]:
 
 
 #: Per container family: the builtin it targets, and the target kinds of exact types by name.
-_CONTAINERS = {
-    "list": (list, {"builtins.list": "list"}),
-    "dict": (
-        dict,
-        {"builtins.dict": "dict", "collections.OrderedDict": "ordered_dict", "collections.Counter": "counter"},
-    ),
-}
+_DICT_KINDS = {"builtins.dict": "dict", "collections.OrderedDict": "ordered_dict", "collections.Counter": "counter"}
+_CONTAINERS = {"list": (list, {"builtins.list": "list"}), "dict": (dict, _DICT_KINDS)}
 
 
 def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, Any]] = None) -> tuple[str, ...]:
@@ -343,11 +291,8 @@ def container_check(rules: UnpicklerRules, opcode: str, target: Any) -> Optional
     """The check before *opcode* (APPEND(S), SETITEM(S)) onto the value *target*: None when it passes
     whatever is allowlisted (or its type is unknown), ``"refused"`` when it never does (a deque), else
     one the allowlist decides at load time (torch 2.14.1 lets an allowlisted list subclass through)."""
-    type_name = type_of(target)
-    if type_name is None:
-        return None
-    rule = rules.container(opcode)
-    if rule is None:
+    type_name, rule = type_of(target), rules.containers.get(opcode)
+    if type_name is None or rule is None:
         return None
     refused = [kind in rule.refused for kind in _target_kinds(opcode, type_name)]
     if not any(refused):
@@ -358,20 +303,16 @@ def container_check(rules: UnpicklerRules, opcode: str, target: Any) -> Optional
 
 def container_refused(rules: UnpicklerRules, check: Check, user_classes: dict[str, Any]) -> bool:
     """Whether torch refuses the container *check* given *user_classes* (allowlisted names -> objects)."""
-    rule = rules.container(check.kind.upper())
-    return rule is not None and any(
-        kind in rule.refused for kind in _target_kinds(check.kind.upper(), check.name, user_classes)
-    )
+    opcode = check.kind.upper()
+    rule = rules.containers.get(opcode)
+    return rule is not None and any(kind in rule.refused for kind in _target_kinds(opcode, check.name, user_classes))
 
 
 def persid_refusal(rules: UnpicklerRules, pid: Any) -> Optional[str]:
     """torch's refusal of a persistent id, or None: first its type, then a tuple's first item must be
     ``"storage"`` (one that passes may still fail in ``torch.load``'s ``persistent_load``: a damaged file)."""
-    persid = rules.persid
-    if isinstance(pid, tuple):  # what torch.save writes: decided without a call
-        category = "tuple"
-    else:
-        category = "int" if type_of(pid) == "builtins.int" else "other"
+    persid = rules.persid  # a tuple (what torch.save writes) is decided without a call
+    category = "tuple" if isinstance(pid, tuple) else "int" if type_of(pid) == "builtins.int" else "other"
     if category in persid.refused:
         return persid.type_message + class_repr(type_of(pid))
     if isinstance(pid, tuple) and pid and not (isinstance(pid[0], str) and pid[0] == "storage"):
@@ -386,8 +327,8 @@ def full_load_name(module: str, name: str, proto: int, zip_format: bool, storage
     """The global a full unpickle in torch.load resolves for GLOBAL *module* *name*."""
     if "Storage" in name and name in storage_names:
         return f"torch.{name}"  # torch.load's find_class returns its own StorageType, importing nothing
-    if zip_format:
-        module = _LOAD_MODULE_MAPPING.get(module, module)
+    if zip_format and module == "torch.tensor":  # torch.serialization._load's load_module_mapping
+        module = "torch._tensor"
     if proto < 3:
         if (module, name) in _compat_pickle.NAME_MAPPING:
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
@@ -400,11 +341,9 @@ def full_load_name(module: str, name: str, proto: int, zip_format: bool, storage
 #: ``("none",)``, ``("value", v)`` (a small str or int), ``("tuple", (shape, ...))`` or
 #: ``("type", "module.Name")`` (an object known only by its type; None: not even that).
 StateShape = tuple
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement
 
 
 def state_shape(value: Any, depth: int = 0) -> StateShape:
-    """The shape of a BUILD state on the scan's stack (see :data:`StateShape`)."""
     if type(value) is DictValue:
         return ("dict", None if value.keys is None else len(value.keys))
     if isinstance(value, tuple):
@@ -416,9 +355,7 @@ def state_shape(value: Any, depth: int = 0) -> StateShape:
     if isinstance(value, Obj):
         if value.type == "builtins.NoneType":
             return ("none",)
-        if value.type == "builtins.dict":
-            return ("dict", None)
-        return ("type", value.type)
+        return ("dict", None) if value.type == "builtins.dict" else ("type", value.type)
     return ("type", None)  # a Global, or nothing the scan models
 
 
@@ -440,8 +377,7 @@ def _standins(shape: StateShape) -> Optional[list[Any]]:
     if kind == "value":
         return [shape[1]]
     if kind == "dict":
-        sizes = [shape[1]] if shape[1] is not None else [0, 1, 2, 3]
-        return [{i: i for i in range(n)} for n in sizes]
+        return [{i: i for i in range(n)} for n in ([shape[1]] if shape[1] is not None else [0, 1, 2, 3])]
     if kind == "tuple":
         options = [_standins(s) for s in shape[1]]
         if any(o is None for o in options):
@@ -449,30 +385,6 @@ def _standins(shape: StateShape) -> Optional[list[Any]]:
         combos = list(itertools.islice(itertools.product(*options), _MAX_STANDINS + 1))  # type: ignore[arg-type]
         return combos if len(combos) <= _MAX_STANDINS else None
     return _TYPE_STANDINS.get(shape[1]) if kind == "type" and shape[1] else None
-
-
-def _class_facts(cls: Any) -> Optional[tuple[bool, bool, str]]:
-    """(has ``__setstate__``, instances have a ``__dict__``, the message of a missing ``__dict__``) of a
-    class made by a class statement; None when only running its code could tell (a C type, a custom
-    ``__getattr__``/``__getattribute__``)."""
-    if (
-        not isinstance(cls, type)
-        or not cls.__flags__ & _HEAPTYPE
-        or hasattr(cls, "__getattr__")
-        or cls.__getattribute__ is not object.__getattribute__
-    ):
-        return None
-    return hasattr(cls, "__setstate__"), getattr(cls, "__dictoffset__", 0) != 0, _no_dict_message(cls.__name__)
-
-
-def _no_dict_message(name: str) -> str:
-    """Python's message for ``inst.__dict__`` of a slotted class *name*, from a bare stand-in of that name."""
-    standin = type(name, (), {"__slots__": ()})
-    try:
-        object.__new__(standin).__dict__  # noqa: B018 - the error is the point
-    except AttributeError as e:
-        return str(e)
-    return f"'{name}' object has no attribute '__dict__'"  # pragma: no cover - a slotted class has none
 
 
 def _apply(rules: BuildRules, has_dict: bool, no_dict: str, state: Any) -> Optional[tuple[str, str]]:
@@ -497,16 +409,26 @@ def _apply(rules: BuildRules, has_dict: bool, no_dict: str, state: Any) -> Optio
 
 def build_failure(cls: Any, shape: StateShape, rules: BuildRules) -> Optional[tuple[str, str]]:
     """``(exception type name, message)`` when this torch's BUILD of a state of *shape* onto an instance
-    of the allowlisted *cls* raises; None when it does not or cannot be told statically (its own
-    ``__setstate__`` runs, the outcome depends on unknown contents): the prediction stays "loads"."""
-    facts = _class_facts(cls)
-    if facts is None:
+    of the allowlisted *cls* raises; None when it does not or cannot be told without running code (a C
+    type: no Py_TPFLAGS_HEAPTYPE; a custom ``__getattr__``; its own ``__setstate__``) or the contents."""
+    if (
+        not isinstance(cls, type)
+        or not cls.__flags__ & (1 << 9)
+        or hasattr(cls, "__getattr__")
+        or cls.__getattribute__ is not object.__getattribute__
+    ):
         return None
-    has_setstate, has_dict, no_dict = facts
-    if has_setstate and rules.calls_setstate:
+    if hasattr(cls, "__setstate__") and rules.calls_setstate:
         return None  # the class's own code applies it, as in a full load
     standins = _standins(shape)
     if not standins:
         return None
+    # Python's message for inst.__dict__ of a slotted class, from a bare stand-in of that name.
+    no_dict = f"'{cls.__name__}' object has no attribute '__dict__'"
+    try:
+        object.__new__(type(cls.__name__, (), {"__slots__": ()})).__dict__  # noqa: B018 - the error is the point
+    except AttributeError as e:
+        no_dict = str(e)
+    has_dict = getattr(cls, "__dictoffset__", 0) != 0
     outcomes = {_apply(rules, has_dict, no_dict, s) for s in standins}
     return outcomes.pop() if len(outcomes) == 1 else None

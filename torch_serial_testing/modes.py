@@ -1,4 +1,5 @@
-"""The three load modes, each one exact ``torch.load`` call, named as in test ids.
+"""The three load modes, each one exact ``torch.load`` call, named as in test ids, and what torch decides
+for each here and now (:func:`decide`: asked of torch itself, by loading a canary).
 
 * ``weights_only_false``: ``torch.load(buf, weights_only=False)``
 * ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
@@ -11,8 +12,7 @@ import enum
 import io
 import os
 import pickle
-from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from .errors import ConflictingEnvironmentError, RoundTripConfigError
 from .probes import ProbeFailed
@@ -49,10 +49,8 @@ class LoadMode(enum.Enum):
 
 
 _EXPLICIT = {"weights_only_false": False, "safe_globals": True, "default": None}
-
 #: Each mode by its value and by its member name (``"default"``, ``"DEFAULT"``).
 _BY_SPELLING = {**{m.value: m for m in LoadMode}, **{m.name: m for m in LoadMode}}
-
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
@@ -77,32 +75,22 @@ def _set_switches(values: tuple[Optional[str], Optional[str]]) -> None:
             os.environ[name] = value
 
 
-@contextmanager
-def _environment(values: tuple[Optional[str], Optional[str]]) -> Iterator[None]:
-    """The two switches set to *values* (None: unset) for the block, as they were after it."""
-    before = (os.environ.get(FORCE_WO), os.environ.get(FORCE_NO_WO))
-    _set_switches(values)
-    try:
-        yield
-    finally:
-        _set_switches(before)
-
-
 def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Answer:
-    """What ``torch.serialization.load(canary[, weights_only=explicit])`` does under (wo, no)."""
+    """What ``torch.serialization.load(canary[, weights_only=explicit])`` does with the switches (wo, no)."""
     import torch
 
     key = (explicit, wo, no, genuine("load"), getattr(torch.serialization, "_default_to_weights_only", None))
     known = _answers.get(key)
     if known is not None:
         return known
-
     if not _canary:
         buf = io.BytesIO()
         genuine("save")(Canary(), buf)
         _canary.append(buf.getvalue())
     kwargs: dict[str, Any] = {} if explicit is None else {"weights_only": explicit}
-    with registry_lock, _environment((wo, no)), observe_serialization_warnings(consume_all=True) as seen:
+    with registry_lock, observe_serialization_warnings(consume_all=True) as seen:
+        before = (os.environ.get(FORCE_WO), os.environ.get(FORCE_NO_WO))
+        _set_switches((wo, no))
         try:
             value = genuine("load")(io.BytesIO(_canary[0]), **kwargs)
         except pickle.UnpicklingError:
@@ -117,6 +105,8 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
             if type(value) is not Canary:
                 raise ProbeFailed(f"torch.load of the library's canary returned {type(value).__name__}")
             answer = (False, seen.seen)
+        finally:
+            _set_switches(before)
     _answers[key] = answer
     return answer
 
@@ -151,7 +141,6 @@ def torch_default_weights_only() -> tuple[bool, str]:
 
 
 def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Optional[str], Optional[str]]:
-    """The two switches' values (None when unset), read on every load."""
     env = os.environ if environ is None else environ
     return env.get(FORCE_WO), env.get(FORCE_NO_WO)
 
@@ -164,29 +153,18 @@ def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
 
 
 class Decision:
-    """The effective ``weights_only`` of one load mode here and now, and what it was read from."""
+    """The effective ``weights_only`` of one load mode here and now, and what it was read from: *warns*
+    (torch warns that TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD made the load a full one), *replaced_by* (who
+    replaced ``torch.load``, or None), *force_no_set* (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set, to any
+    value: torch may warn), *cause* ("explicit": the argument, "force_wo" / "force_no": a switch, "default")."""
 
     __slots__ = ("weights_only", "warns", "reason", "replaced_by", "force_no_set", "cause")
 
     def __init__(
-        self,
-        weights_only: bool,
-        warns: bool,
-        reason: str,
-        replaced_by: Optional[str],
-        force_no_set: bool,
-        cause: str = "default",
+        self, weights_only: bool, warns: bool, reason: str, replaced_by: Optional[str], force_no_set: bool, cause: str
     ) -> None:
-        self.weights_only = weights_only
-        #: What decided: "explicit" (the argument), "force_wo" / "force_no" (a switch) or "default".
-        self.cause = cause
-        #: torch warns that TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD made the load a full one.
-        self.warns = warns
-        self.reason = reason
-        #: Who replaced ``torch.load`` (see :func:`.loader.torch_load_replacement`), or None.
-        self.replaced_by = replaced_by
-        #: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is in the environment (any value: torch may warn).
-        self.force_no_set = force_no_set
+        self.weights_only, self.warns, self.reason = weights_only, warns, reason
+        self.replaced_by, self.force_no_set, self.cause = replaced_by, force_no_set, cause
 
     def __repr__(self) -> str:
         return f"<Decision weights_only={self.weights_only} ({self.reason})>"
@@ -205,20 +183,14 @@ def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decis
     elif weights_only and wo is not None and is_truthy(wo, FORCE_WO):
         cause, reason = "force_wo", f"weights_only=True forced by {FORCE_WO}={wo}"
     elif explicit is not None:
-        cause = "explicit"
-        reason = (
-            f"weights_only={explicit} explicit"
-            if weights_only == explicit
-            else f"weights_only={weights_only} although weights_only={explicit} was passed"
-        )
+        cause, reason = "explicit", f"weights_only={explicit} explicit"
+        if weights_only != explicit:
+            reason = f"weights_only={weights_only} although weights_only={explicit} was passed"
     elif warns:
         cause, reason = "force_no", f"weights_only=False forced by {FORCE_NO_WO}={no}"
     else:
         default, why = torch_default_weights_only()
-        cause = "default"
-        reason = (
-            f"weights_only={weights_only} {why}"
-            if default == weights_only
-            else f"weights_only={weights_only} (the environment overrides the default)"
-        )
+        cause, reason = "default", f"weights_only={weights_only} {why}"
+        if default != weights_only:
+            reason = f"weights_only={weights_only} (the environment overrides the default)"
     return Decision(weights_only, warns, reason, torch_load_replacement(), no is not None, cause)

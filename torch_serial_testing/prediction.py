@@ -1,9 +1,8 @@
 """What torch *should* do with one load, here and now: :func:`predict`.
 
-The effective ``weights_only`` is what torch decides for the mode's call in this environment
-(:func:`~..torch_facts.load_call.decide`).  Weights-only, the scan's checks are replayed in torch's
-order against what is allowed (torch's allowlist, the process-wide registry, the declared globals):
-the first that fails is the rejection torch raises.  Nothing is loaded or refused here.
+Weights-only (as torch decides for the mode's call here), the scan's checks are replayed in torch's order
+against what is allowed (torch's allowlist, the process-wide registry, the declared globals): the first
+that fails is the rejection torch raises.
 """
 
 from __future__ import annotations
@@ -12,20 +11,14 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from .checkpoint import Checkpoint
+from .checkpoint import Checkpoint, scan_checkpoint
 from .declarations import declared_entries
 from .errors import CheckpointFormatError, RoundTripConfigError, show_name, torch_key
 from .model import Check, build_failure, class_repr, container_refused, loaded_class
 from .modes import Decision, LoadMode, decide
 from .probes import ProbeFailed
-from .registry import (
-    registered_globals,
-    registry_lock,
-    torch_allowed_type_names,
-    torch_allowlist,
-    torch_allowlist_objects,
-    torch_allowlist_table,
-)
+from .registry import registered_globals, registry_lock, torch_allowed_type_names, torch_allowlist
+from .registry import torch_allowlist_table
 from .serialization import torch_load_replacement
 from .unpickler import UnpicklerRules, global_refusal, unpickler_rules
 
@@ -74,11 +67,6 @@ class Expectation:
         return f"{self.mode.value}: {verb} as expected ({why})"
 
 
-def declared_names(safe_globals: Any) -> tuple[str, ...]:
-    """The names torch matches *safe_globals* by (see :func:`declared_entries`)."""
-    return tuple(name for _obj, name in declared_entries(safe_globals))
-
-
 def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
     if isinstance(checkpoint, Checkpoint):
         return checkpoint
@@ -97,8 +85,7 @@ def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
             f"{caller}() takes a Checkpoint (or, to predict, bytes or a buffer), not the path "
             f"{os.fspath(checkpoint)!r}: wrap a file with torch_serial_testing.tools.FileCheckpoint.from_path(path)"
         )
-    if caller == "predict":
-        # Predicting never unpickles, so any checkpoint form scan_checkpoint reads will do.
+    if caller == "predict":  # predicting never unpickles: any form scan_checkpoint reads will do
         return Checkpoint.from_buffer(checkpoint)
     raise TypeError(
         f"load() takes a Checkpoint, got {type(checkpoint).__name__}; wrap foreign bytes with "
@@ -109,11 +96,8 @@ def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
 def predict(
     mode: LoadMode | str, checkpoint: Any, safe_globals: Sequence[Any] = (), environ: Optional[Mapping[str, str]] = None
 ) -> Expectation:
-    """What torch should do loading *checkpoint* in *mode*, here and now (see the module's docstring).
-
-    *checkpoint* is a :class:`Checkpoint` or anything :func:`scan_checkpoint` reads; *safe_globals*
-    takes objects, ``'module.Name'`` strings and ``(obj, 'module.Name')`` tuples.
-    """
+    """What torch should do loading *checkpoint* (a :class:`Checkpoint` or anything :func:`scan_checkpoint`
+    reads) in *mode*, here and now; *safe_globals* takes objects, ``'module.Name'`` and ``(obj, 'module.Name')``."""
     if isinstance(mode, Checkpoint):
         raise RoundTripConfigError(
             "predict() got a Checkpoint where the load mode goes: the order is predict(mode, checkpoint, ...)"
@@ -123,53 +107,36 @@ def predict(
 
 
 def decided(
-    mode: LoadMode,
-    checkpoint: Checkpoint,
-    declared: tuple[tuple[Any, str], ...],
-    environ: Optional[Mapping[str, str]] = None,
+    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], environ: Optional[Mapping] = None
 ) -> tuple[Optional[Decision], Expectation]:
     """(torch's decision for the call, None when it could not be asked; the expectation)."""
     try:
         decision = decide(mode, environ)
-    except ProbeFailed as e:
-        return None, undecided(mode, e)
-    return decision, _expected(mode, checkpoint, declared, decision)
-
-
-def undecided(mode: LoadMode, error: ProbeFailed) -> Expectation:
-    """The unknown expectation of a load whose ``weights_only`` torch could not be asked: the call's
-    argument, True for a bare call (the safe reading: foreign bytes are loaded weights-only anyway)."""
-    return Expectation(
-        mode,
-        mode.explicit_weights_only is not False,
-        False,
-        False,
-        (),
-        "what torch.load decides here is unknown",
-        torch_load_replacement(),
-        unknown=str(error),
-    )
-
-
-def _expected(
-    mode: LoadMode, checkpoint: Checkpoint, declared: tuple[tuple[Any, str], ...], decision: Decision
-) -> Expectation:
-    """The expectation of loading *checkpoint* under *decision*."""
+    except ProbeFailed as e:  # the call's argument, True for a bare call (foreign bytes are loaded weights-only)
+        why, weights_only = "what torch.load decides here is unknown", mode.explicit_weights_only is not False
+        return None, Expectation(mode, weights_only, False, False, (), why, torch_load_replacement(), unknown=str(e))
     if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
-        return Expectation(mode, False, decision.warns, True, (), decision.reason, decision.replaced_by)
-    reason = decision.reason
+        return decision, Expectation(mode, False, decision.warns, True, (), decision.reason, decision.replaced_by)
+    reason, warns, replaced = decision.reason, decision.warns, decision.replaced_by
     try:  # (the scan itself raises no ProbeFailed)
         info = checkpoint.info
         if any(c.kind == "jit" for c in info.checks):  # read by the tools: torch 2.4 hands it to torch.jit.load
             reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
-            return Expectation(mode, False, decision.warns, True, (), reason, decision.replaced_by)
+            return decision, Expectation(mode, False, warns, True, (), reason, replaced)
         rules = unpickler_rules()
     except ProbeFailed as e:
-        return Expectation(mode, True, decision.warns, False, (), reason, decision.replaced_by, unknown=str(e))
-    # Under the registry lock: no library round trip is inside its safe_globals context now.
-    with registry_lock:
+        return decision, Expectation(mode, True, warns, False, (), reason, replaced, unknown=str(e))
+    with registry_lock:  # no library round trip is inside its safe_globals context now
         allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else (), rules)
-    return _expect(mode, decision, reason, info, rules, allowed)
+    missing, rejection, build, unknown = _replay(info.checks, allowed, rules)
+    # Globals past the point where torch stops (an unsupported opcode...) are still reported.
+    missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in allowed.names}))
+    raises = "RuntimeError" if info.format in ("torchscript", "tar") else build[0] if build else "UnpicklingError"
+    blocker = info.weights_only_blocker or (build[1] if build else None)
+    opcodes, loads = info.unsupported_opcodes, rejection is None and unknown is None
+    return decision, Expectation(
+        mode, True, warns, loads, missing, reason, replaced, opcodes, blocker, rejection, raises, unknown
+    )
 
 
 @dataclass(eq=False)
@@ -181,30 +148,6 @@ class _Allowed:
     types: frozenset[str]
     classes: dict[str, Any]
     user: dict[str, Any]
-
-
-def _expect(
-    mode: LoadMode, decision: Decision, reason: str, info: Any, rules: UnpicklerRules, allowed: _Allowed
-) -> Expectation:
-    """A weights-only load: replay the checkpoint's checks against what is allowed."""
-    missing, rejection, build, unknown = _replay(info.checks, allowed, rules)
-    # Globals past the point where torch stops (an unsupported opcode...) are still reported.
-    missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in allowed.names}))
-    error_type = "RuntimeError" if info.format in ("torchscript", "tar") else build[0] if build else "UnpicklingError"
-    return Expectation(
-        mode,
-        True,
-        decision.warns,
-        rejection is None and unknown is None,
-        missing,
-        reason,
-        decision.replaced_by,
-        info.unsupported_opcodes,
-        info.weights_only_blocker or (build[1] if build else None),
-        rejection,
-        error_type,
-        unknown,
-    )
 
 
 def _replay(
@@ -239,12 +182,12 @@ def _replay(
         elif c.kind in ("append", "appends", "setitem", "setitems"):
             if not container_refused(rules, c, allowed.user):
                 continue
-            if (
-                c.name not in allowed.user
-                and not container_refused(rules, c, {c.name: _as_if_allowlisted(c)})
-                and c.name not in missing
-            ):
-                missing.append(c.name)  # allowlisting it (a list subclass) lets it through
+            if c.name not in allowed.user and c.name not in missing:
+                # Missing if allowlisting it lets it through (a list subclass): the class where it is
+                # loaded, else the container it targets (an unknown class counts as a subclass of it).
+                as_if = loaded_class(c.name) or (list if c.kind.startswith("append") else dict)
+                if not container_refused(rules, c, {c.name: as_if}):
+                    missing.append(c.name)
             if rejection is None:
                 rejection = c.message
         elif c.kind == "build":
@@ -266,24 +209,15 @@ def _replay(
     return tuple(dict.fromkeys(missing)), rejection, build, unknown if rejection is None else None
 
 
-def _as_if_allowlisted(check: Check) -> Any:
-    """What allowlisting the target of *check* would allowlist: the class where it is loaded, else
-    the container it targets (an unknown class counts as a subclass of it)."""
-    return loaded_class(check.name) or (list if check.kind.startswith("append") else dict)
-
-
 #: key -> (torch's allowlist table it was computed from, the allowed set).
 _allowed_cache: dict[Any, tuple[Any, _Allowed]] = {}
 
 
 def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
-    """What torch accepts with *declared* added, remembered while torch's allowlist, the registry, the
-    declaration and the BUILD rule are the same.  torch matches types by object; the model matches
-    them by their real ``module.qualname`` and any name they are allowed under."""
+    """What torch accepts with *declared* added, remembered while its inputs are the same."""
     import torch
 
-    table = torch_allowlist_table()
-    buildable = rules.build.torch_types_buildable
+    table, buildable = torch_allowlist_table(), rules.build.torch_types_buildable
     try:
         registry = torch.serialization.get_safe_globals()
         key: Any = (id(table), frozenset(registry) if registry else None, tuple(declared), buildable)
@@ -301,26 +235,26 @@ def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _All
 
 
 def _compute_allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
+    """torch matches types by object; the model matches them by their real ``module.qualname`` and any
+    name they are allowed under."""
     import torch
 
     user_names = set(registered_globals()) | {name for _obj, name in declared}
-    names = set(torch_allowlist()) | user_names
+    allowlist = torch_allowlist()
     types: set[str] = set()
     classes: dict[str, Any] = {}
     user: dict[str, Any] = {}
     if rules.build.torch_types_buildable:
-        types |= torch_allowed_type_names() | set(torch_allowlist())
-        for name, obj in torch_allowlist_objects().items():
+        types |= torch_allowed_type_names() | allowlist
+        for name, obj in torch_allowlist_table().items():
             classes[name] = classes[torch_key(obj) or name] = obj
-    entries = [*torch.serialization.get_safe_globals(), *((obj, name) for obj, name in declared if obj is not None)]
-    for entry in entries:
+    for entry in [*torch.serialization.get_safe_globals(), *((o, n) for o, n in declared if o is not None)]:
         obj, entry_name = entry if isinstance(entry, tuple) else (entry, None)
         for n in (torch_key(obj), entry_name):
             if n:
                 types.add(n)
                 classes[n] = user[n] = obj
-    types |= user_names
-    return _Allowed(frozenset(names), frozenset(types), classes, user)
+    return _Allowed(frozenset(allowlist | user_names), frozenset(types | user_names), classes, user)
 
 
 _NOT_GIVEN: Any = object()
@@ -329,13 +263,9 @@ _NOT_GIVEN: Any = object()
 def required_globals(
     obj_or_buffer: Any = _NOT_GIVEN, *, obj: Any = _NOT_GIVEN, checkpoint: Any = _NOT_GIVEN
 ) -> list[str]:
-    """Sorted globals a checkpoint needs beyond torch's own allowlist, found without unpickling.
-
-    ``obj=`` is always ``torch.save``-d first (even a ``str`` or ``bytes``); ``checkpoint=`` (bytes, a
-    buffer or file object, a :class:`~.checkpoint.Checkpoint`) is scanned.  Positionally, bytes-likes,
-    buffers and Checkpoints are scanned and any other object is saved.  Files:
-    ``torch_serial_testing.tools.required_globals(path)``.
-    """
+    """Sorted globals a checkpoint needs beyond torch's own allowlist, found without unpickling.  ``obj=``
+    is always ``torch.save``-d first (even a ``str`` or ``bytes``); ``checkpoint=`` (bytes, a buffer, a
+    :class:`Checkpoint`) is scanned; positionally, those are scanned and any other object is saved."""
     given = {k: v for k, v in (("obj", obj), ("checkpoint", checkpoint)) if v is not _NOT_GIVEN}
     if obj_or_buffer is not _NOT_GIVEN:
         given["positional"] = obj_or_buffer
@@ -345,8 +275,6 @@ def required_globals(
             f"Checkpoint (checkpoint=...); got {', '.join(sorted(given)) or 'nothing'}"
         )
     ((kind, value),) = given.items()
-    from .checkpoint import Checkpoint, scan_checkpoint
-
     if kind != "obj" and isinstance(value, (str, os.PathLike)):
         raise TypeError(
             f"required_globals({value!r}): a file is read by torch_serial_testing.tools.required_globals(path); "
@@ -365,10 +293,7 @@ def required_globals(
 
 def needed_globals(info: Any, allowed: Any = None) -> list[str]:
     """Sorted globals the scanned checkpoint *info* needs beyond torch's allowlist (*allowed*, default
-    asked): its GLOBALs and the types BUILD is applied to.  The one place this is computed
-    (:func:`required_globals`, the CLI's ``required_globals`` and snippets)."""
-    from .unpickler import unpickler_rules
-
+    asked): its GLOBALs and the types BUILD is applied to.  The one place this is computed."""
     if allowed is None:
         allowed = torch_allowlist()
     needed = {g for g in info.globals if g not in allowed}

@@ -1,8 +1,7 @@
 """The probe kit: few-byte pickles fed to torch's real weights-only unpickler, and what it did.
 
 Nothing is assumed beyond the unpickler's constructor and ``load`` (:class:`ProbeFailed` when they
-fail).  The objects probes build live here too, made by :func:`made`, which probes allowlist instead
-of their types.
+fail).  Probes allowlist :func:`made`, which builds the objects they need, instead of their types.
 """
 
 from __future__ import annotations
@@ -13,8 +12,6 @@ import pickle
 import struct
 from typing import Any, Callable, Optional
 
-PROTO_2 = pickle.PROTO + b"\x02"
-
 STOP = pickle.STOP
 
 
@@ -22,8 +19,7 @@ class ProbeFailed(Exception):
     """A probe of torch could not run or be read: what needs the fact becomes unknown, never a guess."""
 
 
-def innermost_frame(error: BaseException) -> Any:
-    """The frame that raised *error* (None without a traceback)."""
+def innermost_frame(error: BaseException) -> Any:  # None without a traceback
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -34,25 +30,19 @@ class Outcome:
     """What torch's weights-only unpickler did with one probe: loaded ``value`` or raised ``error``.
 
     ``refused``: one of the unpickler's own checks said no (``UnpicklingError``, or a ``RuntimeError``
-    raised by its own code: torch 2.4's checks, which ``torch.load`` turns into ``UnpicklingError``).
-    The error keeps no traceback or context, so a probe run while a load's rejection is being handled
-    leaves no reference cycle through that load's frames."""
+    raised by its own code: torch 2.4's checks).  The error keeps no traceback or context, so a probe
+    run while a load's rejection is handled leaves no reference cycle through that load's frames."""
 
-    __slots__ = ("value", "error", "refused")
+    __slots__ = ("value", "error", "loaded", "refused")
 
     def __init__(self, value: Any = None, error: Optional[BaseException] = None) -> None:
-        self.value = value
-        self.error = error
+        self.value, self.error, self.loaded = value, error, error is None
         frame = innermost_frame(error) if type(error) is RuntimeError else None
         self.refused = isinstance(error, pickle.UnpicklingError) or (
             frame is not None and frame.f_globals.get("__name__") == "torch._weights_only_unpickler"
         )
         if error is not None:
             error.__traceback__ = error.__context__ = None
-
-    @property
-    def loaded(self) -> bool:
-        return self.error is None
 
     @property
     def message(self) -> str:
@@ -86,7 +76,7 @@ def unpickle(body: bytes, *, persistent_load: Optional[Callable[[Any], Any]] = N
     try:
         from torch import _weights_only_unpickler as wou
 
-        unpickler = wou.Unpickler(io.BytesIO((PROTO_2 if proto else b"") + body), encoding="utf-8")
+        unpickler = wou.Unpickler(io.BytesIO((pickle.PROTO + b"\x02" if proto else b"") + body), encoding="utf-8")
         if persistent_load is not None:
             # pickle's documented hook is an instance attribute; torch's Unpickler declares a method
             unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
@@ -110,50 +100,36 @@ def with_type(message: str, cls: type) -> str:
     return message[: -len(shown)]
 
 
-class ProbeList(list):  # type: ignore[type-arg]
-    """A ``list`` subclass, for the APPEND target check."""
+# The probes' classes: a list and a dict subclass; a plain class (a __dict__, no __setstate__); instances
+# with a slot and no __dict__, with both; a __setstate__ that records its call.
+class ProbeList(list): ...  # type: ignore[type-arg]
 
 
-class ProbeDict(dict):  # type: ignore[type-arg]
-    """A ``dict`` subclass, for the SETITEM target check."""
+class ProbeDict(dict): ...  # type: ignore[type-arg]
 
 
-class ProbeOther:
-    """A plain class: neither a list nor a dict; instances have a ``__dict__`` and no ``__setstate__``."""
+class ProbeOther: ...
 
 
 class ProbeSlotted:
-    """Instances have a slot and no ``__dict__``."""
-
     __slots__ = ("a",)
 
 
 class ProbeSlotsAndDict:
-    """A slot and a ``__dict__``: a ``({}, {"a": 1})`` state loads wherever BUILD splits slot state."""
-
     __slots__ = ("a", "__dict__")
 
 
 class ProbeWithSetstate:
-    """Records that BUILD called its ``__setstate__``."""
-
     def __setstate__(self, state: Any) -> None:
         self.set_with = state
 
 
-def unlisted_function() -> None:
-    """Never allowlisted: REDUCE of it is refused."""
+def unlisted_function() -> None: ...  # never allowlisted: REDUCE of it is refused
 
 
-_MADE: dict[str, Callable[[], Any]] = {
-    "list_subclass": ProbeList,
-    "dict_subclass": ProbeDict,
-    "other": ProbeOther,
-    "ordered_dict": collections.OrderedDict,
-    "counter": collections.Counter,
-    "other_class": lambda: ProbeOther,
-    "unlisted_function": lambda: unlisted_function,
-}
+_MADE: dict[str, Callable[[], Any]] = {"list_subclass": ProbeList, "dict_subclass": ProbeDict, "other": ProbeOther}
+_MADE.update(ordered_dict=collections.OrderedDict, counter=collections.Counter, other_class=lambda: ProbeOther)
+_MADE["unlisted_function"] = lambda: unlisted_function
 
 
 def made(kind: str) -> Any:

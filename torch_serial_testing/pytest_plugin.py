@@ -1,17 +1,11 @@
-"""pytest plugin: a test that passed because torch refused a load, as predicted, says so.
+"""pytest plugin: a test that passed because torch refused a load, as predicted, stays a pass and says so.
 
 Registered through the ``pytest11`` entry point ``torch_serial_testing`` (``-p
-torch_serial_testing.testing.pytest_plugin`` loads it from a source tree).  Such a test stays a
-*pass* -- torch did what it should and the library checked the refusal -- and shows it:
-
-* ``pytest -v`` and ``-rA``: ``PASSED (rejected as predicted: default: rejected as expected (...))``,
-  or ``PASSED (1 of 3 round trips rejected as predicted: ...)`` when some loads succeeded;
-* JUnit XML (``--junitxml``): ``<property name="torch_serial_testing.status" value="rejected as
-  predicted"/>`` and ``torch_serial_testing.rejections`` (the reasons) in the test case's properties;
-  the test case itself is a plain pass (no ``<skipped>``), so CI counts it as run and passed.
-
-Importing this module imports nothing but pytest; the library is imported only for a test that ran
-round trips.  Tests that do not use the library are untouched.
+torch_serial_testing.pytest_plugin`` from a source tree).  ``pytest -v``/``-rA`` show ``PASSED (rejected
+as predicted: default: rejected as expected (...))`` or ``PASSED (1 of 3 round trips rejected as
+predicted: ...)``; JUnit XML gets the properties ``torch_serial_testing.status`` and ``.rejections`` on a
+plain pass (no ``<skipped>``: CI counts it as run and passed).  Importing this module imports nothing
+but pytest; the library is imported only for a test that ran round trips.
 """
 
 from __future__ import annotations
@@ -21,12 +15,8 @@ from typing import Any, Callable, Generator, Optional
 
 import pytest
 
-#: The ``pytest11`` entry point's name (setup.cfg): ``-p no:torch_serial_testing`` turns the plugin off.
-ENTRY_POINT = "torch_serial_testing"
-
-#: Where a report carries the status text (a plain attribute: it survives pytest-xdist's transport).
-STATUS_ATTRIBUTE = "torch_serial_testing_status"
-
+ENTRY_POINT = "torch_serial_testing"  # setup.cfg's: ``-p no:torch_serial_testing`` turns the plugin off
+STATUS_ATTRIBUTE = "torch_serial_testing_status"  # a plain attribute survives pytest-xdist's transport
 PROPERTY_PREFIX = "torch_serial_testing."
 
 
@@ -34,11 +24,10 @@ def _instance(item: Any) -> Any:
     """The unittest ``TestCase`` instance an item runs (pytest >= 8: ``instance``; 7: ``_testcase``)."""
     for name in ("instance", "_testcase"):
         try:
-            value = getattr(item, name, None)
+            if (value := getattr(item, name, None)) is not None:
+                return value
         except Exception:  # noqa: BLE001 - a plugin's item type whose property raises: not ours
-            value = None
-        if value is not None:
-            return value
+            continue
     return None
 
 
@@ -48,9 +37,9 @@ def entry_point_guard(module: str, entry_point: str) -> Callable[[Any, Any], Non
     same module a second time, which pluggy refuses, so the entry point is skipped."""
 
     def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
-        if plugin is sys.modules.get(module) and manager.get_name(plugin) != entry_point:
-            if manager.get_plugin(entry_point) is None and not manager.is_blocked(entry_point):
-                manager.set_blocked(entry_point)
+        ours = plugin is sys.modules.get(module) and manager.get_name(plugin) != entry_point
+        if ours and manager.get_plugin(entry_point) is None and not manager.is_blocked(entry_point):
+            manager.set_blocked(entry_point)
 
     return pytest_plugin_registered
 
@@ -68,8 +57,7 @@ def pytest_runtest_makereport(item: Any, call: Any) -> Generator[None, Any, None
         return  # not a round-trip test, or no load ran: nothing to import, nothing to say
     from .outcomes import records, rejection_status
 
-    found = rejection_status(records(instance))
-    if found is None:
+    if (found := rejection_status(records(instance))) is None:
         return
     status, reasons = found
     report = outcome.get_result()

@@ -1,10 +1,8 @@
 """torch's allowlists: its built-in one (``_get_allowed_globals()``), the process-wide registry
 (``add_safe_globals``, or an open ``safe_globals`` context), who registered what, and torch's
-serialization config.
-
-Every change the library makes is serialised behind :data:`registry_lock`.  While a test runs,
-torch's ``_add_safe_globals`` is wrapped to note the module whose code registered each entry
-(:func:`registrar`): what torch's own modules register is torch's doing, whenever they are imported.
+serialization config.  Every change the library makes is serialised behind :data:`registry_lock`.
+While a test runs, torch's ``_add_safe_globals`` is wrapped to note the module whose code registered
+each entry (:func:`registrar`): what torch's own modules register is torch's doing, whenever imported.
 """
 
 from __future__ import annotations
@@ -32,19 +30,26 @@ def torch_allowlist_table() -> Any:
     return _wou()._get_allowed_globals()
 
 
-def torch_allowlist_objects() -> dict[str, Any]:
-    return dict(_wou()._get_allowed_globals())
-
-
 def torch_allowlist() -> frozenset[str]:
     """Names torch's weights-only unpickler accepts without any registration."""
     return frozenset(_wou()._get_allowed_globals())
 
 
 def torch_allowed_type_names() -> frozenset[str]:
-    """Real ``module.qualname`` of every value on torch's own allowlist (BUILD accepts instances of
-    the types among them)."""
+    """Real ``module.qualname`` of every value on torch's own allowlist (BUILD accepts instances of those types)."""
     return frozenset(n for n in map(torch_key, _wou()._get_allowed_globals().values()) if n)
+
+
+def snapshot_registry() -> list[Any]:
+    import torch
+
+    return list(torch.serialization.get_safe_globals())
+
+
+def registered_entries() -> list[tuple[str, Any]]:
+    """(name, entry) of every process-wide registration, sorted by name."""
+    named = ((torch_key(g) or f"<unnamed {type(g).__name__}>", g) for g in snapshot_registry())
+    return sorted(named, key=lambda pair: pair[0])
 
 
 def registered_globals() -> frozenset[str]:
@@ -52,12 +57,6 @@ def registered_globals() -> frozenset[str]:
     import torch
 
     return frozenset(torch_key(g) or f"<unnamed {type(g).__name__}>" for g in torch.serialization.get_safe_globals())
-
-
-def snapshot_registry() -> list[Any]:
-    import torch
-
-    return list(torch.serialization.get_safe_globals())
 
 
 def restore_registry(snapshot: Sequence[Any]) -> None:
@@ -84,7 +83,6 @@ def restore_registry(snapshot: Sequence[Any]) -> None:
 
 @contextmanager
 def preserved_registry() -> Iterator[None]:
-    """Restore the registry on exit, whatever happened inside."""
     with registry_lock:
         snap = snapshot_registry()
         try:
@@ -94,7 +92,6 @@ def preserved_registry() -> Iterator[None]:
 
 
 def safe_globals_context_missing() -> Optional[str]:
-    """Why this torch has no ``torch.serialization.safe_globals`` context (torch < 2.5), or None."""
     import torch
 
     if hasattr(torch.serialization, "safe_globals"):
@@ -107,9 +104,8 @@ def safe_globals_context_missing() -> Optional[str]:
 
 @contextmanager
 def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
-    """Trust *entries* for the weights-only loads inside the block: ``safe_globals`` where torch has it
-    (>= 2.5), else ``add_safe_globals``, undone on exit.  For probes; the ``safe_globals`` load mode
-    itself never falls back like this."""
+    """Trust *entries* for the weights-only loads inside the block: ``safe_globals`` where torch has it,
+    else ``add_safe_globals`` undone on exit.  For probes: the ``safe_globals`` load mode never falls back."""
     import torch
 
     with preserved_registry():
@@ -125,9 +121,7 @@ def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
 #: Registry entry -> (the module whose code called ``add_safe_globals``, whether an import was running it),
 #: for every registration made while a test ran (:func:`start_recording` .. :func:`stop_recording`).
 _registrars: dict[Any, tuple[str, bool]] = {}
-
 _recording = 0
-
 _original_add: Any = None
 
 
@@ -135,28 +129,24 @@ def is_torch_module(name: str) -> bool:
     return name == "torch" or name.startswith("torch.")
 
 
-def _registrar() -> tuple[str, bool]:
-    """(the module calling ``add_safe_globals``, past torch's serialization modules; whether a module
-    import is running that call: a registration at import time)."""
-    frame: Any = sys._getframe(2)
+def _recording_add(safe_globals: Any) -> Any:
+    """torch's ``_add_safe_globals``, noting who made each registration: the calling module past torch's
+    serialization modules, and whether a module import is running that call (registered at import time)."""
+    entries = list(safe_globals)
+    frame: Any = sys._getframe(1)
     caller: Optional[str] = None
+    at_import = False
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
         if name.startswith("importlib._bootstrap") or name == "_frozen_importlib":
-            return caller or "?", True
+            at_import = True
+            break
         if caller is None and name not in ("torch.serialization", "torch._weights_only_unpickler"):
             caller = name
         frame = frame.f_back
-    return caller or "?", False
-
-
-def _recording_add(safe_globals: Any) -> Any:
-    """torch's ``_add_safe_globals``, noting who made each registration."""
-    entries = list(safe_globals)
-    who = _registrar()
     for entry in entries:
         try:
-            _registrars[entry] = who
+            _registrars[entry] = (caller or "?", at_import)
         except TypeError:  # unhashable: torch's set refuses it too
             pass
     return _original_add(entries)
@@ -183,7 +173,6 @@ def stop_recording() -> None:
 
 
 def recording_active() -> bool:
-    """Whether torch's ``_add_safe_globals`` is currently wrapped by the recorder."""
     return bool(_wou()._add_safe_globals is _recording_add)
 
 
@@ -195,23 +184,17 @@ def registrar(entry: Any) -> Optional[tuple[str, bool]]:
         return None
 
 
-def _stdlib(module: str) -> bool:
-    top = module.partition(".")[0]
-    return top in getattr(sys, "stdlib_module_names", ("builtins",))
-
-
 def registered_by_torch(entry: Any) -> bool:
     """Whether *entry* is torch's own registration: made by code in a ``torch.*`` module when the library
-    saw it; registered before (at ``import torch``, by a module imported at collection time), an object
-    torch's own modules register: defined in ``torch.*`` or Python's standard library (torch 2.14
+    saw it; else (registered before) an object defined in ``torch.*`` or the standard library (torch 2.14
     registers the builtin exceptions)."""
     seen = registrar(entry)
     if seen is not None:
         return is_torch_module(seen[0])
-    obj = entry[0] if isinstance(entry, tuple) and len(entry) == 2 else entry
-    real = torch_key(obj)
+    real = torch_key(entry[0] if isinstance(entry, tuple) and len(entry) == 2 else entry)
     module = real.rpartition(".")[0] if real else ""
-    return bool(module) and (is_torch_module(module) or _stdlib(module))
+    top = module.partition(".")[0]
+    return bool(module) and (is_torch_module(module) or top in getattr(sys, "stdlib_module_names", ("builtins",)))
 
 
 def serialization_config() -> Optional[dict[str, Any]]:

@@ -1,24 +1,11 @@
 """torch's serialization machinery as process state: its genuine ``load``/``save``, how a load reports,
 and what a test could change to subvert every later load.
 
-**The genuine functions.**  :func:`genuine` returns torch's own ``torch.serialization.load`` / ``save``,
-accepted only by identity -- a function whose ``__globals__`` *is* torch.serialization's namespace --
-never by ``__module__`` or ``__name__`` (``functools.wraps`` copies those).  ``torch.load`` may be
-replaced (torch_npu does it at import): :func:`replaced_by` says by whom.
-
-**How a load reports.**  torch warns when ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` makes a load a full one
-(torch_npu prints it).  The warning filters are never touched (that makes Python forget what it showed
-once): during an observed load, ``warnings`` in torch.serialization is a proxy consuming that warning
-in the observing thread (every warning, for probes) and passing the rest on one frame up, so filters,
-``-W error`` and once-per-location memory behave as without the library.
-
-**The snapshot.**  :class:`SerializationState` reads ``torch.load`` and ``torch.save``, the namespaces
-of ``torch.serialization``, ``torch._weights_only_unpickler`` and ``torch._utils``, the attributes of
-the classes and the code and defaults of the functions they define, torch's built-in allowlist (the
-dict ``_get_allowed_globals()`` caches) and the storage-location registry (``register_package``);
-:meth:`~SerializationState.restore` puts each back and returns one line per change.  The safe-globals
-registry is :mod:`.registry`'s.
-"""
+:func:`genuine` accepts torch's own function by identity (its ``__globals__`` *is* torch.serialization's
+namespace), never by ``__module__`` or ``__name__`` (``functools.wraps`` copies those).  The warning
+filters are never touched (that makes Python forget what it showed once): during an observed load,
+``warnings`` in torch.serialization is a proxy consuming the FORCE_NO warning in the observing thread
+and passing the rest on one frame up.  The safe-globals registry is :mod:`.registry`'s."""
 
 from __future__ import annotations
 
@@ -28,19 +15,19 @@ import sys
 import threading
 import types
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from .probes import ProbeFailed, innermost_frame
 
 #: torch's warning (and torch_npu's printed notice) when TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD applies.
 FORCE_NO_NOTICE = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
+_TORCH_SERIALIZATION = ("torch.serialization", "torch._weights_only_unpickler")
 _FIX = (
     "patch it only for the duration of a block (unittest.mock.patch as a context manager or decorator) "
     "or undo it in a finally or addCleanup"
 )
-
-# -- torch's own load and save ------------------------------------------------------------------------
 
 
 def _ser() -> Any:
@@ -50,7 +37,6 @@ def _ser() -> Any:
 
 
 def _own_function(fn: Any, name: str) -> bool:
-    """Whether *fn* is a function torch.serialization defines under *name* (asked of the object)."""
     return (
         isinstance(fn, types.FunctionType)
         and fn.__globals__ is vars(_ser())
@@ -98,33 +84,25 @@ def _describe(obj: Any) -> str:
     return f"{module}.{qualname}" + (" (functools.wraps of torch's)" if hasattr(obj, "__wrapped__") else "")
 
 
-def replaced_by(name: str = "load") -> Optional[str]:
-    """Who ``torch.<name>`` is when it is not torch's own function (None: it is)."""
+def torch_load_replacement() -> Optional[str]:
+    """Who ``torch.load`` is when it is not torch's own function (None: it is)."""
     import torch
 
-    fn = getattr(torch, name, None)
-    if _own_function(fn, name):
+    fn = getattr(torch, "load", None)
+    if _own_function(fn, "load"):
         return None
     try:
-        if fn is genuine(name):
+        if fn is genuine("load"):
             return None
     except ProbeFailed:
         pass
     return _describe(fn)
 
 
-def torch_load_replacement() -> Optional[str]:
-    """Who replaced ``torch.load``, or None if it is torch's own."""
-    return replaced_by("load")
-
-
 def raised_by_torch(error: BaseException) -> bool:
     """Whether the rejection came out of torch's own serialization code, message untouched."""
     frame = innermost_frame(error)
-    return frame is not None and frame.f_globals.get("__name__") in (
-        "torch.serialization",
-        "torch._weights_only_unpickler",
-    )
+    return frame is not None and frame.f_globals.get("__name__") in _TORCH_SERIALIZATION
 
 
 def raiser(error: BaseException) -> str:
@@ -136,17 +114,12 @@ def raiser(error: BaseException) -> str:
     return f"{frame.f_globals.get('__name__', '?')}.{getattr(code, 'co_qualname', code.co_name)}"
 
 
-# -- observing a load's warnings --------------------------------------------------------------------
-
-
+@dataclass(eq=False)
 class Observation:
-    """How many FORCE_NO warnings torch raised in the observing thread."""
+    """How many FORCE_NO warnings torch raised in the observing thread (every warning: *consume_all*)."""
 
-    __slots__ = ("count", "consume_all")
-
-    def __init__(self, consume_all: bool = False) -> None:
-        self.count = 0
-        self.consume_all = consume_all
+    consume_all: bool = False
+    count: int = 0
 
     @property
     def seen(self) -> bool:
@@ -233,15 +206,9 @@ def watch_stdout(active: bool) -> Iterator[Optional[io.StringIO]]:
         yield None
         return
     copy = io.StringIO()
-    real = sys.stdout
-    sys.stdout = _Tee(real, copy)  # type: ignore[assignment]
-    try:
+    with redirect_stdout(_Tee(sys.stdout, copy)):  # type: ignore[type-var]
         yield copy
-    finally:
-        sys.stdout = real
 
-
-# -- the snapshot ---------------------------------------------------------------------------------------
 
 #: Modules whose whole namespace is state, and the names in each that are not the test's to restore:
 #: the safe-globals registry (:mod:`.registry` restores it) and the warnings module's bookkeeping.
@@ -274,7 +241,9 @@ def _allowlist_table() -> Optional[dict[str, Any]]:
 
 
 class SerializationState:
-    """Everything listed in the module docstring, read by identity (a plain class: made per test)."""
+    """``torch.load``/``save``, the namespaces of :data:`WATCHED_MODULES`, their classes' attributes and
+    functions' code and defaults, torch's built-in allowlist and storage-location registry (``register_package``),
+    read by identity; :meth:`restore` puts each back, one line per change."""
 
     __slots__ = ("torch_names", "namespaces", "classes", "functions", "allowlist", "packages")
 
@@ -311,80 +280,63 @@ class SerializationState:
                 changes.append(f"torch.{name} is {_describe(now)} (was {_describe(then)})")
                 setattr(torch, name, then)
         for module_name, space in self.namespaces.items():
-            changes += self._restore_namespace(module_name, space)
+            module = sys.modules.get(module_name)
+            if module is not None:
+                replaced, removed, added = _restore(module, space, WATCHED_MODULES[module_name])
+                changes += [
+                    *(f"{module_name}.{k} is {_describe(v)}" for k, v in replaced.items()),
+                    *(f"{module_name}.{k} was deleted" for k in removed),
+                    *(f"{module_name}.{k} was added" for k in added),
+                ]
         for cls, attrs in self.classes:
-            now_attrs = vars(cls)
-            changed = sorted(
-                k
-                for k in set(now_attrs) | set(attrs)
-                if k != "__weakref__" and (k not in attrs or k not in now_attrs or not _same(now_attrs[k], attrs[k]))
-            )
-            if changed:
-                changes.append(f"{cls.__module__}.{cls.__qualname__} had {', '.join(changed)} changed")
-                for k in changed:
-                    if k in attrs:
-                        setattr(cls, k, attrs[k])
-                    else:
-                        delattr(cls, k)
+            replaced, removed, added = _restore(cls, attrs, {"__weakref__"})
+            if replaced or removed or added:
+                changed = ", ".join(sorted([*replaced, *removed, *added]))
+                changes.append(f"{cls.__module__}.{cls.__qualname__} had {changed} changed")
         for fn, code, defaults, kwdefaults in self.functions:  # torch.load's default changed in place...
             if fn.__code__ is not code or fn.__defaults__ is not defaults or fn.__kwdefaults__ != kwdefaults:
                 what = "__code__, __defaults__ or __kwdefaults__"
                 changes.append(f"{fn.__module__}.{fn.__qualname__} was changed in place ({what})")
                 fn.__code__, fn.__defaults__ = code, defaults
                 fn.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
-        changes += self._restore_allowlist() + self._restore_packages()
+        table, then = _allowlist_table(), self.allowlist
+        if table is not None and then is not None:
+            extra = sorted(k for k in table if k not in then)
+            gone = sorted(k for k in then if k not in table)
+            swapped = sorted(k for k in then if k in table and not _same_entry(table[k], then[k]))
+            if extra or gone or swapped:
+                table.clear()  # in place: torch caches this very dict (lru_cache) and reads it on every load
+                table.update(then)
+                changes.append(
+                    f"torch's built-in allowlist (torch._weights_only_unpickler._get_allowed_globals()) changed: "
+                    f"added {extra}, removed {gone}, replaced {swapped}; to trust a global for a test, declare it "
+                    "(safe_globals) or use torch.serialization.safe_globals([...]) as a context"
+                )
+        registry, packages = getattr(_ser(), "_package_registry", None), self.packages
+        if registry is not None and not (
+            len(registry) == len(packages) and all(a is b for a, b in zip(registry, packages))
+        ):
+            added = [_describe(entry[2]) for entry in registry if not any(entry is p for p in packages)]
+            registry[:] = packages  # in place: torch reads this very list
+            changes.append(
+                "torch.serialization's storage-location registry (register_package) changed"
+                + (f": added deserializers {added}" if added else "")
+                + "; its deserializers run on every load, weights-only included"
+            )
         if changes:
             changes[-1] += f" -- restored; a test must not leave torch's serialization changed: {_FIX}"
         return changes
 
-    @staticmethod
-    def _restore_namespace(module_name: str, space: dict[str, Any]) -> list[str]:
-        module = sys.modules.get(module_name)
-        if module is None:
-            return []
-        now = vars(module)
-        managed = WATCHED_MODULES[module_name]
-        replaced = sorted(k for k, v in space.items() if k not in managed and k in now and not _same(now[k], v))
-        removed = sorted(k for k in space if k not in managed and k not in now)
-        added = sorted(k for k in now if k not in space and k not in managed)
-        notes = [  # described before restoring: now is the module's live namespace
-            *(f"{module_name}.{k} is {_describe(now[k])}" for k in replaced),
-            *(f"{module_name}.{k} was deleted" for k in removed),
-            *(f"{module_name}.{k} was added" for k in added),
-        ]
-        for k in replaced + removed:
-            setattr(module, k, space[k])
-        for k in added:
-            delattr(module, k)
-        return notes
 
-    def _restore_allowlist(self) -> list[str]:
-        table, then = _allowlist_table(), self.allowlist
-        if table is None or then is None:
-            return []
-        if len(table) == len(then) and all(k in table and _same_entry(table[k], v) for k, v in then.items()):
-            return []
-        added = sorted(k for k in table if k not in then)
-        removed = sorted(k for k in then if k not in table)
-        replaced = sorted(k for k in then if k in table and not _same_entry(table[k], then[k]))
-        table.clear()  # in place: torch caches this very dict (lru_cache) and reads it on every load
-        table.update(then)
-        return [
-            f"torch's built-in allowlist (torch._weights_only_unpickler._get_allowed_globals()) changed: "
-            f"added {added}, removed {removed}, replaced {replaced}; to trust a global for a test, declare it "
-            "(safe_globals) or use torch.serialization.safe_globals([...]) as a context"
-        ]
-
-    def _restore_packages(self) -> list[str]:
-        registry = getattr(_ser(), "_package_registry", None)
-        if registry is None or (
-            len(registry) == len(self.packages) and all(a is b for a, b in zip(registry, self.packages))
-        ):
-            return []
-        added = [_describe(entry[2]) for entry in registry if not any(entry is p for p in self.packages)]
-        registry[:] = self.packages  # in place: torch reads this very list
-        return [
-            "torch.serialization's storage-location registry (register_package) changed"
-            + (f": added deserializers {added}" if added else "")
-            + "; its deserializers run on every load, weights-only included"
-        ]
+def _restore(target: Any, then: dict[str, Any], skip: set[str]) -> tuple[dict[str, Any], list[str], list[str]]:
+    """Put back the attributes of *target* (a module or class) but *skip*; (the replaced ones as they
+    were found, the removed, the added), sorted by name."""
+    now = vars(target)
+    replaced = {k: now[k] for k in sorted(then) if k not in skip and k in now and not _same(now[k], then[k])}
+    removed = sorted(k for k in then if k not in skip and k not in now)
+    added = sorted(k for k in now if k not in then and k not in skip)
+    for k in [*replaced, *removed]:
+        setattr(target, k, then[k])
+    for k in added:
+        delattr(target, k)
+    return replaced, removed, added

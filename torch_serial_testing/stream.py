@@ -1,6 +1,5 @@
 """Reading a pickle stream: argument layouts, arguments, and the errors of a damaged or over-limit
-stream -- the part of the walk (:mod:`.walker`) that knows nothing of torch.
-"""
+stream -- the part of the walk (:mod:`.walker`) that knows nothing of torch."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from .errors import CheckpointFormatError
 from .model import BOOL, ScanLimits
 
 _FIXED, _COUNTED, _LINE, _TWO_LINES = range(4)
-
 _WIDTHS = {
     pickletools.TAKEN_FROM_ARGUMENT1: 1,
     pickletools.TAKEN_FROM_ARGUMENT4: 4,
@@ -30,13 +28,12 @@ def _layout(arg: Any) -> tuple[int, int]:
 
 #: Opcode byte -> (how its argument is laid out, its size or the width of its length), from the stdlib's table.
 ARG: dict[int, tuple[int, int]] = {ord(op.code): _layout(op.arg) for op in pickletools.opcodes}
-
 NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
 
 
 def TruncatedStream(message: str) -> CheckpointFormatError:  # noqa: N802 - raised like a class
-    """The error of a stream that ends inside an opcode or before STOP, marked (:func:`is_truncated`):
-    more bytes may complete it (a legacy stream is read in chunks).  A plain CheckpointFormatError."""
+    """A plain CheckpointFormatError marked (:func:`is_truncated`): the stream ends inside an opcode or
+    before STOP, and more bytes may complete it (a legacy stream is read in chunks)."""
     e = CheckpointFormatError(message)
     e.truncated = True  # type: ignore[attr-defined]
     return e
@@ -54,8 +51,7 @@ def truncated(what: str, pos: int) -> CheckpointFormatError:
     return TruncatedStream(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
 
 
-def need(stack: list[Any], k: int, at: int, floor: int = 0) -> None:
-    """*k* values above *floor* (the innermost open MARK's height), or the unpicklers' stack underflow."""
+def need(stack: list[Any], k: int, at: int, floor: int = 0) -> None:  # floor: the innermost open MARK's height
     if len(stack) - floor < k:
         raise underflow(k, at)
 
@@ -64,27 +60,22 @@ def underflow(k: int, at: int) -> CheckpointFormatError:
     return damaged(f"stack underflow (needs {k} value{'s' if k > 1 else ''} above the last MARK, if any)", at)
 
 
+def over_limit(limits: ScanLimits, name: str, what: str, trusted_to: str = "be that large") -> CheckpointFormatError:
+    """*what* (``{}``: where the limit is named) went over ``ScanLimits.<name>``: the error says how to raise it."""
+    limit = f"ScanLimits.{name}={getattr(limits, name)}"
+    return CheckpointFormatError(
+        f"{what.format(limit)}; raise it with scan_limits({name}=...) if the checkpoint is trusted to {trusted_to}"
+    )
+
+
 def memo_error(limits: ScanLimits) -> CheckpointFormatError:
-    return CheckpointFormatError(
-        f"the pickle stores more than ScanLimits.max_memo_entries={limits.max_memo_entries} memo entries; "
-        "raise it with scan_limits(max_memo_entries=...) if the checkpoint is trusted to be that large"
-    )
-
-
-def globals_error(limits: ScanLimits) -> CheckpointFormatError:
-    return CheckpointFormatError(
-        f"the checkpoint names more than ScanLimits.max_globals={limits.max_globals} distinct globals; "
-        "raise it with scan_limits(max_globals=...) if the checkpoint is trusted to need them"
-    )
+    return over_limit(limits, "max_memo_entries", "the pickle stores more than {} memo entries")
 
 
 def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits) -> int:
     """The caps that bound time and memory, checked every 1024 opcodes; returns *n*."""
     if n > budget:
-        raise CheckpointFormatError(
-            f"the pickle has more than ScanLimits.max_opcodes={limits.max_opcodes} opcodes; "
-            "raise it with scan_limits(max_opcodes=...) if the checkpoint is trusted to be that large"
-        )
+        raise over_limit(limits, "max_opcodes", "the pickle has more than {} opcodes")
     if depth > limits.max_stack_depth:
         raise CheckpointFormatError(
             f"the pickle stack grew past ScanLimits.max_stack_depth={limits.max_stack_depth} entries"
@@ -94,8 +85,7 @@ def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits)
     return n
 
 
-def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:
-    """The value of INT / LONG written as text (protocol 0/1)."""
+def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:  # INT, LONG (protocol 0/1)
     text = raw[:-1] if code == 0x4C and raw.endswith(b"L") else raw
     if len(text) > limits.max_int_digits:
         raise CheckpointFormatError(
@@ -179,7 +169,7 @@ def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatE
     return damaged(f"{type(e).__name__}: {e}", at)
 
 
-def memo_index(arg: bytes, opcode: str, at: int) -> int:
+def memo_index(arg: bytes, opcode: str, at: int) -> int:  # PUT, GET
     try:
         return int(arg)
     except ValueError:

@@ -1,10 +1,8 @@
 """What the running torch's weights-only unpickler enforces, asked of it by probes (:mod:`.probes`).
 
-Its rules change between releases: the opcodes it implements, whether SETITEM/APPEND check their
-target (2.8 checks no SETITEM target; 2.14.1 lets APPEND onto an allowlisted ``list`` subclass), the
-persistent ids it refuses, how BUILD applies a state, whether Python-2 names are renamed outside
-protocol 2 (2.4: not), its words.  The static model (:mod:`..scan`) replays the rules read here;
-nothing falls back to another torch's.
+Its rules change between releases (the opcodes it has, the container targets and persistent ids it
+refuses, how BUILD applies a state, when Python-2 names are renamed, its words); the static model
+(:mod:`.model`, :mod:`.walker`) replays the rules read here, and nothing falls back to another torch's.
 """
 
 from __future__ import annotations
@@ -17,46 +15,20 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any, Optional
 
-from .probes import (
-    STOP,
-    Outcome,
-    ProbeDict,
-    ProbeFailed,
-    ProbeList,
-    ProbeOther,
-    ProbeSlotsAndDict,
-    ProbeSlotted,
-    ProbeWithSetstate,
-    global_op,
-    made,
-    made_op,
-    small_int,
-    text,
-    unlisted_function,
-    unpickle,
-    with_type,
-)
+from .probes import STOP, Outcome, ProbeDict, ProbeFailed, ProbeList, ProbeOther, ProbeSlotsAndDict, ProbeSlotted
+from .probes import ProbeWithSetstate, global_op, made, made_op, small_int, text, unlisted_function, unpickle
+from .probes import with_type
 from .registry import allowlisted, registry_lock
 
-#: APPEND(S) targets as torch's check tells them apart; "allowlisted_": the type is user-allowlisted.
+#: APPEND(S) and SETITEM(S) targets as torch's checks tell them apart; "allowlisted_": the type is user-allowlisted.
 APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
-
-#: The same for SETITEM(S).
-SETITEM_TARGETS = (
-    "dict",
-    "ordered_dict",
-    "counter",
-    "dict_subclass",
-    "allowlisted_dict_subclass",
-    "other",
-    "allowlisted_other",
-)
+SETITEM_TARGETS = ("dict", "ordered_dict", "counter", "dict_subclass", "allowlisted_dict_subclass", *APPEND_TARGETS[3:])
 
 
 @dataclass(frozen=True)
 class ContainerRule:
-    """The targets torch's check before one container opcode refuses, and its message up to the
-    ``type()`` it appends."""
+    """The targets torch's check before one container opcode refuses (2.8 checks no SETITEM target; 2.14.1
+    lets APPEND onto an allowlisted ``list`` subclass), and its message up to the type."""
 
     refused: frozenset[str]
     message: str
@@ -109,12 +81,8 @@ class UnpicklerRules:
     name_mapping: dict[tuple[str, str], tuple[str, str]]
     blocked_modules: frozenset[str]
 
-    def container(self, opcode: str) -> Optional[ContainerRule]:
-        return self.containers.get(opcode)
-
 
 _lock = threading.Lock()
-
 _known: dict[Any, Any] = {}
 
 
@@ -144,7 +112,10 @@ def unpickler_rules() -> UnpicklerRules:
 def _probe_rules() -> UnpicklerRules:
     import torch
 
-    template = _unsupported_template()
+    outcome = unpickle(b"\xff")  # a byte that is no opcode: torch's refusal, a template of the byte's value
+    if not outcome.refused or "255" not in outcome.message:
+        raise ProbeFailed(f"torch's weights-only unpickler answered a byte that is no opcode with {outcome!r}")
+    template = outcome.message.replace("255", "{code}")
     try:
         import_mapping, name_mapping = torch._utils.IMPORT_MAPPING, torch._utils.NAME_MAPPING
     except AttributeError as e:
@@ -186,14 +157,6 @@ def _blocked_modules() -> frozenset[str]:
     return frozenset()
 
 
-def _unsupported_template() -> str:
-    """torch's refusal of a byte that is no opcode (0xFF), as a template of the byte's value."""
-    outcome = unpickle(b"\xff")
-    if not outcome.refused or "255" not in outcome.message:
-        raise ProbeFailed(f"torch's weights-only unpickler answered a byte that is no opcode with {outcome!r}")
-    return outcome.message.replace("255", "{code}")
-
-
 def _opcodes(template: str) -> frozenset[str]:
     """The opcodes torch implements: those it does not refuse outright, given nothing after them."""
 
@@ -215,32 +178,23 @@ _CONTAINER_OPS = {
 }
 
 #: (kind, the opcodes it is a target of, its type); the first three again with their type allowlisted.
-_TARGETS = (
-    ("list_subclass", "APPEND", ProbeList),
-    ("dict_subclass", "SETITEM", ProbeDict),
-    ("other", "", ProbeOther),
-    ("list", "APPEND", list),
-    ("dict", "SETITEM", dict),
-    ("ordered_dict", "SETITEM", collections.OrderedDict),
-    ("counter", "SETITEM", collections.Counter),
-)
-
-
-def _container_outcomes(allowlisted_types: bool) -> dict[tuple[str, str], tuple[Outcome, type]]:
-    out: dict[tuple[str, str], tuple[Outcome, type]] = {}
-    for kind, family, cls in _TARGETS[:3] if allowlisted_types else _TARGETS:
-        target = {"list": pickle.EMPTY_LIST, "dict": pickle.EMPTY_DICT}.get(kind) or made_op(kind)
-        for opcode, ops in _CONTAINER_OPS.items():
-            if opcode.startswith(family):
-                out[("allowlisted_" if allowlisted_types else "") + kind, opcode] = (unpickle(target + ops + STOP), cls)
-    return out
+_TARGETS = [("list_subclass", "APPEND", ProbeList), ("dict_subclass", "SETITEM", ProbeDict), ("other", "", ProbeOther)]
+_TARGETS += [("list", "APPEND", list), ("dict", "SETITEM", dict), ("ordered_dict", "SETITEM", collections.OrderedDict)]
+_TARGETS.append(("counter", "SETITEM", collections.Counter))
 
 
 def _containers() -> dict[str, Optional[ContainerRule]]:
-    with allowlisted([made]):
-        outcomes = _container_outcomes(allowlisted_types=False)
-    with allowlisted([made, ProbeList, ProbeDict, ProbeOther]):
-        outcomes.update(_container_outcomes(allowlisted_types=True))
+    outcomes: dict[tuple[str, str], tuple[Outcome, type]] = {}
+    for prefix, targets, also_allowed in (
+        ("", _TARGETS, []),
+        ("allowlisted_", _TARGETS[:3], [ProbeList, ProbeDict, ProbeOther]),
+    ):
+        with allowlisted([made, *also_allowed]):
+            for kind, family, cls in targets:
+                target = {"list": pickle.EMPTY_LIST, "dict": pickle.EMPTY_DICT}.get(kind) or made_op(kind)
+                for opcode, ops in _CONTAINER_OPS.items():
+                    if opcode.startswith(family):
+                        outcomes[prefix + kind, opcode] = (unpickle(target + ops + STOP), cls)
     rules: dict[str, Optional[ContainerRule]] = {}
     for opcode in _CONTAINER_OPS:
         refused = {kind: (o, cls) for (kind, op), (o, cls) in outcomes.items() if op == opcode and o.refused}
@@ -320,17 +274,15 @@ def _refusal_prefixes() -> tuple[str, str, str]:
     """torch's words refusing BUILD on an unlisted type, NEWOBJ of an unlisted class and REDUCE of an
     unlisted function, each up to the object it names."""
 
-    def refused(ops: bytes, what: str) -> str:
-        return _refusal(unpickle(ops + STOP), what)
+    def refused(ops: bytes, what: str, cls: Optional[type] = None) -> str:
+        message = _refusal(unpickle(ops + STOP), what)
+        return with_type(message, cls) if cls else message
 
     shown = repr(unlisted_function)
     with allowlisted([made]):
-        build = with_type(
-            refused(made_op("other") + pickle.EMPTY_DICT + pickle.BUILD, "BUILD on an unlisted type"), ProbeOther
-        )
-        newobj = with_type(
-            refused(made_op("other_class") + pickle.EMPTY_TUPLE + pickle.NEWOBJ, "NEWOBJ of an unlisted class"),
-            ProbeOther,
+        build = refused(made_op("other") + pickle.EMPTY_DICT + pickle.BUILD, "BUILD on an unlisted type", ProbeOther)
+        newobj = refused(
+            made_op("other_class") + pickle.EMPTY_TUPLE + pickle.NEWOBJ, "NEWOBJ of an unlisted class", ProbeOther
         )
         reduce = refused(
             made_op("unlisted_function") + pickle.EMPTY_TUPLE + pickle.REDUCE, "REDUCE of an unlisted function"
@@ -364,8 +316,7 @@ class WalkRules:
     __slots__ = ("rules", "supported", "failure", "storage_names")
 
     def __init__(self, rules: Optional[UnpicklerRules], failure: Optional[str]) -> None:
-        self.rules = rules
-        self.failure = failure
+        self.rules, self.failure = rules, failure
         names = rules.opcodes if rules is not None else frozenset(op.name for op in pickletools.opcodes)
         self.supported = frozenset(ord(op.code) for op in pickletools.opcodes if op.name in names)
         try:

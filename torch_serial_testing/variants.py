@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import itertools
 import sys
@@ -11,12 +12,16 @@ import unittest
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
 
-from .devices import aliases, class_suffix, device_skip_reason
-from .engines import describe_engine_change, engine_state, override_qengine, qengine_skip_reason
+from .dimensions import aliases, class_suffix, device_skip_reason, torch_device_type
+from .dimensions import describe_engine_change, engine_state, override_qengine, qengine_skip_reason, validate_qengines
 from .errors import RoundTripConfigError
 from .modes import LoadMode
 from .outcomes import ends_on_rejection
 from .registry import safe_globals_context_missing
+
+#: Module prefixes of test frameworks; with this library's own (however vendored), never the author's.
+FRAMEWORKS = ("unittest.", "expecttest.", "torch.testing._internal.")
+_NOT_THE_AUTHORS = (*FRAMEWORKS, f"{__package__}.")
 
 
 @dataclass(frozen=True)
@@ -43,26 +48,22 @@ class CaseSpec:
     def map_location(self) -> Optional[str]:
         if self.to_cpu:
             return "cpu"
-        from .devices import torch_device_type
-
         return None if self.device_type == "cpu" else torch_device_type(self.device_type)
 
 
 Variant = tuple[Callable[..., Any], str, dict[str, Any], Callable[[dict[str, Any]], list[Any]]]
-
-#: Attributes pytorch's decorators set that only pytorch's device-type test bases act on.
-_ONLY_PYTORCH = {
-    "precision_overrides": "@precisionOverride",
-    "tolerance_overrides": "@toleranceOverride",
-    "num_required_devices": "@deviceCountAtLeast",
-}
+Variants = Callable[..., Iterator[Variant]]  # pytorch's parametrize_fn(test, generic_cls, device_cls)
 
 
-def specs(
-    fn: Callable[..., Any], modes: tuple[LoadMode, ...], engines: Optional[tuple[str, ...]], device: str
-) -> list[CaseSpec]:
+def class_dims(cls: Any) -> tuple[tuple[LoadMode, ...], Optional[tuple[str, ...]]]:
+    modes = getattr(cls, "load_modes", None)
+    return (tuple(modes) if modes is not None else tuple(LoadMode)), validate_qengines(getattr(cls, "qengines", None))
+
+
+def specs(fn: Callable[..., Any], declared: tuple[Any, Any], device: str) -> list[CaseSpec]:
+    """*fn*'s cases on *device*: the class's *declared* (modes, engines) as its round_trip_dims change them."""
     dims = getattr(fn, "_tst_dims", {})
-    modes, engines = dims.get("load_modes", modes), dims.get("qengines", engines)
+    modes, engines = dims.get("load_modes", declared[0]), dims.get("qengines", declared[1])
     if engines is None:
         pairs: list[tuple[Optional[str], Optional[str]]] = [(None, None)]
     elif getattr(fn, "_tst_cross_engine", False):
@@ -70,12 +71,8 @@ def specs(
     else:
         pairs = [(e, e) for e in engines]
     targets = [False] if device == "cpu" or not modes else [False, True]  # the to_cpu twin only for tests that load
-    return [
-        CaseSpec(mode, device, save, load, to_cpu)
-        for save, load in pairs
-        for mode in (modes or (None,))
-        for to_cpu in targets
-    ]
+    cases = itertools.product(pairs, modes or (None,), targets)
+    return [CaseSpec(mode, device, save, load, to_cpu) for (save, load), mode, to_cpu in cases]
 
 
 def _skip_reason(fn: Callable[..., Any], spec: CaseSpec) -> Optional[str]:
@@ -92,10 +89,8 @@ def _skip_reason(fn: Callable[..., Any], spec: CaseSpec) -> Optional[str]:
 
 
 def case_test(fn: Callable[..., Any], spec: CaseSpec) -> Callable[..., Any]:
-    """*fn* run as the case *spec*: skipped with the reason if it cannot run here, else under its engine.
-
-    Keyword arguments (pytorch's ``device``, ``@parametrize``'s) pass through; a ``device`` parameter
-    nobody filled gets the case's device, as does a positional second parameter of another name."""
+    """*fn* run as the case *spec*: skipped with the reason if it cannot run here, else under its engine,
+    given the case's device where nobody passed one (a ``device`` keyword, or a second parameter)."""
     params = list(inspect.signature(fn).parameters)[1:]
     positional_device = bool(params) and "device" not in params
     fn = ends_on_rejection(fn)  # methods inherited from a plain mixin were never wrapped
@@ -113,32 +108,21 @@ def case_test(fn: Callable[..., Any], spec: CaseSpec) -> Callable[..., Any]:
         if not spec.save_qengine:
             return fn(self, *args, **kwargs)
         with override_qengine(spec.save_qengine, allocator=False):
-            # As under pytorch's override_quantized_engine: the allocator as found (the body may install
-            # pytorch's own).  The body must leave the engine and allocator as it got them, else that
-            # is reported as leaked state (and restored).
+            # as under pytorch's override_quantized_engine, the allocator as found; what the body changes leaks
             given = engine_state()
             try:
                 return fn(self, *args, **kwargs)
             finally:
-                self._tst_note_leaks(
-                    [
-                        f"{line}, set for this {spec.save_qengine} test"
-                        for line in describe_engine_change(given, engine_state())
-                    ]
-                )
+                changes = describe_engine_change(given, engine_state())  # reported with the final restore's
+                noted = self.__dict__.setdefault("_tst_noted_leaks", [])
+                noted.extend(f"{line}, set for this {spec.save_qengine} test" for line in changes)
 
-    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
-        setattr(run_case, attr, getattr(fn, attr, None))
-    run_case.__wrapped__ = fn  # type: ignore[attr-defined]  # signature and location: the author's def
+    functools.update_wrapper(run_case, fn, updated=())  # its __wrapped__: signature and location of the author's def
     run_case._tst_spec = spec  # type: ignore[attr-defined]
     return run_case
 
 
-def _no_decorators(_kwargs: dict[str, Any]) -> list[Any]:
-    return []
-
-
-def user_parametrize_fn(fn: Callable[..., Any]) -> Optional[Callable[..., Iterator[Variant]]]:
+def user_parametrize_fn(fn: Callable[..., Any]) -> Optional[Variants]:
     """The author's own ``parametrize_fn`` (``@parametrize``, ``@swap``, ...), without the library's."""
     if "_tst_user_parametrize_fn" in getattr(fn, "__dict__", {}):
         return fn._tst_user_parametrize_fn  # type: ignore[attr-defined, no-any-return]
@@ -146,31 +130,19 @@ def user_parametrize_fn(fn: Callable[..., Any]) -> Optional[Callable[..., Iterat
     return found if callable(found) else None
 
 
-def _class_dims(generic_cls: Any) -> tuple[tuple[LoadMode, ...], Optional[tuple[str, ...]]]:
-    from .engines import validate_qengines
-
-    modes = tuple(generic_cls.load_modes) if getattr(generic_cls, "load_modes", None) is not None else tuple(LoadMode)
-    return modes, validate_qengines(getattr(generic_cls, "qengines", None))
-
-
 def dims_parametrize_fn(test: Callable[..., Any], generic_cls: Any, device_cls: Any) -> Iterator[Variant]:
-    """pytorch's protocol for the library's dimensions: one variant per case of *generic_cls*'s declaration
-    on *device_cls*'s device type (cpu without one), suffix ``<engine>_<load_mode>[_to_cpu]``."""
-    modes, engines = _class_dims(generic_cls if generic_cls is not None else device_cls)
+    """pytorch's protocol for the library's dimensions: a variant ``<engine>_<load_mode>[_to_cpu]`` per case."""
+    declared = class_dims(generic_cls if generic_cls is not None else device_cls)
     if generic_cls is not None and getattr(device_cls, "_tst_generic", None) is not generic_cls:
         keep_reachable(generic_cls)  # pytorch's instantiation removed it from its module
     device = getattr(device_cls, "device_type", None)
-    device = device if isinstance(device, str) else "cpu"
-    for spec in specs(test, modes, engines, device):
+    for spec in specs(test, declared, device if isinstance(device, str) else "cpu"):
         suffix = dataclasses.replace(spec, to_cpu=False).method_name("", "x")[1:-2]  # between name and device
-        yield case_test(test, spec), suffix + ("_to_cpu" if spec.to_cpu else ""), {}, _no_decorators
+        yield case_test(test, spec), suffix + ("_to_cpu" if spec.to_cpu else ""), {}, lambda _kwargs: []
 
 
-def composed(
-    inner: Callable[..., Iterator[Variant]], outer: Optional[Callable[..., Iterator[Variant]]]
-) -> Callable[..., Iterator[Variant]]:
-    """*outer* applied to every variant *inner* yields; names ``<outer>_<inner>``, keywords merged (a
-    keyword both set is an error, as in pytorch)."""
+def composed(inner: Variants, outer: Optional[Variants]) -> Variants:
+    """*outer* applied to every variant *inner* yields: ``<outer>_<inner>``, keywords merged as in pytorch."""
     if outer is None:
         return inner
 
@@ -192,26 +164,21 @@ def composed(
     return both
 
 
-def refuse_unhonoured(owner: str, name: str, fn: Callable[..., Any]) -> None:
-    """At class creation: a pytorch decorator whose effect only pytorch's device-type bases apply fails
-    here, under the library's instantiation, naming it -- never silently dropped."""
-    for attr, decorator in _ONLY_PYTORCH.items():
-        if hasattr(fn, attr):
-            raise RoundTripConfigError(
-                f"{owner}.{name} is decorated with {decorator}, which only pytorch's device-type test classes "
-                "apply; instantiate_round_trip_tests cannot honour it.  Instantiate the class with "
-                "torch.testing._internal.common_device_type.instantiate_device_type_tests instead (the "
-                "load-mode and engine dimensions work there too), or drop the decorator."
-            )
+def _parametrize_fn(test: Any, generic_cls: Any, device_cls: Any) -> Any:
+    """pytorch's ``parametrize_fn`` protocol: the library's dimensions, then the author's parametrizations."""
+    return composed(dims_parametrize_fn, test.__dict__.get("_tst_user_parametrize_fn"))(test, generic_cls, device_cls)
 
 
-def _dtype_part(dtype: Any) -> str:
-    return str(dtype).split(".")[-1]
+def with_dims(fn: Any) -> Any:
+    """*fn* with the library's dimensions as a ``parametrize_fn``, for ``instantiate_device_type_tests``."""
+    if "_tst_user_parametrize_fn" not in fn.__dict__:
+        fn._tst_user_parametrize_fn = getattr(fn, "parametrize_fn", None)
+        fn.parametrize_fn = _parametrize_fn
+    return fn
 
 
 def dtype_variants(fn: Callable[..., Any], device: str) -> list[dict[str, Any]]:
-    """pytorch's ``@dtypes`` (``fn.dtypes``: device type or ``'all'`` -> dtypes): the keyword arguments,
-    ``{'dtype': ...}`` (or ``{'dtypes': (...)}``), of one variant per dtype for *device*."""
+    """pytorch's ``@dtypes`` table: ``{'dtype': d}`` (or ``{'dtypes': (...)}``) per dtype for *device*."""
     table = getattr(fn, "dtypes", None)
     if table is None:
         return [{}]
@@ -227,60 +194,31 @@ def dtype_variants(fn: Callable[..., Any], device: str) -> list[dict[str, Any]]:
 
 
 def dtype_suffix(params: dict[str, Any]) -> str:
-    """The name part after the device for a ``dtype``/``dtypes`` argument, as pytorch names it
-    (``_float32``, ``_float32_int64``), whichever decorator (``@dtypes``, ``@optims``) set it."""
+    """The name part after the device for a ``dtype``/``dtypes`` argument: ``_float32``, ``_float32_int64``."""
     given = params.get("dtypes", params.get("dtype"))
     if given is None:
         return ""
-    return "_" + "_".join(_dtype_part(d) for d in (given if isinstance(given, (list, tuple)) else (given,)))
-
-
-_PACKAGE = __name__.rsplit(".", 2)[0] + "."  # this library's modules (also when vendored under another name)
-
-
-def _parametrize_fn(test: Any, generic_cls: Any, device_cls: Any) -> Any:
-    """pytorch's ``parametrize_fn`` protocol: the library's dimensions, then the author's parametrizations."""
-    return composed(dims_parametrize_fn, test.__dict__.get("_tst_user_parametrize_fn"))(test, generic_cls, device_cls)
-
-
-def with_dims(fn: Any) -> Any:
-    """*fn* (wrapped by :func:`ends_on_rejection`) with the load-mode and engine dimensions as a
-    ``parametrize_fn``, so pytorch's ``instantiate_device_type_tests`` generates them too."""
-    if "_tst_user_parametrize_fn" not in fn.__dict__:
-        fn._tst_user_parametrize_fn = getattr(fn, "parametrize_fn", None)
-        fn.parametrize_fn = _parametrize_fn
-    return fn
-
-
-def _instantiated(klass: type) -> bool:
-    """A class generated from the author's (by this library, or pytorch's ``(CPUTestBase, TestFoo)``)."""
-    if "_tst_generic" in vars(klass):
-        return True
-    bases = klass.__bases__
-    return len(bases) > 1 and f"{bases[0].__module__}.".startswith("torch.testing._internal.")
+    return "_" + "_".join(str(d).split(".")[-1] for d in (given if isinstance(given, (list, tuple)) else (given,)))
 
 
 def author_class(cls: type, attribute: str) -> str:
-    """The name of the author's class that declares *attribute* (or, undeclared, the author's nearest
-    class): never a generated ``TestFooCPU``, whose fix would not go where the author can paste it."""
-    framework = ("unittest.", "expecttest.", "torch.testing._internal.")
+    """The author's class declaring *attribute* (else the nearest): where a fix is pasted, never ``TestFooCPU``."""
+
+    def generated(k: type) -> bool:  # by this library, or pytorch's ``(CPUTestBase, TestFoo)``
+        by_pytorch = len(k.__bases__) > 1 and f"{k.__bases__[0].__module__}.".startswith("torch.testing._internal.")
+        return "_tst_generic" in vars(k) or by_pytorch
+
     authors = [
         k
         for k in cls.__mro__
-        if not _instantiated(k)
-        and not f"{k.__module__}.".startswith(framework)
-        and not f"{k.__module__}.".startswith(_PACKAGE)
-        and k is not object
+        if not generated(k) and not f"{k.__module__}.".startswith(_NOT_THE_AUTHORS) and k is not object
     ]
     return next((k for k in authors if attribute in vars(k)), authors[0] if authors else cls).__name__
 
 
 @contextlib.contextmanager
 def resolvable(cls: type, declared: Iterable[Any]) -> Iterator[None]:
-    """While the class statement of *cls* runs, its module does not hold it yet: a declared helper class
-    nested in it (pytorch's ``TestLRScheduler.SchedulerTestNet``) would not resolve under its pickled
-    name ``module.TestX.Net``, and the trust policy would refuse it.  Bind *cls* under its name for the
-    judging only (the class statement binds it right after), and only when it declares such a class."""
+    """*cls* bound in its module while its declaration of a class nested in it resolves (``module.TestX.Net``)."""
     module = sys.modules.get(cls.__module__)
     prefix = f"{cls.__qualname__}."
     nested = not isinstance(declared, (str, bytes)) and any(
@@ -299,21 +237,18 @@ def resolvable(cls: type, declared: Iterable[Any]) -> Iterator[None]:
 
 
 def keep_reachable(generic_cls: Any) -> None:
-    """Under pytorch's ``instantiate_device_type_tests``, which removes the generic class from its module:
-    put it back when it holds nested classes, which pickle as ``getattr(TestFoo, 'Net')`` and so need
-    ``module.TestFoo``.  pytorch strips the generic tests off the class, so nothing collects it -- unless
-    it inherits tests from a base, which would then run generic: left removed then."""
+    """Put back the generic class pytorch's instantiation removed if it holds nested classes (pickled through
+    it) and no tests (pytorch strips its own; inherited ones would run generic)."""
     module = sys.modules.get(getattr(generic_cls, "__module__", ""))
-    if module is None or not isinstance(generic_cls, type) or "." in generic_cls.__qualname__:
-        return
-    if generic_cls.__name__ in vars(module):
+    top_level = isinstance(generic_cls, type) and "." not in generic_cls.__qualname__
+    if module is None or not top_level or generic_cls.__name__ in vars(module):
         return
     prefix = f"{generic_cls.__qualname__}."
     nested = any(isinstance(v, type) and v.__qualname__.startswith(prefix) for v in vars(generic_cls).values())
     inherited = any(
         n.startswith("test") and callable(v)
         for base in generic_cls.__mro__[1:]
-        if not f"{base.__module__}.".startswith(("unittest.", "expecttest.", "torch.testing._internal.", _PACKAGE))
+        if not f"{base.__module__}.".startswith(_NOT_THE_AUTHORS)
         for n, v in vars(base).items()
     )
     if nested and not inherited:

@@ -1,9 +1,8 @@
 """The opcode walker: torch's weights-only unpickler replayed over pickle bytes, nothing executed.
 
-One pass collects every global a pickle names (as torch's weights-only unpickler spells it and as a
-full unpickle resolves it) and, in torch's order, the checks that unpickler makes (:class:`~.model.Check`)
-under this torch's rules (:mod:`.walk_rules`), bound by :class:`~..core.limits.ScanLimits`.  Each opcode
-is one branch of one chain, the ones ``torch.save`` writes most first.
+One pass collects every global a pickle names (as torch's weights-only unpickler spells it and as a full
+unpickle resolves it) and, in torch's order, the checks it makes (:class:`~.model.Check`) under this torch's
+rules (:mod:`.unpickler`).  Each opcode is one branch of one chain, the ones ``torch.save`` writes most first.
 """
 
 from __future__ import annotations
@@ -12,51 +11,12 @@ import pickle
 from typing import Any, Optional
 
 from .errors import CheckpointFormatError
-from .model import (
-    BOOL,
-    BUILD_FREE,
-    BYTES,
-    FROZENSET,
-    INT,
-    LIST,
-    NONE,
-    PUSHES,
-    STORAGE,
-    STR,
-    UNKNOWN,
-    UNRESOLVED,
-    DictValue,
-    Global,
-    Obj,
-    ScanState,
-    add_dict_keys,
-    class_repr,
-    container_check,
-    describe_value,
-    full_load_name,
-    persid_refusal,
-    reduce_result,
-    state_shape,
-    type_of,
-)
-from .stream import (
-    ARG,
-    NAMES,
-    TruncatedStream,
-    check_budget,
-    checked_global_name,
-    damaged,
-    globals_error,
-    memo_error,
-    memo_index,
-    need,
-    read_argument,
-    stream_error,
-    text_int,
-    text_value,
-    truncated,
-    underflow,
-)
+from .model import BOOL, BUILD_FREE, BYTES, FROZENSET, INT, LIST, PUSHES, STORAGE, STR, UNKNOWN, UNRESOLVED
+from .model import DictValue, Global, Obj, ScanState, add_dict_keys, class_repr, container_check, describe_value
+from .model import full_load_name, persid_refusal, reduce_result, state_shape, type_of
+from .stream import ARG, NAMES, TruncatedStream, check_budget, checked_global_name, damaged, over_limit
+from .stream import memo_error, memo_index, need, read_argument, stream_error, text_int, text_value, truncated
+from .stream import underflow
 from .unpickler import WalkRules, walk_rules
 
 
@@ -65,15 +25,12 @@ def scan_pickle(
 ) -> tuple[int, Any]:
     """Walk one pickle of *data* from *pos* to its STOP into *state*; return (end position, the
     modelled value at STOP).  *rules* default to this torch's (:func:`walk_rules`)."""
-    walk = rules or walk_rules()
-    limits = state.limits
-    end = len(data)
+    walk, limits, end = rules or walk_rules(), state.limits, len(data)
     if pos >= end:
         raise TruncatedStream("the pickle stream ended early: the checkpoint is truncated")
     start = at = pos
     torch_rules: Any = walk.rules  # not None while wo is True
-    wo = state.weights_only_live
-    check = state.check
+    wo, check = state.weights_only_live, state.check
     if wo and torch_rules is None:
         check("unknown", "", f"this torch's weights-only rules could not be probed: {walk.failure}")
         wo = False
@@ -91,13 +48,11 @@ def scan_pickle(
     # The innermost open MARK's height: no opcode reaches below it (torch's unpickler starts a new stack at MARK).
     floor = n = proto = 0
     next_check = 1024
-    if torch_rules is None:
-        renames_always, import_map, name_map = True, {}, {}
-        blocked: frozenset[str] = frozenset()
-    else:
-        renames_always = torch_rules.renames == "always"
-        import_map, name_map = torch_rules.import_mapping, torch_rules.name_mapping
-        blocked = torch_rules.blocked_modules
+    renames_always = torch_rules is None or torch_rules.renames == "always"
+    import_map, name_map = (
+        (torch_rules.import_mapping, torch_rules.name_mapping) if torch_rules is not None else ({}, {})
+    )
+    blocked: frozenset[str] = torch_rules.blocked_modules if torch_rules is not None else frozenset()
 
     def pop_mark() -> list[Any]:
         nonlocal floor
@@ -119,7 +74,7 @@ def scan_pickle(
             wo_module, wo_name = import_map.get(module, module), name
         globals_.add(f"{wo_module}.{wo_name}")
         if len(globals_) > max_globals:
-            raise globals_error(limits)
+            raise over_limit(limits, "max_globals", "the checkpoint names more than {} distinct globals", "need them")
         full.setdefault(full_load_name(module, name, proto, zip_format, storage_names), via)
         return wo_module, wo_name
 
@@ -248,17 +203,11 @@ def scan_pickle(
                 _, wo_module, wo_attr, wo_name = known
                 if code == 0x69:
                     pop_mark()
-                    push(Obj(wo_name))
-                else:
-                    if wo:
-                        if wo_module in blocked:
-                            refuse(
-                                f"Trying to load unsupported GLOBAL {wo_name} whose module {wo_module} is blocked.",
-                                wo_name,
-                            )
-                        else:
-                            check("global", wo_name, wo_attr)
-                    push(Global(wo_name))
+                elif wo and wo_module in blocked:
+                    refuse(f"Trying to load unsupported GLOBAL {wo_name} whose module {wo_module} is blocked.", wo_name)
+                elif wo:
+                    check("global", wo_name, wo_attr)
+                push(Obj(wo_name) if code == 0x69 else Global(wo_name))
             elif code == 0x93:  # STACK_GLOBAL
                 need(stack, 2, at, floor)
                 module, name = stack[-2], stack[-1]
@@ -273,12 +222,9 @@ def scan_pickle(
                 need(stack, 3 if code == 0x92 else 2, at, floor)
                 del stack[-2 if code == 0x92 else -1 :]
                 cls = stack[-1]
-                if isinstance(cls, Global):
-                    stack[-1] = Obj(cls.name)
-                else:
-                    if wo:
-                        refuse(torch_rules.newobj_refusal + describe_value(cls))
-                    stack[-1] = UNKNOWN
+                if wo and not isinstance(cls, Global):
+                    refuse(torch_rules.newobj_refusal + describe_value(cls))
+                stack[-1] = Obj(cls.name) if isinstance(cls, Global) else UNKNOWN
             elif code == 0x62:  # BUILD
                 need(stack, 2, at, floor)
                 build = stack.pop()
@@ -313,21 +259,13 @@ def scan_pickle(
             elif code == 0x51 or code == 0x50:  # BINPERSID, PERSID
                 if code == 0x51:
                     need(stack, 1, at, floor)
-                    pid = stack.pop()
-                else:
-                    pid = UNKNOWN
-                if wo:
-                    reason = persid_refusal(torch_rules, pid)
-                    if reason:
-                        refuse(reason)
+                pid = stack.pop() if code == 0x51 else UNKNOWN
+                if wo and (reason := persid_refusal(torch_rules, pid)):
+                    refuse(reason)
                 push(STORAGE)
             elif code == 0x7D:  # EMPTY_DICT
                 push(DictValue())
-            elif code == 0x5D:  # EMPTY_LIST
-                push(LIST)
-            elif code == 0x4E:  # NONE
-                push(NONE)
-            elif code in pushes:
+            elif code in pushes:  # EMPTY_LIST, NONE and the rarer ones
                 push(pushes[code])
             elif code == 0x8A:  # LONG1
                 p, length = arg

@@ -38,7 +38,7 @@ from torch_serial_testing.tools.cli.doctor import AUTOLOAD, ENV_VARS, WAIT_LIMIT
 from torch_serial_testing.tools.cli.inspection import MODES
 from torch_serial_testing import loading as load_modes
 from torch_serial_testing.registry import preserved_registry, torch_allowlist
-from torch_serial_testing.engines import override_qengine
+from torch_serial_testing.dimensions import override_qengine
 from torch_serial_testing.modes import torch_default_weights_only
 
 from test.helpers.hostile_checkpoints import DANGEROUS_GLOBALS, build_all, legacy_tar

@@ -8,7 +8,7 @@ import sys
 import unittest
 from typing import Any, Sequence
 
-from torch_serial_testing.devices import EXCEPT_FOR, ONLY_FOR, resolve_devices
+from torch_serial_testing.dimensions import EXCEPT_FOR, ONLY_FOR, resolve_devices
 from torch_serial_testing.errors import RoundTripConfigError
 
 from test.helpers.subprocess_env import child_env

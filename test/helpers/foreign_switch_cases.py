@@ -28,7 +28,7 @@ import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
 
-from torch_serial_testing import engines
+from torch_serial_testing import dimensions
 
 warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
 
@@ -62,9 +62,9 @@ def dynamic_linear_output() -> torch.Tensor:
 class TestPytorchStyle(unittest.TestCase):
     def test_qnnpack_with_helpers(self) -> None:
         with override_quantized_engine("qnnpack"), override_cpu_allocator_for_qnnpack(True):
-            self.assertIs(engines.allocator_installed(), True)
+            self.assertIs(dimensions.allocator_installed(), True)
             self.assertEqual(dynamic_linear_output().shape, (2, 3))
-        self.assertIs(engines.allocator_installed(), False)
+        self.assertIs(dimensions.allocator_installed(), False)
 
     def test_fbgemm_with_helpers(self) -> None:
         with override_quantized_engine("fbgemm"), override_cpu_allocator_for_qnnpack(False):
@@ -97,7 +97,7 @@ class TestGeneratedEngines(SerializationRoundTripTestCase, unittest.TestCase):
 
     def check_engine(self) -> None:
         self.assertEqual(torch.backends.quantized.engine, self.qengine)
-        self.assertIs(engines.allocator_installed(), False)  # the body finds the allocator as the test did
+        self.assertIs(dimensions.allocator_installed(), False)  # the body finds the allocator as the test did
 
     def test_state_dict_round_trip(self, device: str) -> None:
         self.check_engine()
@@ -116,7 +116,7 @@ class TestGeneratedEngines(SerializationRoundTripTestCase, unittest.TestCase):
 
     def test_pytorch_helper_inside(self, device: str) -> None:
         with override_cpu_allocator_for_qnnpack(self.qengine == "qnnpack"):
-            self.assertIs(engines.allocator_installed(), self.qengine == "qnnpack")
+            self.assertIs(dimensions.allocator_installed(), self.qengine == "qnnpack")
             self.assertEqual(dynamic_linear_output().shape, (2, 3))
             lin = torch.ao.nn.quantized.dynamic.Linear(4, 3)
             self.round_trip(lin.state_dict(), safe_globals=())  # a load inside the helper's scope

@@ -19,7 +19,7 @@ import torch
 
 from torch_serial_testing.errors import qualified_name
 from torch_serial_testing.declarations import normalize_safe_globals
-from torch_serial_testing import engines, modes as load_call, serialization as loader, registry
+from torch_serial_testing import dimensions, modes as load_call, serialization as loader, registry
 from torch_serial_testing.tools import facts
 
 _hook: Optional[Callable[[], None]] = None
@@ -71,7 +71,7 @@ def process_state() -> dict[str, Any]:
     """Everything the library restores, read from torch and the interpreter."""
     state: dict[str, Any] = {
         "qengine": torch.backends.quantized.engine,
-        "allocator": engines.allocator_installed(),
+        "allocator": dimensions.allocator_installed(),
         "registry": sorted(qualified_name(g) for g in torch.serialization.get_safe_globals()),
         "env": {k: v for k, v in os.environ.items() if k.startswith("TORCH_FORCE_")},
         "recorder_installed": registry.recording_active(),
@@ -92,7 +92,7 @@ def process_state() -> dict[str, Any]:
 
 def other_engine(current: Optional[str] = None) -> str:
     current = current or torch.backends.quantized.engine
-    supported = [e for e in engines.supported_qengines() if e != current]
+    supported = [e for e in dimensions.supported_qengines() if e != current]
     if not supported:
         raise unittest.SkipTest("needs two quantized engines")
     return supported[0]

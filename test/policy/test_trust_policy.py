@@ -30,7 +30,7 @@ from torch_serial_testing import (
     required_globals,
 )
 from torch_serial_testing.declarations import Declaration, SafeGlobal, normalize_safe_globals
-from torch_serial_testing.registry import torch_allowlist_objects
+from torch_serial_testing.registry import torch_allowlist_table
 from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_DANGEROUS
 from torch_serial_testing.tools.cli.inspection import format_inspect, inspect_report
 from torch_serial_testing.tools.policy.trust import dangerous_reason, judge_global, judge_name
@@ -184,7 +184,7 @@ class TestDenylistFamilies(unittest.TestCase):
         self.assertIsNone(r["snippet"])
 
     def test_torch_own_allowlist_passes_the_policy(self) -> None:
-        for name, obj in torch_allowlist_objects().items():
+        for name, obj in dict(torch_allowlist_table()).items():
             with self.subTest(name):
                 self.assertIsNone(judge_global(obj, name))
                 self.assertEqual(judge_name(name).kind, "allowlisted")
@@ -251,7 +251,7 @@ class TestClassesOnly(unittest.TestCase):
         self.assertEqual((r["status"], r["exit_code"]), ("needs_opt_in", EXIT_ATTENTION))
         # numpy pickles an array's bytes through _codecs.encode: a function, on torch's own allowlist
         # since torch 2.5; where it is not (asked of torch), it needs the same explicit opt-in.
-        codecs_needed = "_codecs.encode" not in torch_allowlist_objects()
+        codecs_needed = "_codecs.encode" not in torch_allowlist_table()
         self.assertEqual("_codecs.encode" in needed, codecs_needed)
         self.assertEqual(
             [d["name"] for d in r["needs_opt_in"]],

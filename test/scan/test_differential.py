@@ -27,7 +27,7 @@ from test.helpers.roundtrip_fixtures import TinyNet
 from torch_serial_testing import Checkpoint, CheckpointInfo, load, predict, required_globals
 from torch_serial_testing import modes as load_call
 from torch_serial_testing.errors import CheckpointFormatError, RoundTripConfigError
-from torch_serial_testing.prediction import declared_names
+from torch_serial_testing.declarations import declared_entries
 from torch_serial_testing.probes import ProbeFailed
 from torch_serial_testing.tools import facts
 from torch_serial_testing.tools import required_globals as tools_required_globals
@@ -160,8 +160,8 @@ class TestPredictArguments(unittest.TestCase):
         np = __import__("numpy")
         exp = predict("safe_globals", self.checkpoint, [Sub, np.dtype])
         self.assertFalse(exp.loads)  # TinyNet is still missing, and nothing is misread
-        self.assertEqual(declared_names([Sub, np.dtype])[1], "numpy.dtype")
-        self.assertTrue(declared_names([Sub])[0].endswith("Sub"))
+        self.assertEqual(declared_entries([Sub, np.dtype])[1][1], "numpy.dtype")
+        self.assertTrue(declared_entries([Sub])[0][1].endswith("Sub"))
         # the real torch agrees: a subclass declared as an object loads
         result = load(
             Checkpoint.save(torch.ones(2).as_subclass(corpus_classes.MyTensor)),

@@ -17,7 +17,7 @@ import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, cross_engine, instantiate_round_trip_tests
 
-from torch_serial_testing import engines
+from torch_serial_testing import dimensions
 
 from test.helpers.isolation_fixtures import process_state, run_tests
 
@@ -49,7 +49,7 @@ def _classes(fail: bool = True) -> dict[str, type]:
             torch._C._set_default_mobile_cpu_allocator()
 
         def test_switch_and_restore(self, device: str) -> None:
-            with engines.override_qengine("qnnpack" if self.qengine == "fbgemm" else "fbgemm"):
+            with dimensions.override_qengine("qnnpack" if self.qengine == "fbgemm" else "fbgemm"):
                 pass
 
         @cross_engine
@@ -63,7 +63,7 @@ def _classes(fail: bool = True) -> dict[str, type]:
 
 class TestEngineRule(unittest.TestCase):
     def setUp(self) -> None:
-        missing = {"fbgemm", "qnnpack"} - set(engines.supported_qengines())
+        missing = {"fbgemm", "qnnpack"} - set(dimensions.supported_qengines())
         if missing:
             self.skipTest(f"needs the fbgemm and qnnpack engines; this build lacks {sorted(missing)}")
         if torch.backends.quantized.engine == "qnnpack":

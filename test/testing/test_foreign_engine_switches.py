@@ -21,7 +21,7 @@ import textwrap
 import unittest
 import xml.etree.ElementTree as ET
 
-from torch_serial_testing import engines
+from torch_serial_testing import dimensions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HELPERS = os.path.join(ROOT, "test", "helpers")
@@ -30,7 +30,7 @@ DRIVER = textwrap.dedent("""
     import io, json, random, sys, unittest
     sys.path.insert(0, {root!r})
     from test.helpers import foreign_switch_cases as cases
-    from torch_serial_testing import engines
+    from torch_serial_testing import dimensions
 
     def flat(suite):
         for item in suite:
@@ -53,7 +53,7 @@ DRIVER = textwrap.dedent("""
             outcome[t.id()] = "skip"
         messages = {{t.id(): tb.splitlines()[-1] for t, tb in result.failures}}
         report.append({{"seed": seed, "outcomes": outcome, "messages": messages,
-                        "allocator_after": engines.allocator_installed()}})
+                        "allocator_after": dimensions.allocator_installed()}})
     print(json.dumps(report))
 """)
 
@@ -69,7 +69,7 @@ def _junit(path: str) -> dict[str, str]:
 
 class TestForeignSwitchesInShuffledOrders(unittest.TestCase):
     def setUp(self) -> None:
-        missing = {"fbgemm", "qnnpack"} - set(engines.supported_qengines())
+        missing = {"fbgemm", "qnnpack"} - set(dimensions.supported_qengines())
         if missing:
             self.skipTest(f"needs the fbgemm and qnnpack engines; this build lacks {sorted(missing)}")
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}

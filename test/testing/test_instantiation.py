@@ -24,8 +24,8 @@ from torch_serial_testing import (
     no_round_trip_dims,
     round_trip_dims,
 )
-from torch_serial_testing import devices, engines
-from torch_serial_testing.devices import resolve_devices
+from torch_serial_testing import dimensions
+from torch_serial_testing.dimensions import resolve_devices
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEST_DIR = os.path.dirname(HERE)
@@ -126,7 +126,7 @@ class TestDimensions(unittest.TestCase):
         generic = make_generic(qengines=("fbgemm", "qnnpack"), devices=("cpu", "cuda"))
         scope = {}
         classes = instantiate_round_trip_tests(generic, scope)
-        with mock.patch.object(engines, "supported_qengines", lambda: ("fbgemm",)):
+        with mock.patch.object(dimensions, "supported_qengines", lambda: ("fbgemm",)):
             result, out = run(classes)
         self.assertTrue(result.wasSuccessful(), out)
         reasons = {reason for _, reason in result.skipped}
@@ -143,7 +143,7 @@ class TestDimensions(unittest.TestCase):
         seen = {}
 
         def test_engine(self, device):
-            seen[self.id().rsplit(".", 1)[1]] = (torch.backends.quantized.engine, engines.allocator_installed())
+            seen[self.id().rsplit(".", 1)[1]] = (torch.backends.quantized.engine, dimensions.allocator_installed())
 
         generic = make_generic(
             qengines=("fbgemm", "qnnpack"), devices=("cpu",), load_modes=("default",), body={"test_engine": test_engine}
@@ -157,7 +157,7 @@ class TestDimensions(unittest.TestCase):
         # install it there); the library's own qnnpack loads install it (test_qnnpack_allocator.py)
         self.assertEqual(seen["test_engine_qnnpack_default_cpu"], ("qnnpack", False))
         self.assertEqual(torch.backends.quantized.engine, before)
-        self.assertIs(engines.allocator_installed(), False)
+        self.assertIs(dimensions.allocator_installed(), False)
 
     def test_restored_after_failure(self):
         def test_boom(self):
@@ -171,7 +171,7 @@ class TestDimensions(unittest.TestCase):
         result, _ = run([cls])
         self.assertEqual(len(result.errors), 1)
         self.assertEqual(torch.backends.quantized.engine, before)
-        self.assertIs(engines.allocator_installed(), False)
+        self.assertIs(dimensions.allocator_installed(), False)
 
     def test_cross_engine_loads_under_second_engine(self):
         seen = []
@@ -214,23 +214,23 @@ class TestDimensions(unittest.TestCase):
         # the real filter itself; both answers must equal it.
         code = textwrap.dedent("""
             import sys, torch, types
-            from torch_serial_testing import devices
+            from torch_serial_testing import dimensions
             def out(*args):  # marked: pytorch's test modules print notices of their own
                 print("OUT", *args)
-            out(devices.class_suffix("privateuse1"))
+            out(dimensions.class_suffix("privateuse1"))
             torch.utils.rename_privateuse1_backend("npu")
             mod = types.ModuleType("torch.npu"); mod.is_available = lambda: True; torch._register_device_module("npu", mod)
-            out(devices.class_suffix("privateuse1"), devices.available_device_types())
-            out(devices.resolve_devices(("cpu", "npu"), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "privateuse1"}))
+            out(dimensions.class_suffix("privateuse1"), dimensions.available_device_types())
+            out(dimensions.resolve_devices(("cpu", "npu"), {"PYTORCH_TESTING_DEVICE_ONLY_FOR": "privateuse1"}))
             out("fresh" if "torch.testing._internal.common_device_type" not in sys.modules else "imported")
-            out(devices.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
+            out(dimensions.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
             from torch.testing._internal import common_device_type as cdt
             class Base:
                 device_type = "privateuse1"
             out("pytorch drops it" if Base not in list(cdt.filter_desired_device_types([Base], ["npu"], None))
                   else "pytorch keeps it")
-            devices._aliasing.clear()  # ask again, now in this process
-            out(devices.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
+            dimensions._aliasing.clear()  # ask again, now in this process
+            out(dimensions.resolve_devices(("cpu", "privateuse1"), {"PYTORCH_TESTING_DEVICE_EXCEPT_FOR": "npu"}))
         """)
         out = subprocess.run(
             [sys.executable, "-c", code],
@@ -290,27 +290,27 @@ class TestDimensions(unittest.TestCase):
         for fn, aliases in ((plain, False), (inline, True), (helper, True)):
             with (
                 self.subTest(filter=fn.__name__),
-                mock.patch.dict(devices._aliasing, clear=True),
+                mock.patch.dict(dimensions._aliasing, clear=True),
                 mock.patch.object(cdt, "filter_desired_device_types", fn),
             ):
                 calls.clear()
-                self.assertIs(devices._filters_alias_backend_name(backend), aliases)
+                self.assertIs(dimensions._filters_alias_backend_name(backend), aliases)
                 # asked once, of the filter that is there: a privateuse1 test base, the backend's name
                 self.assertEqual(len(calls), 1)
                 ((bases, except_for, only_for),) = calls
                 self.assertEqual([b.device_type for b in bases], ["privateuse1"])
                 self.assertIn(backend, list(except_for or []) + list(only_for or []))
                 # remembered: a second question does not call the filter again
-                self.assertIs(devices._filters_alias_backend_name(backend), aliases)
+                self.assertIs(dimensions._filters_alias_backend_name(backend), aliases)
                 self.assertEqual(len(calls), 1)
 
         # and pytorch's real filter here, asked the same way by the test itself
         class Base:
             device_type = "privateuse1"
 
-        with mock.patch.dict(devices._aliasing, clear=True):
+        with mock.patch.dict(dimensions._aliasing, clear=True):
             self.assertIs(
-                devices._filters_alias_backend_name(backend),
+                dimensions._filters_alias_backend_name(backend),
                 Base in list(cdt.filter_desired_device_types([Base], None, [backend])),
             )
 
@@ -321,7 +321,7 @@ class TestDimensions(unittest.TestCase):
         modules = dict(sys.modules)
         modules["torch.testing._internal"] = None  # a torch without its test helpers: importing them fails
         with (
-            mock.patch.dict(devices._aliasing, clear=True),
+            mock.patch.dict(dimensions._aliasing, clear=True),
             mock.patch.dict(sys.modules, modules, clear=True),
             mock.patch.object(subprocess, "run", side_effect=AssertionError("a child interpreter")) as ran,
             mock.patch.object(subprocess, "Popen", side_effect=AssertionError("a child interpreter")) as popen,
@@ -333,8 +333,8 @@ class TestDimensions(unittest.TestCase):
                 r"torch\.testing\._internal\.common_device_type cannot be imported \(ModuleNotFoundError: import "
                 r"of torch\.testing\._internal halted; None in sys\.modules\); unset the filters$",
             ):
-                devices._filters_alias_backend_name("npu")
-            self.assertNotIn("npu", devices._aliasing)  # a failed question is not remembered
+                dimensions._filters_alias_backend_name("npu")
+            self.assertNotIn("npu", dimensions._aliasing)  # a failed question is not remembered
         self.assertEqual((ran.call_count, popen.call_count), (0, 0))
 
 

@@ -29,7 +29,7 @@ from torch_serial_testing import LeakedGlobalStateError, SerializationRoundTripT
 from torch_serial_testing.errors import qualified_name
 from torch_serial_testing import loading
 from torch_serial_testing.declarations import normalize_safe_globals
-from torch_serial_testing import engines
+from torch_serial_testing import dimensions
 from torch_serial_testing.modes import torch_default_weights_only
 from torch_serial_testing.registry import snapshot_registry
 
@@ -63,7 +63,7 @@ class Net(torch.nn.Module):
 def _state() -> dict[str, Any]:
     state = {
         "qengine": torch.backends.quantized.engine,
-        "allocator": engines.allocator_installed(),
+        "allocator": dimensions.allocator_installed(),
         "registry": sorted(qualified_name(g) for g in torch.serialization.get_safe_globals()),
         "env": os.environ.get(WO),
     }
@@ -75,7 +75,7 @@ def _state() -> dict[str, Any]:
 
 
 def _other_engine() -> str:
-    supported = [e for e in engines.supported_qengines() if e != torch.backends.quantized.engine]
+    supported = [e for e in dimensions.supported_qengines() if e != torch.backends.quantized.engine]
     if not supported:
         raise unittest.SkipTest("needs two quantized engines")
     return supported[0]

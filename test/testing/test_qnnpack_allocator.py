@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests, round_trip_dims
-from torch_serial_testing import engines
+from torch_serial_testing import dimensions
 
 
 class AllocatorProbe(torch.nn.Module):
@@ -29,7 +29,7 @@ class AllocatorProbe(torch.nn.Module):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        AllocatorProbe.seen.append(engines.allocator_installed())
+        AllocatorProbe.seen.append(dimensions.allocator_installed())
 
 
 def _generated() -> dict[str, Any]:
@@ -43,22 +43,22 @@ def _generated() -> dict[str, Any]:
 
         def test_helper_inside(self, device: str) -> None:
             with override_cpu_allocator_for_qnnpack(self.qengine == "qnnpack"):
-                self.assertIs(engines.allocator_installed(), self.qengine == "qnnpack")
+                self.assertIs(dimensions.allocator_installed(), self.qengine == "qnnpack")
                 lin = torch.ao.nn.quantized.Linear(4, 3)
                 loaded = self.round_trip(lin.state_dict(), safe_globals=())
                 fresh = torch.ao.nn.quantized.Linear(4, 3)
                 fresh.load_state_dict(loaded)
                 x = torch.quantize_per_tensor(torch.ones(2, 4), 0.1, 0, torch.quint8)
                 self.assertTrue(torch.equal(fresh(x).int_repr(), lin(x).int_repr()))
-            self.assertIs(engines.allocator_installed(), False)
+            self.assertIs(dimensions.allocator_installed(), False)
 
         @round_trip_dims(load_modes=("weights_only_false",))
         def test_library_load_under_the_allocator(self, device: str) -> None:
             AllocatorProbe.seen.clear()
-            self.assertIs(engines.allocator_installed(), False)  # the body: as found
+            self.assertIs(dimensions.allocator_installed(), False)  # the body: as found
             self.round_trip(AllocatorProbe())
             self.assertEqual(AllocatorProbe.seen, [self.qengine == "qnnpack"])  # the load: as pytorch's tests
-            self.assertIs(engines.allocator_installed(), False)
+            self.assertIs(dimensions.allocator_installed(), False)
 
     TestPytorchHelper.__module__ = __name__
     scope: dict[str, Any] = {"__name__": __name__}
@@ -68,10 +68,10 @@ def _generated() -> dict[str, Any]:
 
 class TestQnnpackAllocatorComposition(unittest.TestCase):
     def setUp(self) -> None:
-        missing = {"fbgemm", "qnnpack"} - set(engines.supported_qengines())
+        missing = {"fbgemm", "qnnpack"} - set(dimensions.supported_qengines())
         if missing:
             self.skipTest(f"needs the fbgemm and qnnpack engines; this build lacks {sorted(missing)}")
-        if engines.allocator_installed() is None:
+        if dimensions.allocator_installed() is None:
             self.skipTest("this torch has no mobile CPU allocator API")
 
     def test_pytorch_helper_inside_generated_qnnpack_tests(self) -> None:
@@ -85,7 +85,7 @@ class TestQnnpackAllocatorComposition(unittest.TestCase):
         self.assertEqual(result.testsRun, len(names))
         self.assertTrue(result.wasSuccessful(), stream.getvalue())
         self.assertNotIn("Already within the scope", stream.getvalue())
-        self.assertIs(engines.allocator_installed(), False)
+        self.assertIs(dimensions.allocator_installed(), False)
 
 
 if __name__ == "__main__":

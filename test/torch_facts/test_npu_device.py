@@ -225,8 +225,8 @@ ALIASING_CHILD = r"""
 import json, os, platform, subprocess, sys, types
 from unittest import mock
 import torch
-from torch_serial_testing import devices
-from torch_serial_testing.devices import EXCEPT_FOR, ONLY_FOR, resolve_devices
+from torch_serial_testing import dimensions
+from torch_serial_testing.dimensions import EXCEPT_FOR, ONLY_FOR, resolve_devices
 from torch_serial_testing.errors import RoundTripConfigError
 
 CDT = "torch.testing._internal.common_device_type"
@@ -275,17 +275,17 @@ with mock.patch.object(subprocess.Popen, "_execute_child", no_child), mock.patch
     # 1. its module cannot be imported: a clear error, never a guess
     with mock.patch.dict(sys.modules, {CDT: None}):
         try:
-            out["failed"] = ["answered", devices._filters_alias_backend_name("npu")]
+            out["failed"] = ["answered", dimensions._filters_alias_backend_name("npu")]
         except RoundTripConfigError as e:
             out["failed"] = ["raised", str(e)]
     # 2. a filter set: pytorch's own function is asked, in this process (its module imported for it), once
-    out["aliases"] = devices._filters_alias_backend_name("npu")
+    out["aliases"] = dimensions._filters_alias_backend_name("npu")
     out["cdt_after"] = CDT in sys.modules
     from torch.testing._internal import common_device_type as cdt
     out["mismatches"] = [k for k, v in pytorchs(cdt).items() if selections()[k] != v]
     # 3. a stand-in behaving like torch 2.4's filter (names compared as written), which the library must
     # read as not aliasing
-    devices._aliasing.clear()
+    dimensions._aliasing.clear()
 
     def as_written(device_type_test_bases, except_for=None, only_for=None):
         both = set(except_for or []) & set(only_for or [])
@@ -299,17 +299,17 @@ with mock.patch.object(subprocess.Popen, "_execute_child", no_child), mock.patch
         return bases
 
     with mock.patch.object(cdt, "filter_desired_device_types", as_written):
-        out["as_written"] = devices._filters_alias_backend_name("npu")
+        out["as_written"] = dimensions._filters_alias_backend_name("npu")
         out["as_written_selections"] = selections()
         out["as_written_mismatches"] = [k for k, v in pytorchs(cdt).items() if selections()[k] != v]
-    devices._aliasing.clear()
+    dimensions._aliasing.clear()
 out["started"] = started
 print("RESULT", json.dumps(out))
 """
 
 
 class TestTheLibraryAsksPytorchsFilter(unittest.TestCase):
-    """devices._filters_alias_backend_name: pytorch's real filter_desired_device_types is asked, in this
+    """dimensions._filters_alias_backend_name: pytorch's real filter_desired_device_types is asked, in this
     process (its module imported for it, only when a filter is set); no child interpreter."""
 
     def test_in_process_and_a_filter_like_torch_2_4(self):
@@ -358,25 +358,25 @@ class TestPrivateuse1IsJudgedByTheRegisteredBackend(unittest.TestCase):
     """device_skip_reason("privateuse1") asks the registered backend (the class used to always skip)."""
 
     def test_reason_follows_the_backend(self):
-        from torch_serial_testing import devices
+        from torch_serial_testing import dimensions
 
         self.assertEqual(
-            devices.device_skip_reason("privateuse1"),
+            dimensions.device_skip_reason("privateuse1"),
             NOT_REGISTERED
-            if devices.privateuse1_backend() is None
-            else devices.device_skip_reason(devices.privateuse1_backend()),
+            if dimensions.privateuse1_backend() is None
+            else dimensions.device_skip_reason(dimensions.privateuse1_backend()),
         )
         available = mock.Mock(is_available=lambda: True)
         absent = mock.Mock(is_available=lambda: False)
-        with mock.patch.object(devices, "privateuse1_backend", return_value="npu"):
+        with mock.patch.object(dimensions, "privateuse1_backend", return_value="npu"):
             with mock.patch.object(torch, "npu", available, create=True):
-                self.assertIsNone(devices.device_skip_reason("privateuse1"))
-                self.assertEqual(devices.torch_device_type("privateuse1"), "npu")
+                self.assertIsNone(dimensions.device_skip_reason("privateuse1"))
+                self.assertEqual(dimensions.torch_device_type("privateuse1"), "npu")
             with mock.patch.object(torch, "npu", absent, create=True):
-                self.assertEqual(devices.device_skip_reason("privateuse1"), "NPU is not available")
-        with mock.patch.object(devices, "privateuse1_backend", return_value=None):
-            self.assertEqual(devices.device_skip_reason("privateuse1"), NOT_REGISTERED)
-            self.assertEqual(devices.torch_device_type("privateuse1"), "privateuse1")
+                self.assertEqual(dimensions.device_skip_reason("privateuse1"), "NPU is not available")
+        with mock.patch.object(dimensions, "privateuse1_backend", return_value=None):
+            self.assertEqual(dimensions.device_skip_reason("privateuse1"), NOT_REGISTERED)
+            self.assertEqual(dimensions.torch_device_type("privateuse1"), "privateuse1")
 
 
 class TestBackendFixture(unittest.TestCase):

@@ -180,28 +180,45 @@ def read_any(f: IO[bytes], nbytes: int, state: ScanState) -> str:
         _scan_legacy(f, nbytes, state)
         return "legacy"
     # A real file is read as a tar, any other file object as a legacy stream: walk both readings.
-    tar_state = state.fork()
+    tar_state = _fork(state)
     try:
         _scan_tar(f, tar_state)
         tar_error: Optional[CheckpointFormatError] = None
     except CheckpointFormatError as e:
         tar_error = e
     f.seek(0)
-    stream_state = tar_state.fork()
+    stream_state = _fork(tar_state)
     try:
         _scan_legacy(f, nbytes, stream_state)
     except CheckpointFormatError:
         if tar_error is not None:
             raise tar_error from None
-        state.absorb(tar_state)  # a plain tar: no stream reading
+        _absorb(state, tar_state)  # a plain tar: no stream reading
         return "tar"
     if tar_error is None:
-        state.absorb(tar_state)
-        state.absorb(stream_state)
+        _absorb(state, tar_state)
+        _absorb(state, stream_state)
         state.readings = ("tar", "legacy")
         return "tar"
-    state.absorb(stream_state)  # torch.load of the file fails (a damaged tar): only the stream loads
+    _absorb(state, stream_state)  # torch.load of the file fails (a damaged tar): only the stream loads
     return "legacy"
+
+
+def _fork(state: ScanState) -> ScanState:
+    """A fresh state for another reading of the same bytes (its work counted on from *state*'s)."""
+    return ScanState(state.limits, opcodes=state.opcodes, bytes_scanned=state.bytes_scanned, max_memo=state.max_memo)
+
+
+def _absorb(state: ScanState, other: ScanState) -> None:
+    """Add to *state* what the reading *other* (made by :func:`_fork`) found: its names and checks, its work."""
+    for c in other.checks:
+        state.check(c.kind, c.name, c.message, c.shape)
+    state.globals |= other.globals
+    state.full_load_globals = {**other.full_load_globals, **state.full_load_globals}
+    state.refused_opcodes |= other.refused_opcodes
+    state.opcodes, state.bytes_scanned = other.opcodes, other.bytes_scanned  # forked: counted on from ours
+    state.max_memo = max(state.max_memo, other.max_memo)
+    state.weights_only_live = other.weights_only_live
 
 
 def _is_tar(f: IO[bytes]) -> bool:
@@ -302,7 +319,7 @@ def _scan_legacy(f: IO[bytes], nbytes: int, state: ScanState) -> None:
     while True:
         f.seek(0)
         data = f.read(size)
-        attempt = state.fork()
+        attempt = _fork(state)
         try:
             _walk_legacy(data, len(data) < nbytes, attempt)
         except _NeedMore:
@@ -313,7 +330,7 @@ def _scan_legacy(f: IO[bytes], nbytes: int, state: ScanState) -> None:
                 f"the legacy checkpoint's pickles run past ScanLimits.max_scan_bytes="
                 f"{state.limits.max_scan_bytes}; raise it with scan_limits(max_scan_bytes=...)"
             ) from None
-        state.absorb(attempt)
+        _absorb(state, attempt)
         return
 
 

@@ -158,8 +158,7 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """The facts ``doctor`` prints, as the documented JSON object."""
     import torch
 
-    from ...devices import available_device_types, privateuse1_backend
-    from ...engines import supported_qengines
+    from ...dimensions import available_device_types, privateuse1_backend, supported_qengines
     from ...registry import registered_globals
     from ...serialization import torch_load_replacement
     from ..policy.trust import judge_registry_entry
