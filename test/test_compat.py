@@ -35,7 +35,7 @@ from torch_serial_testing import loading as load_modes
 from torch_serial_testing.prediction import predict
 from torch_serial_testing.declarations import normalize_safe_globals
 from torch_serial_testing.modes import torch_default_weights_only
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import ProbeFailed
 from test.helpers.other_torches import as_genuine_load
 from test.helpers.python_compat import decorator_skipped, expected_tests_run
 from test.helpers.subprocess_env import child_env

@@ -28,7 +28,7 @@ TOOLS = f"{NAME}.tools"
 CORE_LINES = 5000
 CORE_MODULES = 24
 #: Core modules that may use torch's private API: they are the library's questions to torch.
-TORCH_FACTS = {"dimensions", "probes", "registry", "serialization", "unpickler"}
+TORCH_FACTS = {"dimensions", "registry", "serialization", "unpickler"}
 #: Text that reads source code (the package asks torch by probes instead).
 SOURCE_READING = ("getsource", "getsourcelines", "getblock", "linecache", "co_filename", "ast.parse", "getfile")
 MAX_LINES = 450

@@ -17,7 +17,6 @@ import unittest
 ROUND_TRIP_MACHINERY = (
     "checkpoint",
     "walker",
-    "stream",
     "model",
     "unpickler",
     "prediction",

@@ -46,6 +46,17 @@ class LeakedGlobalStateError(_EscapedMessage, AssertionError):
     """A test changed process-wide state (engine, allocator, registry, environment) and did not restore it."""
 
 
+class ProbeFailed(Exception):
+    """A probe of torch could not run or be read: what needs the fact becomes unknown, never a guess."""
+
+
+def innermost_frame(error: BaseException) -> Any:  # None without a traceback
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return None if tb is None else tb.tb_frame
+
+
 def dimension(attr: str, value: Any, example: str) -> tuple[Any, ...]:
     """A class's dimension declaration as a non-empty tuple without repeats, or a clear error."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):

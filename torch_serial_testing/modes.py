@@ -15,7 +15,7 @@ import pickle
 from typing import Any, Mapping, Optional
 
 from .errors import ConflictingEnvironmentError, RoundTripConfigError
-from .probes import ProbeFailed
+from .errors import ProbeFailed
 from .registry import registry_lock
 from .serialization import genuine, observe_serialization_warnings, torch_load_replacement
 

@@ -16,7 +16,7 @@ from .declarations import declared_entries
 from .errors import CheckpointFormatError, RoundTripConfigError, show_name, torch_key
 from .model import Check, build_failure, class_repr, container_refused, loaded_class
 from .modes import Decision, LoadMode, decide
-from .probes import ProbeFailed
+from .errors import ProbeFailed
 from .registry import registered_globals, registry_lock, torch_allowed_type_names, torch_allowlist
 from .registry import torch_allowlist_table
 from .serialization import torch_load_replacement

@@ -19,7 +19,7 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from .probes import ProbeFailed, innermost_frame
+from .errors import ProbeFailed, innermost_frame
 
 #: torch's warning (and torch_npu's printed notice) when TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD applies.
 FORCE_NO_NOTICE = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")

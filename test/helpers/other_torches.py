@@ -33,7 +33,7 @@ import torch
 from torch import _weights_only_unpickler as wou
 
 from torch_serial_testing import checkpoint, prediction, unpickler
-from torch_serial_testing.probes import innermost_frame
+from torch_serial_testing.unpickler import innermost_frame
 from torch_serial_testing.tools import facts
 from torch_serial_testing.unpickler import UnpicklerRules, unpickler_rules
 

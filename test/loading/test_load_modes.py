@@ -28,7 +28,7 @@ from test.helpers.other_torches import RaisingUnpickler, load_standin, switch_re
 from torch_serial_testing import Checkpoint, LoadMode, loading, modes, predict, prediction
 from torch_serial_testing.declarations import normalize_safe_globals
 from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripConfigError, UnexpectedLoadOutcome
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.registry import preserved_registry
 from torch_serial_testing.serialization import torch_load_replacement
 from torch_serial_testing.tools.facts import WeightsOnlySwitches

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402  (torch imports numpy already)
 
 from torch_serial_testing import Checkpoint, SerializationRoundTripTestCase, UnsafeCallable, required_globals
 from torch_serial_testing.declarations import normalize_safe_globals
-from torch_serial_testing.probes import Outcome, ProbeFailed
+from torch_serial_testing.unpickler import Outcome, ProbeFailed
 from torch_serial_testing.tools.cli.contract import EXIT_ATTENTION, EXIT_OK
 from torch_serial_testing.tools.cli.inspection import inspect_report
 from torch_serial_testing.tools.policy import remedies

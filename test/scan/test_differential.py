@@ -28,7 +28,7 @@ from torch_serial_testing import Checkpoint, CheckpointInfo, load, predict, requ
 from torch_serial_testing import modes as load_call
 from torch_serial_testing.errors import CheckpointFormatError, RoundTripConfigError
 from torch_serial_testing.declarations import declared_entries
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.tools import facts
 from torch_serial_testing.tools import required_globals as tools_required_globals
 

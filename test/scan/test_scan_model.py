@@ -28,7 +28,7 @@ import torch
 from torch_serial_testing import Checkpoint, predict, required_globals, scan_checkpoint
 from torch_serial_testing.registry import allowlisted
 from torch_serial_testing.model import numpy_dtype_class
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.unpickler import PersidRules, global_refusal, unpickler_rules
 from torch_serial_testing.tools import FileCheckpoint
 from torch_serial_testing.tools import scan_checkpoint as tools_scan_checkpoint

@@ -21,7 +21,7 @@ import torch
 
 from torch_serial_testing import Checkpoint, LeakedGlobalStateError, SerializationRoundTripTestCase
 from torch_serial_testing.loading import load
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.serialization import genuine, torch_load_replacement
 
 from test.helpers import hostile_tests as ht
@@ -288,7 +288,7 @@ class TestReplacedBeforeTheLibraryRan(unittest.TestCase):
             shim = ht.wrapped_force_full_load_shim(torch.load)
             torch.load = torch.serialization.load = shim
             from torch_serial_testing import Checkpoint, load
-            from torch_serial_testing.probes import ProbeFailed
+            from torch_serial_testing.unpickler import ProbeFailed
             try:
                 load(Checkpoint.from_bytes(ht.payload_checkpoint()), "default")
             except ProbeFailed as e:

@@ -27,7 +27,7 @@ import torch_serial_testing as tst
 from test.helpers.other_torches import Torch2141Append, simulated_rules, unpickler_standin
 from torch_serial_testing import Checkpoint, predict
 from torch_serial_testing.errors import UnexpectedLoadOutcome
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.registry import restore_registry, snapshot_registry
 from torch_serial_testing.unpickler import APPEND_TARGETS, ContainerRule, unpickler_rules
 

@@ -48,7 +48,7 @@ from test.helpers.roundtrip_fixtures import clean_env
 from torch_serial_testing import Checkpoint, modes, predict, tools, unpickler
 from torch_serial_testing import checkpoint as checkpoint_module
 from torch_serial_testing.errors import CheckpointFormatError, ConflictingEnvironmentError, UnexpectedLoadOutcome
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.registry import allowlisted
 from torch_serial_testing.tools import facts
 from torch_serial_testing.tools.formats import FileCheckpoint

@@ -37,7 +37,7 @@ import torch
 from npu_backend import fake_torch_npu
 from torch_serial_testing import registry
 from torch_serial_testing.loading import registered_entries, replacement_notes
-from torch_serial_testing.probes import ProbeFailed
+from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.registry import (
     registered_by_torch,
     registered_globals,

@@ -164,7 +164,7 @@ def registry_takes_named_entries() -> bool:
     its own ``__module__.__name__``): registers ``(obj, "<its module>.RenamedProbe")`` and unpickles it."""
     from torch import _weights_only_unpickler as wou
 
-    from torch_serial_testing.probes import STOP, ProbeFailed, ProbeOther, global_op, unpickle
+    from torch_serial_testing.unpickler import STOP, ProbeFailed, ProbeOther, global_op, unpickle
     from torch_serial_testing.registry import preserved_registry
 
     key = wou._get_user_allowed_globals

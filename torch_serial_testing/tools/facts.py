@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 
 from ..errors import torch_key
 from ..modes import FORCE_NO_WO, FORCE_WO, _ask, conflict_message, is_truthy, switch_values
-from ..probes import ProbeFailed
+from ..errors import ProbeFailed
 
 # Set in the environment of every fresh interpreter the tools start to ask torch something, to the
 # question's name ("own_registrations"): such a process is a probe, not a test run.

@@ -35,11 +35,10 @@ from ..checkpoint import (
     read_zip,
 )
 from ..errors import CheckpointFormatError
-from ..prediction import needed_globals
 from ..model import Global, ScanLimits, ScanState, default_scan_limits
-from ..stream import TruncatedStream, is_truncated
-from ..walker import scan_pickle
-from ..probes import ProbeFailed
+from ..prediction import needed_globals
+from ..errors import ProbeFailed
+from ..walker import TruncatedStream, is_truncated, scan_pickle
 from .facts import TAR_REFUSAL, storage_element_size, torchscript_refusal
 
 __all__ = ["FileCheckpoint", "required_globals", "scan_checkpoint", "open_regular_file", "read_any", "LEGACY_MAGIC"]

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ...errors import ConflictingEnvironmentError, escape_text, show_name, torch_key
 from ...modes import FORCE_NO_WO, FORCE_WO, LoadMode, decide, is_truthy, torch_default_weights_only
-from ...probes import ProbeFailed
+from ...errors import ProbeFailed
 from ..facts import describe_spellings, torch_reads_force_no_weights_only
 from .contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, SCHEMA_VERSION, torch_info
 from .terminal import terminal_width, wrap_lines

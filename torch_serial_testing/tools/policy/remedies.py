@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from ...errors import torch_key
-from ...probes import ProbeFailed, unpickle
+from ...unpickler import ProbeFailed, unpickle
 from ...registry import allowlisted
 
 #: Where each accepted name comes from, as reports say it.

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from ...declarations import UnsafeCallable
 from ...errors import escape_text, imported_prefix, is_marker, is_valid_name, name_problem, show_name
-from ...probes import ProbeFailed
+from ...errors import ProbeFailed
 from ...registry import torch_allowlist, torch_allowlist_table
 from ..facts import torch_registers_itself
 from ..names import FUNCTION_TYPES, identity, pickle_forms
