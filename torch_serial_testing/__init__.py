@@ -41,21 +41,21 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .case import SerializationRoundTripTestCase
-from .declarations import UnsafeCallable
-from .dimensions import available_device_types, override_qengine, supported_qengines
 from .errors import AllowlistError, CheckpointFormatError, ConflictingEnvironmentError, LeakedGlobalStateError
 from .errors import RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused, qualified_name
-from .instantiation import cross_engine, import_round_trip_tests, instantiate_round_trip_tests
-from .instantiation import no_round_trip_dims, round_trip_dims
-from .isolation import GlobalState
-from .modes import LoadMode
-from .outcomes import ExpectedRejection
-from .variants import CaseSpec
 
-# What only a round trip or a scan needs is imported on first use, so ``import
-# torch_serial_testing`` and defining test classes stay cheap.  Name -> its module.
+# Imported on first use: ``import torch_serial_testing`` (which every pytest run does where the package is
+# installed, for its plugins) imports neither torch nor the mixin.  Name -> its module.
 _ON_FIRST_USE = {
+    "SerializationRoundTripTestCase": "case",
+    "UnsafeCallable": "declarations",
+    **dict.fromkeys(("available_device_types", "override_qengine", "supported_qengines"), "dimensions"),
+    **dict.fromkeys(("cross_engine", "import_round_trip_tests", "instantiate_round_trip_tests"), "instantiation"),
+    **dict.fromkeys(("no_round_trip_dims", "round_trip_dims"), "instantiation"),
+    "GlobalState": "isolation",
+    "LoadMode": "modes",
+    "ExpectedRejection": "outcomes",
+    "CaseSpec": "variants",
     **dict.fromkeys(("Checkpoint", "CheckpointInfo", "scan_checkpoint"), "checkpoint"),
     **dict.fromkeys(("RoundTripMismatch", "assert_round_trip_equal"), "comparison"),
     **dict.fromkeys(("Expectation", "predict", "required_globals"), "prediction"),
@@ -83,13 +83,11 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_ON_FIRST_USE})
 
 
-__version__ = "0.1.0"
-
-__all__ = ["SerializationRoundTripTestCase", "CaseSpec", "ExpectedRejection", "GlobalState", "LoadMode"]
-__all__ += ["UnsafeCallable", "cross_engine", "import_round_trip_tests", "instantiate_round_trip_tests"]
-__all__ += ["no_round_trip_dims", "round_trip_dims", "available_device_types", "override_qengine", "supported_qengines"]
-__all__ += ["qualified_name", "AllowlistError", "CheckpointFormatError", "ConflictingEnvironmentError"]
-__all__ += ["LeakedGlobalStateError", "RoundTripConfigError", "UnexpectedLoadOutcome", "UnsafeLoadRefused"]
-# imported on first use
-__all__ += ["Checkpoint", "scan_checkpoint", "RoundTripMismatch", "assert_round_trip_equal", "required_globals"]
-__all__ += ["CheckpointInfo", "Expectation", "predict", "LoadResult", "load", "round_trip", "ScanLimits", "scan_limits"]
+__version__ = "0.2.0"
+__all__ = ["AllowlistError", "assert_round_trip_equal", "available_device_types", "CaseSpec", "Checkpoint"]
+__all__ += ["CheckpointFormatError", "CheckpointInfo", "ConflictingEnvironmentError", "cross_engine", "Expectation"]
+__all__ += ["ExpectedRejection", "GlobalState", "import_round_trip_tests", "instantiate_round_trip_tests"]
+__all__ += ["LeakedGlobalStateError", "load", "LoadMode", "LoadResult", "no_round_trip_dims", "override_qengine"]
+__all__ += ["predict", "qualified_name", "required_globals", "round_trip", "round_trip_dims", "RoundTripConfigError"]
+__all__ += ["RoundTripMismatch", "scan_checkpoint", "scan_limits", "ScanLimits", "SerializationRoundTripTestCase"]
+__all__ += ["supported_qengines", "UnexpectedLoadOutcome", "UnsafeCallable", "UnsafeLoadRefused"]

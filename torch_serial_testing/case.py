@@ -8,6 +8,8 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, Sequence, Union
 
+import torch
+
 from .declarations import Declaration, as_safe_globals, normalize_safe_globals, refuse_local
 from .dimensions import override_qengine, qnnpack_allocator, validate_qengines
 from .errors import LeakedGlobalStateError, RoundTripConfigError, dimension
@@ -176,8 +178,6 @@ class SerializationRoundTripTestCase:
 
     def build_module(self, factory: Optional[Callable[[], Any]] = None) -> Any:
         """Call *factory* (default :meth:`make_module`) and check it returned a module."""
-        import torch
-
         factory = factory or self.make_module
         module = factory()
         if not isinstance(module, torch.nn.Module):

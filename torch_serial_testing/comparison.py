@@ -12,6 +12,8 @@ import math
 from collections import namedtuple
 from typing import Any, Optional
 
+import torch
+
 
 class RoundTripMismatch(AssertionError):
     """The two objects differ; ``path`` says where."""
@@ -58,8 +60,6 @@ def _same_type(e: Any, a: Any, checks: _Checks) -> bool:
 
 
 def _compare(e: Any, a: Any, path: str, checks: _Checks) -> None:
-    import torch
-
     if isinstance(e, torch.Tensor) or isinstance(a, torch.Tensor):
         _compare_tensors(e, a, path, checks)
     elif not _same_type(e, a, checks):
@@ -86,8 +86,6 @@ def _compare(e: Any, a: Any, path: str, checks: _Checks) -> None:
 
 
 def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
-    import torch
-
     if not (isinstance(e, torch.Tensor) and isinstance(a, torch.Tensor)):
         raise RoundTripMismatch(path, f"type {type(a).__name__} != expected {type(e).__name__}")
     if not _same_type(e, a, checks):

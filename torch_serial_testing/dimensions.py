@@ -16,6 +16,8 @@ import os
 from contextlib import contextmanager
 from typing import Iterator, Mapping, Optional
 
+import torch
+
 from .errors import RoundTripConfigError, dimension
 
 KNOWN_QENGINES = ("fbgemm", "qnnpack", "onednn", "x86")
@@ -35,8 +37,6 @@ def supported_qengines() -> tuple[str, ...]:
 
 
 def qengine_skip_reason(engine: str) -> Optional[str]:
-    import torch
-
     if engine in (supported := supported_qengines()):
         return None
     return (
@@ -59,8 +59,6 @@ def validate_qengines(engines: object) -> Optional[tuple[str, ...]]:
 def allocator_installed() -> Optional[bool]:
     """Whether a non-default mobile CPU allocator is installed (None: no such API).  torch has no
     getter: this installs and removes one."""
-    import torch
-
     if not hasattr(torch._C, "_set_default_mobile_cpu_allocator"):
         return None
     try:
@@ -72,16 +70,12 @@ def allocator_installed() -> Optional[bool]:
 
 
 def set_allocator(installed: bool) -> None:
-    import torch
-
     if allocator_installed() not in (None, installed):
         (torch._C._set_default_mobile_cpu_allocator if installed else torch._C._unset_default_mobile_cpu_allocator)()
 
 
 def current_qengine() -> Optional[str]:
     """``torch.backends.quantized.engine`` (None when this torch has no quantized engines)."""
-    import torch
-
     try:
         return torch.backends.quantized.engine
     except (AttributeError, RuntimeError):
@@ -105,8 +99,6 @@ def override_qengine(engine: str, *, allocator: bool = True) -> Iterator[None]:
     """Run with *engine* (and, for qnnpack with *allocator*, the mobile CPU allocator); restore both
     after, as read on entry (an allocator someone else installed stays for other engines).
     ``allocator=False`` leaves the allocator alone (a test body: pytorch's helper installs its own)."""
-    import torch
-
     previous_engine, previous_allocator = engine_state()
     try:
         torch.backends.quantized.engine = engine
@@ -136,15 +128,11 @@ def qnnpack_allocator(engine: Optional[str]) -> Iterator[None]:
 
 def privateuse1_backend() -> Optional[str]:
     """The registered privateuse1 backend name (``npu``, ...), or None."""
-    import torch
-
     name = torch._C._get_privateuse1_backend_name()
     return None if name in ("privateuseone", "privateuse1") else name
 
 
 def device_skip_reason(device_type: str) -> Optional[str]:
-    import torch
-
     if device_type == "cpu":
         return None
     if device_type == "privateuse1":
@@ -170,8 +158,6 @@ def available_device_types() -> tuple[str, ...]:
 
 def is_device_type(name: str) -> bool:
     """True for a bare device type torch can parse here (``cpu``, ``cuda``, ``npu`` once registered)."""
-    import torch
-
     if name == "privateuse1" or name == privateuse1_backend():
         return True
     if not name.isidentifier() or name != name.lower():

@@ -12,6 +12,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, cast
 
+import torch
+
 from . import dimensions, registry
 from .errors import torch_key
 from .serialization import SerializationState
@@ -70,8 +72,6 @@ class GlobalState:
             leaks["serialization"] = "; ".join(changes)
 
     def _engine(self, leaks: dict[str, str]) -> None:
-        import torch
-
         now = dimensions.current_qengine()
         if self.qengine is not None and now != self.qengine:
             leaks["engine"] = f"quantized engine {now!r} (was {self.qengine!r})"

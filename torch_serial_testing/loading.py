@@ -18,6 +18,8 @@ import unittest
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
+import torch
+
 from .checkpoint import Checkpoint
 from .declarations import as_safe_globals, declared_entries
 from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
@@ -187,8 +189,6 @@ def _torch_load(
     """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection).  Bytes this
     process saved go to ``torch.load`` as the process has it (a replacement is judged by its outcome);
     foreign bytes only ever to torch's own ``torch.serialization.load`` (:func:`.serialization.genuine`)."""
-    import torch
-
     torch_load = torch.load if checkpoint.owned else genuine("load")
     buf: Any = checkpoint.rewound() if path is None else path
     try:

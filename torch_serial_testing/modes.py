@@ -14,6 +14,8 @@ import os
 import pickle
 from typing import Any, Mapping, Optional
 
+import torch
+
 from .errors import ConflictingEnvironmentError, RoundTripConfigError
 from .errors import ProbeFailed
 from .registry import registry_lock
@@ -77,8 +79,6 @@ def _set_switches(values: tuple[Optional[str], Optional[str]]) -> None:
 
 def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Answer:
     """What ``torch.serialization.load(canary[, weights_only=explicit])`` does with the switches (wo, no)."""
-    import torch
-
     key = (explicit, wo, no, genuine("load"), getattr(torch.serialization, "_default_to_weights_only", None))
     known = _answers.get(key)
     if known is not None:
@@ -126,8 +126,6 @@ def is_truthy(value: Optional[str], name: str = FORCE_WO) -> bool:
 def torch_default_weights_only() -> tuple[bool, str]:
     """torch's default for a bare ``torch.load`` (asked with neither switch set), and why (the version
     only words the reason)."""
-    import torch
-
     if _ask(None, None, None)[0] is True:
         return True, "since torch 2.6"
     parts = torch.__version__.split("+")[0].split(".")

@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
+import torch
+
 from .checkpoint import Checkpoint, scan_checkpoint
 from .declarations import declared_entries
 from .errors import CheckpointFormatError, RoundTripConfigError, show_name, torch_key
@@ -215,8 +217,6 @@ _allowed_cache: dict[Any, tuple[Any, _Allowed]] = {}
 
 def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
     """What torch accepts with *declared* added, remembered while its inputs are the same."""
-    import torch
-
     table, buildable = torch_allowlist_table(), rules.build.torch_types_buildable
     try:
         registry = torch.serialization.get_safe_globals()
@@ -237,8 +237,6 @@ def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _All
 def _compute_allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
     """torch matches types by object; the model matches them by their real ``module.qualname`` and any
     name they are allowed under."""
-    import torch
-
     user_names = set(registered_globals()) | {name for _obj, name in declared}
     allowlist = torch_allowlist()
     types: set[str] = set()

@@ -12,6 +12,8 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional, Sequence
 
+import torch
+
 from .errors import torch_key
 
 #: Held while the library reads or changes torch's process-wide registry, and around each prediction
@@ -41,8 +43,6 @@ def torch_allowed_type_names() -> frozenset[str]:
 
 
 def snapshot_registry() -> list[Any]:
-    import torch
-
     return list(torch.serialization.get_safe_globals())
 
 
@@ -54,16 +54,12 @@ def registered_entries() -> list[tuple[str, Any]]:
 
 def registered_globals() -> frozenset[str]:
     """Names registered process-wide right now (``add_safe_globals`` or an open context)."""
-    import torch
-
     return frozenset(torch_key(g) or f"<unnamed {type(g).__name__}>" for g in torch.serialization.get_safe_globals())
 
 
 def restore_registry(snapshot: Sequence[Any]) -> None:
     """Make the registry equal *snapshot* again: one rebinding of torch's registry (a set since torch
     2.5, a list before), else by adding and removing entries."""
-    import torch
-
     wou = _wou()
     with registry_lock:
         current = torch.serialization.get_safe_globals()
@@ -92,8 +88,6 @@ def preserved_registry() -> Iterator[None]:
 
 
 def safe_globals_context_missing() -> Optional[str]:
-    import torch
-
     if hasattr(torch.serialization, "safe_globals"):
         return None
     return (
@@ -106,8 +100,6 @@ def safe_globals_context_missing() -> Optional[str]:
 def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
     """Trust *entries* for the weights-only loads inside the block: ``safe_globals`` where torch has it,
     else ``add_safe_globals`` undone on exit.  For probes: the ``safe_globals`` load mode never falls back."""
-    import torch
-
     with preserved_registry():
         context = getattr(torch.serialization, "safe_globals", None)
         if context is not None:

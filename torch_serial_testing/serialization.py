@@ -19,6 +19,8 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+import torch
+
 from .errors import ProbeFailed, innermost_frame
 
 #: torch's warning (and torch_npu's printed notice) when TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD applies.
@@ -31,8 +33,6 @@ _FIX = (
 
 
 def _ser() -> Any:
-    import torch.serialization
-
     return torch.serialization
 
 
@@ -51,8 +51,6 @@ _genuine: dict[str, tuple[Any, Any, Any]] = {}
 def genuine(name: str) -> Any:
     """torch's own ``torch.serialization.<name>`` (``load`` or ``save``), verified unchanged since the
     library first took it (its ``__code__`` and keyword defaults)."""
-    import torch
-
     entry = _genuine.get(name)
     if entry is None:
         ser = _ser()
@@ -86,8 +84,6 @@ def _describe(obj: Any) -> str:
 
 def torch_load_replacement() -> Optional[str]:
     """Who ``torch.load`` is when it is not torch's own function (None: it is)."""
-    import torch
-
     fn = getattr(torch, "load", None)
     if _own_function(fn, "load"):
         return None
@@ -248,8 +244,6 @@ class SerializationState:
     __slots__ = ("torch_names", "namespaces", "classes", "functions", "allowlist", "packages")
 
     def __init__(self) -> None:
-        import torch
-
         self.torch_names = {n: vars(torch).get(n) for n in ("load", "save")}
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.classes: list[tuple[type, dict[str, Any]]] = []
@@ -271,8 +265,6 @@ class SerializationState:
 
     def restore(self) -> list[str]:
         """Put everything back; one line per change (what changed, and the fix)."""
-        import torch
-
         changes: list[str] = []
         for name, then in self.torch_names.items():
             now = vars(torch).get(name)

@@ -20,6 +20,8 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Optional
 
+import torch
+
 from .errors import ProbeFailed, innermost_frame
 from .registry import allowlisted, registry_lock
 
@@ -209,7 +211,6 @@ _known: dict[Any, Any] = {}
 
 def unpickler_rules() -> UnpicklerRules:
     """This torch's :class:`UnpicklerRules`, asked once per unpickler; the same ProbeFailed every time."""
-    import torch
     from torch import _weights_only_unpickler as wou
 
     cls = getattr(wou, "Unpickler", None)
@@ -231,8 +232,6 @@ def unpickler_rules() -> UnpicklerRules:
 
 
 def _probe_rules() -> UnpicklerRules:
-    import torch
-
     outcome = unpickle(b"\xff")  # a byte that is no opcode: torch's refusal, a template of the byte's value
     if not outcome.refused or "255" not in outcome.message:
         raise ProbeFailed(f"torch's weights-only unpickler answered a byte that is no opcode with {outcome!r}")
@@ -465,15 +464,11 @@ def walk_rules() -> WalkRules:
 
 def zip_reader(f: IO[bytes]) -> Any:
     """torch's reader of the zip archive *f* (raises what torch raises for a damaged one)."""
-    import torch
-
     return torch._C.PyTorchFileReader(f)
 
 
 def is_torchscript(reader: Any) -> bool:
     """torch.load's own test: a TorchScript archive holds a ``constants.pkl`` record."""
-    import torch
-
     test = getattr(torch.serialization, "_is_torchscript_zip", None)
     return bool(test(reader)) if test is not None else "constants.pkl" in reader.get_all_records()
 
@@ -481,8 +476,6 @@ def is_torchscript(reader: Any) -> bool:
 @functools.lru_cache(maxsize=1)
 def storage_type_names() -> frozenset[str]:
     """Names ``torch.load`` resolves to its own StorageType without importing anything."""
-    import torch
-
     try:
         return frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
     except AttributeError as e:
