@@ -17,6 +17,7 @@ import unittest
 ROUND_TRIP_MACHINERY = (
     "checkpoint",
     "walker",
+    "stream",
     "model",
     "unpickler",
     "prediction",

@@ -17,7 +17,8 @@ from typing import IO, Any, Callable, Optional, Union
 from .errors import CheckpointFormatError
 from .model import Check, ScanLimits, ScanState, default_scan_limits
 from .unpickler import is_torchscript, walk_rules, zip_reader
-from .walker import check_budget, scan_pickle
+from .stream import check_budget
+from .walker import scan_pickle
 
 #: Told the bytes of every :meth:`Checkpoint.save` (an observer such as the audit's): a copy, after the save.
 _SAVE_LISTENERS: list[Callable[[bytes], None]] = []

@@ -27,8 +27,9 @@ from .modes import FORCE_NO_WO, LoadMode, decide
 from .prediction import Expectation, _as_checkpoint, decided
 from .registry import registered_by_torch, registered_entries, registry_lock, restore_registry, snapshot_registry
 from .registry import safe_globals_context_missing
-from .serialization import FORCE_NO_NOTICE, Observation, genuine, observe_serialization_warnings, raised_by_torch
-from .serialization import raiser, watch_stdout
+from .serialization import (
+    FORCE_NO_NOTICE, TORCH_SERIALIZATION, Observation, genuine, observe_serialization_warnings, raiser, watch_stdout
+)
 
 #: What a load without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment observes: nothing.
 _UNOBSERVED = Observation()
@@ -293,7 +294,7 @@ def replacement_notes(
         )
     elif warned and not torch_warns:
         notes.append(f"warned about {FORCE_NO_WO} where torch would not")
-    if error is not None and not raised_by_torch(error):
+    if error is not None and not raiser(error).startswith(tuple(m + "." for m in TORCH_SERIALIZATION)):
         last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
         ending = f", ending {last[:120]!r}" if last else ""
         notes.append(f"worded the rejection itself ({type(error).__name__} raised in {raiser(error)}{ending})")

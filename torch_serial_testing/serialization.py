@@ -25,24 +25,16 @@ from .errors import ProbeFailed, innermost_frame
 
 #: torch's warning (and torch_npu's printed notice) when TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD applies.
 FORCE_NO_NOTICE = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
-_TORCH_SERIALIZATION = ("torch.serialization", "torch._weights_only_unpickler")
+TORCH_SERIALIZATION = ("torch.serialization", "torch._weights_only_unpickler")
 _FIX = (
     "patch it only for the duration of a block (unittest.mock.patch as a context manager or decorator) "
     "or undo it in a finally or addCleanup"
 )
 
 
-def _ser() -> Any:
-    return torch.serialization
-
-
 def _own_function(fn: Any, name: str) -> bool:
-    return (
-        isinstance(fn, types.FunctionType)
-        and fn.__globals__ is vars(_ser())
-        and fn.__code__.co_name == name
-        and fn.__name__ == name
-    )
+    ser = vars(torch.serialization)
+    return isinstance(fn, types.FunctionType) and fn.__globals__ is ser and fn.__code__.co_name == fn.__name__ == name
 
 
 _genuine: dict[str, tuple[Any, Any, Any]] = {}
@@ -51,9 +43,8 @@ _genuine: dict[str, tuple[Any, Any, Any]] = {}
 def genuine(name: str) -> Any:
     """torch's own ``torch.serialization.<name>`` (``load`` or ``save``), verified unchanged since the
     library first took it (its ``__code__`` and keyword defaults)."""
-    entry = _genuine.get(name)
+    entry, ser = _genuine.get(name), torch.serialization
     if entry is None:
-        ser = _ser()
         for candidate in (vars(ser).get(name), getattr(torch, name, None)):
             if candidate is not None and _own_function(candidate, name):
                 kw = candidate.__kwdefaults__
@@ -95,19 +86,11 @@ def torch_load_replacement() -> Optional[str]:
     return _describe(fn)
 
 
-def raised_by_torch(error: BaseException) -> bool:
-    """Whether the rejection came out of torch's own serialization code, message untouched."""
-    frame = innermost_frame(error)
-    return frame is not None and frame.f_globals.get("__name__") in _TORCH_SERIALIZATION
-
-
 def raiser(error: BaseException) -> str:
-    """``module.function`` that raised *error*."""
+    """``module.function`` that raised *error* (torch's own rejections: in :data:`TORCH_SERIALIZATION`)."""
     frame = innermost_frame(error)
-    if frame is None:
-        return "?"
-    code = frame.f_code
-    return f"{frame.f_globals.get('__name__', '?')}.{getattr(code, 'co_qualname', code.co_name)}"
+    code = frame.f_code if frame is not None else None
+    return f"{frame.f_globals.get('__name__', '?')}.{getattr(code, 'co_qualname', code.co_name)}" if code else "?"
 
 
 @dataclass(eq=False)
@@ -147,17 +130,12 @@ class _SerializationWarnings(types.ModuleType):
         self._tst_real.warn(message, category, stacklevel + 1, source, **kwargs)  # torch's intended location
 
 
-def proxy_installed() -> bool:
-    """Whether torch.serialization's ``warnings`` is the proxy right now (it never is between loads)."""
-    return isinstance(getattr(_ser(), "warnings", None), _SerializationWarnings)
-
-
 @contextmanager
 def observe_serialization_warnings(consume_all: bool = False) -> Iterator[Observation]:
     """Count torch's FORCE_NO warnings raised in this thread inside the block, consuming only them
     (*consume_all*: every warning torch.serialization raises in this thread, for probes)."""
     global _users
-    ser = _ser()
+    ser = torch.serialization
     observation = Observation(consume_all)
     stack = _local.__dict__.setdefault("stack", [])
     with _lock:
@@ -261,7 +239,7 @@ class SerializationState:
                     self.functions.append((v, v.__code__, v.__defaults__, None if kw is None else dict(kw)))
         table = _allowlist_table()
         self.allowlist = dict(table) if table is not None else None
-        self.packages = list(getattr(_ser(), "_package_registry", None) or ())
+        self.packages = list(getattr(torch.serialization, "_package_registry", None) or ())
 
     def restore(self) -> list[str]:
         """Put everything back; one line per change (what changed, and the fix)."""
@@ -304,7 +282,7 @@ class SerializationState:
                     f"added {extra}, removed {gone}, replaced {swapped}; to trust a global for a test, declare it "
                     "(safe_globals) or use torch.serialization.safe_globals([...]) as a context"
                 )
-        registry, packages = getattr(_ser(), "_package_registry", None), self.packages
+        registry, packages = getattr(torch.serialization, "_package_registry", None), self.packages
         if registry is not None and not (
             len(registry) == len(packages) and all(a is b for a, b in zip(registry, packages))
         ):

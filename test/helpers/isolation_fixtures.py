@@ -25,6 +25,11 @@ from torch_serial_testing.tools import facts
 _hook: Optional[Callable[[], None]] = None
 
 
+def proxy_installed() -> bool:
+    """Whether torch.serialization's ``warnings`` is the library's proxy right now (never between loads)."""
+    return isinstance(getattr(torch.serialization, "warnings", None), loader._SerializationWarnings)
+
+
 class Gate(torch.nn.Module):
     """Runs the installed hook while torch loads it (from ``__setstate__``)."""
 
@@ -76,7 +81,7 @@ def process_state() -> dict[str, Any]:
         "env": {k: v for k, v in os.environ.items() if k.startswith("TORCH_FORCE_")},
         "recorder_installed": registry.recording_active(),
         "filters": list(warnings.filters),
-        "warnings_proxy_installed": loader.proxy_installed(),
+        "warnings_proxy_installed": proxy_installed(),
         "torch.load": torch.load,
         "torch.save": torch.save,
         "allowlist": sorted(torch._weights_only_unpickler._get_allowed_globals()),

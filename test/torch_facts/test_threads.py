@@ -36,6 +36,7 @@ from test.helpers.isolation_fixtures import (
     clean_env,
     hook,
     process_state,
+    proxy_installed,
 )
 
 NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
@@ -175,7 +176,7 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
         where: list[tuple[bool, int]] = []
 
         def in_load() -> None:
-            where.append((loader.proxy_installed(), sys._getframe().f_lineno + 1))  # the next line warns
+            where.append((proxy_installed(), sys._getframe().f_lineno + 1))  # the next line warns
             ser.warnings.warn("through the proxy", UserWarning)
 
         with clean_env(**{NO_WO: "1"}), warnings.catch_warnings(record=True) as caught:
@@ -189,7 +190,7 @@ class TestWarningsStayInTheirThread(unittest.TestCase):
             [(UserWarning, "through the proxy", __file__, where[0][1])],
         )
         self.assertEqual(where[0][0], True)  # it did pass through the proxy
-        self.assertFalse(loader.proxy_installed())
+        self.assertFalse(proxy_installed())
 
     def test_own_warning_under_error_raises_as_is(self) -> None:
         with clean_env(**{NO_WO: "1"}), warnings.catch_warnings():

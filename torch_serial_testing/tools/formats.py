@@ -38,7 +38,8 @@ from ..errors import CheckpointFormatError
 from ..model import Global, ScanLimits, ScanState, default_scan_limits
 from ..prediction import needed_globals
 from ..errors import ProbeFailed
-from ..walker import TruncatedStream, is_truncated, scan_pickle
+from ..stream import TruncatedStream, is_truncated
+from ..walker import scan_pickle
 from .facts import TAR_REFUSAL, storage_element_size, torchscript_refusal
 
 __all__ = ["FileCheckpoint", "required_globals", "scan_checkpoint", "open_regular_file", "read_any", "LEGACY_MAGIC"]
