@@ -32,6 +32,8 @@ import unittest
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import torch
+
 import torch_serial_testing
 from torch_serial_testing.tools.cli import vendor as vendor_mod
 
@@ -340,6 +342,24 @@ class TestPytest(VendoredTree):
             author = next(n for n in sorted(def_lines, key=len, reverse=True) if name.startswith(n))
             self.assertEqual(int(case.get("line")) + 1, def_lines[author], name)  # pytest's lines are 0-based
         self.assertEqual(seen, 2 * FLAGSHIP_TESTS)
+
+    def test_status_plugin_of_the_vendored_copy(self):
+        # howto-vendoring: with the installed plugins off, ``PYTHONPATH=test`` and ``-p
+        # torch_serial_testing.pytest_plugin`` give the vendored copy's expected-rejection status.
+        path = os.pathsep.join([str(self.root / "_probe"), "test"])
+        args = ("-m", "pytest", "-p", "no:torch_serial_testing", "-p", "no:torch_serial_testing_audit")
+        args += ("-p", "torch_serial_testing.pytest_plugin", "-v", FLAGSHIP_REL)
+        proc, records = self.run_in(".", *args, PYTHONPATH=path)
+        out = proc.stdout + proc.stderr
+        self.assertEqual(proc.returncode, 0, out)
+        self.assertVendoredImported(proc, records)
+        # the bare torch.load of the default mode is refused here as predicted (torch >= 2.6 defaults to
+        # weights_only=True and the flagship's whole modules are not allowlisted): the four default
+        # cases that save a whole module, and nothing else
+        rejected = [ln for ln in proc.stdout.splitlines() if " PASSED (rejected as predicted: " in ln]
+        whole_modules = [ln for ln in rejected if "_default_cpu PASSED" in ln and "_state_dict_" not in ln]
+        defaults_to_weights_only = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 6)
+        self.assertEqual((len(rejected), len(whole_modules)), (4, 4) if defaults_to_weights_only else (0, 0), out)
 
     def test_except_cpu(self):
         xml = self.root / "junit_except_cpu.xml"
