@@ -66,36 +66,21 @@ def scan_limits(**overrides: Any) -> Iterator[ScanLimits]:
 
 UNRESOLVED = "<unresolved STACK_GLOBAL>"
 
-# The type BUILD sees after REDUCE of numpy.dtype('<str>', ...).
-_NUMPY_NUMERIC = {
-    "b": {1: "BoolDType"},
-    "M": {8: "DateTime64DType"},
-    "m": {8: "TimeDelta64DType"},
-    "i": {1: "Int8DType", 2: "Int16DType", 4: "Int32DType", 8: "Int64DType"},
-    "u": {1: "UInt8DType", 2: "UInt16DType", 4: "UInt32DType", 8: "UInt64DType"},
-    "f": {2: "Float16DType", 4: "Float32DType", 8: "Float64DType", 12: "LongDoubleDType", 16: "LongDoubleDType"},
-    "c": {8: "Complex64DType", 16: "Complex128DType", 24: "CLongDoubleDType", 32: "CLongDoubleDType"},
-}
-_NUMPY_FLEXIBLE = {"O": "ObjectDType", "U": "StrDType", "S": "BytesDType", "V": "VoidDType"}
-_NUMPY_DTYPE_STR = re.compile(r"([biufcMmOUSV])(\d{0,6})")
+_NUMPY_DTYPE_STR = re.compile(r"[biufcMmOUSV]\d{0,6}")
 
 
 def numpy_dtype_class(spec: Any) -> Optional[str]:
-    """``numpy.dtypes.<X>DType`` for the type ``numpy.dtype(spec)`` builds, or None if unknown: numpy's
-    own answer when it is imported, else derived from the string (numpy >= 1.25 naming)."""
-    m = _NUMPY_DTYPE_STR.fullmatch(spec) if isinstance(spec, str) else None
-    if m is None:
+    """``numpy.dtypes.<X>DType``, the type BUILD sees after REDUCE of ``numpy.dtype(spec, ...)``: numpy's
+    own answer; None if unknown, or numpy is absent or has no ``numpy.dtypes`` (torch imports numpy
+    whenever it is installed, and without it loads no numpy global)."""
+    numpy: Any = sys.modules.get("numpy")
+    if not (isinstance(spec, str) and _NUMPY_DTYPE_STR.fullmatch(spec) and hasattr(numpy, "dtypes")):
         return None
-    numpy = sys.modules.get("numpy")
-    if numpy is not None and hasattr(numpy, "dtypes"):
-        try:
-            t = type(numpy.dtype(spec))
-            return f"{t.__module__}.{t.__qualname__}"
-        except (TypeError, ValueError):
-            return None
-    kind, size = m.groups()
-    name = _NUMPY_FLEXIBLE.get(kind) or (_NUMPY_NUMERIC[kind].get(int(size)) if size else None)
-    return f"numpy.dtypes.{name}" if name else None
+    try:
+        t = type(numpy.dtype(spec))
+    except (TypeError, ValueError):
+        return None
+    return f"{t.__module__}.{t.__qualname__}"
 
 
 class Global:
@@ -159,12 +144,9 @@ BUILD_FREE = frozenset([TENSOR, PARAMETER, "collections.OrderedDict"])
 # What REDUCE of these (allowlisted) callables returns, for the type checks after it.
 _REBUILT_TENSOR = "tensor tensor_v2 tensor_v3 qtensor sparse_tensor nested_tensor meta_tensor_no_storage"
 _REBUILT_TENSOR += " device_tensor_from_numpy device_tensor_from_cpu_tensor"
-_REDUCE_RESULT = {
-    **{f"torch._utils._rebuild_{n}": TENSOR for n in _REBUILT_TENSOR.split()},
-    **{f"torch._utils._rebuild_{n}": PARAMETER for n in ("parameter", "parameter_with_state")},
-    "_codecs.encode": "builtins.bytes",
-    "torch.serialization._get_layout": "torch.layout",
-}
+_REDUCE_RESULT = {f"torch._utils._rebuild_{n}": TENSOR for n in _REBUILT_TENSOR.split()}
+_REDUCE_RESULT.update({f"torch._utils._rebuild_{n}": PARAMETER for n in ("parameter", "parameter_with_state")})
+_REDUCE_RESULT.update({"_codecs.encode": "builtins.bytes", "torch.serialization._get_layout": "torch.layout"})
 # REDUCE of these returns an instance of the class given as their argument 0 (or 1).
 _REDUCE_ARG_TYPE = {"copyreg._reconstructor": 0, "copyreg.__newobj__": 0, "torch._tensor._rebuild_from_type_v2": 1}
 _REDUCE_ARG_TYPE.update({f"numpy.{m}.multiarray._reconstruct": 0 for m in ("core", "_core")})
@@ -280,11 +262,9 @@ def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, 
         return (f"allowlisted_{sub}",) if isinstance(obj, type) and issubclass(obj, base) else ("allowlisted_other",)
     cls = loaded_class(type_name)
     is_sub = None if cls is None else issubclass(cls, base)
-    if user_classes is not None:  # known not to be allowlisted
-        return (sub,) if is_sub else ("other",) if is_sub is False else (sub, "other")
-    if is_sub is None:
-        return (sub, f"allowlisted_{sub}", "other", "allowlisted_other")
-    return (sub, f"allowlisted_{sub}") if is_sub else ("other", "allowlisted_other")
+    kinds = (sub,) if is_sub else ("other",) if is_sub is False else (sub, "other")
+    # a prediction knows the type is not allowlisted; a scan does not know the allowlist
+    return kinds if user_classes is not None else kinds + tuple(f"allowlisted_{kind}" for kind in kinds)
 
 
 def container_check(rules: UnpicklerRules, opcode: str, target: Any) -> Optional[Check]:
@@ -316,9 +296,8 @@ def persid_refusal(rules: UnpicklerRules, pid: Any) -> Optional[str]:
     if category in persid.refused:
         return persid.type_message + class_repr(type_of(pid))
     if isinstance(pid, tuple) and pid and not (isinstance(pid[0], str) and pid[0] == "storage"):
-        first = pid[0]
-        if isinstance(first, (str, Obj)):
-            return persid.storage_message + (class_repr(type_of(first)) if persid.names_type else str(first))
+        if isinstance(pid[0], (str, Obj)):
+            return persid.storage_message + (class_repr(type_of(pid[0])) if persid.names_type else str(pid[0]))
         return persid.storage_message.rstrip()  # still a part of what torch says
     return None
 
@@ -337,13 +316,10 @@ def full_load_name(module: str, name: str, proto: int, zip_format: bool, storage
     return f"{module}.{name}"
 
 
-#: A hashable description of a BUILD state: ``("dict", n)`` (n keys, None: not known),
-#: ``("none",)``, ``("value", v)`` (a small str or int), ``("tuple", (shape, ...))`` or
-#: ``("type", "module.Name")`` (an object known only by its type; None: not even that).
-StateShape = tuple
-
-
-def state_shape(value: Any, depth: int = 0) -> StateShape:
+def state_shape(value: Any, depth: int = 0) -> tuple[Any, ...]:
+    """A hashable description of a BUILD state: ``("dict", n)`` (n keys, None: not known), ``("none",)``,
+    ``("value", v)`` (a small str or int), ``("tuple", (shape, ...))`` or ``("type", "module.Name")`` (an
+    object known only by its type; None: not even that)."""
     if type(value) is DictValue:
         return ("dict", None if value.keys is None else len(value.keys))
     if isinstance(value, tuple):
@@ -369,7 +345,7 @@ _TYPE_STANDINS: dict[str, list[Any]] = {
 _MAX_STANDINS = 32
 
 
-def _standins(shape: StateShape) -> Optional[list[Any]]:
+def _standins(shape: tuple[Any, ...]) -> Optional[list[Any]]:
     """Concrete values of *shape* that cover what BUILD's outcome depends on; None: cannot stand in."""
     kind = shape[0]
     if kind == "none":
@@ -407,19 +383,17 @@ def _apply(rules: BuildRules, has_dict: bool, no_dict: str, state: Any) -> Optio
     return None
 
 
-def build_failure(cls: Any, shape: StateShape, rules: BuildRules) -> Optional[tuple[str, str]]:
-    """``(exception type name, message)`` when this torch's BUILD of a state of *shape* onto an instance
-    of the allowlisted *cls* raises; None when it does not or cannot be told without running code (a C
-    type: no Py_TPFLAGS_HEAPTYPE; a custom ``__getattr__``; its own ``__setstate__``) or the contents."""
+def build_failure(cls: Any, shape: tuple[Any, ...], rules: BuildRules) -> Optional[tuple[str, str]]:
+    """``(exception type name, message)`` when this torch's BUILD of a state of *shape* onto an instance of
+    the allowlisted *cls* raises; None when it does not, or cannot be told without running code or the contents."""
     if (
         not isinstance(cls, type)
-        or not cls.__flags__ & (1 << 9)
+        or not cls.__flags__ & (1 << 9)  # a C type: no Py_TPFLAGS_HEAPTYPE
         or hasattr(cls, "__getattr__")
         or cls.__getattribute__ is not object.__getattribute__
+        or (hasattr(cls, "__setstate__") and rules.calls_setstate)  # its own code applies it, as in a full load
     ):
         return None
-    if hasattr(cls, "__setstate__") and rules.calls_setstate:
-        return None  # the class's own code applies it, as in a full load
     standins = _standins(shape)
     if not standins:
         return None

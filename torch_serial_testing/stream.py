@@ -4,18 +4,14 @@ stream -- the part of the walk (:mod:`.walker`) that knows nothing of torch."""
 from __future__ import annotations
 
 import pickletools
+from pickletools import TAKEN_FROM_ARGUMENT1, TAKEN_FROM_ARGUMENT4, TAKEN_FROM_ARGUMENT4U, TAKEN_FROM_ARGUMENT8U
 from typing import Any
 
 from .errors import CheckpointFormatError
 from .model import BOOL, ScanLimits
 
 _FIXED, _COUNTED, _LINE, _TWO_LINES = range(4)
-_WIDTHS = {
-    pickletools.TAKEN_FROM_ARGUMENT1: 1,
-    pickletools.TAKEN_FROM_ARGUMENT4: 4,
-    pickletools.TAKEN_FROM_ARGUMENT4U: 4,
-    pickletools.TAKEN_FROM_ARGUMENT8U: 8,
-}
+_WIDTHS = {TAKEN_FROM_ARGUMENT1: 1, TAKEN_FROM_ARGUMENT4: 4, TAKEN_FROM_ARGUMENT4U: 4, TAKEN_FROM_ARGUMENT8U: 8}
 
 
 def _layout(arg: Any) -> tuple[int, int]:
@@ -144,14 +140,13 @@ def checked_global_name(module: str, name: str, at: int, max_name: int) -> None:
             f"a global name of {len(module) + len(name) + 1} characters at byte {at} exceeds "
             f"ScanLimits.max_name_length={max_name}; raise it with scan_limits(max_name_length=...)"
         )
-    for part in (module, name):
-        try:
-            part.encode("utf-8")
-        except UnicodeEncodeError:
-            raise CheckpointFormatError(
-                f"a global name at byte {at} contains a lone surrogate ({(module + '.' + name)!a}): "
-                "no module can have that name"
-            ) from None
+    try:
+        (module + name).encode("utf-8")
+    except UnicodeEncodeError:
+        raise CheckpointFormatError(
+            f"a global name at byte {at} contains a lone surrogate ({(module + '.' + name)!a}): "
+            "no module can have that name"
+        ) from None
 
 
 def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatError:

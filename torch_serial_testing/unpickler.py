@@ -1,26 +1,22 @@
 """What the running torch's weights-only unpickler enforces, asked of it by probes.
 
-The probe kit first: few-byte pickles fed to torch's real unpickler (nothing is assumed beyond its
-constructor and ``load``; :class:`ProbeFailed` when they fail), the objects probes build
-(:func:`made`, allowlisted instead of their types).  Then the rules, which change between releases
-(the opcodes it has, the container targets and persistent ids it refuses, how BUILD applies a state,
-when Python-2 names are renamed, its words): the static model (:mod:`.model`, :mod:`.walker`)
-replays the rules read here, and nothing falls back to another torch's.
+Probes are few-byte pickles fed to torch's real unpickler (only its constructor and ``load`` are assumed;
+:class:`ProbeFailed` when they fail).  They read the rules that change between releases (its opcodes, the
+container targets and persistent ids it refuses, how BUILD applies a state, when Python-2 names are renamed,
+its words), which the static model (:mod:`.model`, :mod:`.walker`) replays; nothing falls back to another torch's.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import io
 import pickle
 import pickletools
-import struct
-import threading
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Optional
 
 import torch
+from torch import _weights_only_unpickler as wou
 
 from .errors import ProbeFailed, innermost_frame
 from .registry import allowlisted, registry_lock
@@ -29,16 +25,15 @@ STOP = pickle.STOP
 
 
 class Outcome:
-    """What torch's weights-only unpickler did with one probe: loaded ``value`` or raised ``error``.
+    """What torch's weights-only unpickler did with one probe: loaded ``value`` or raised ``error``; ``refused``
+    when its own checks said no (``UnpicklingError``, or a ``RuntimeError`` its code raised: torch 2.4's).  The
+    error keeps no traceback or context: a probe run during a load's rejection keeps no cycle through its frames."""
 
-    ``refused``: one of the unpickler's own checks said no (``UnpicklingError``, or a ``RuntimeError``
-    raised by its own code: torch 2.4's checks).  The error keeps no traceback or context, so a probe
-    run while a load's rejection is handled leaves no reference cycle through that load's frames."""
-
-    __slots__ = ("value", "error", "loaded", "refused")
+    __slots__ = ("value", "error", "loaded", "refused", "message")
 
     def __init__(self, value: Any = None, error: Optional[BaseException] = None) -> None:
         self.value, self.error, self.loaded = value, error, error is None
+        self.message = "" if error is None else str(error)
         frame = innermost_frame(error) if type(error) is RuntimeError else None
         self.refused = isinstance(error, pickle.UnpicklingError) or (
             frame is not None and frame.f_globals.get("__name__") == "torch._weights_only_unpickler"
@@ -46,26 +41,18 @@ class Outcome:
         if error is not None:
             error.__traceback__ = error.__context__ = None
 
-    @property
-    def message(self) -> str:
-        return "" if self.error is None else str(self.error)
-
     def __repr__(self) -> str:
         return f"Outcome(value={self.value!r})" if self.error is None else f"Outcome(error={self.error!r})"
 
 
-def global_op(obj_or_name: Any) -> bytes:
-    """``GLOBAL module\\nname\\n`` for an object (its ``__module__``, ``__qualname__``) or ``"mod.Name"``."""
-    if isinstance(obj_or_name, str):
-        module, _, name = obj_or_name.partition(".")
-    else:
-        module, name = obj_or_name.__module__, obj_or_name.__qualname__
-    return pickle.GLOBAL + module.encode() + b"\n" + name.encode() + b"\n"
+def global_op(obj: Any) -> bytes:
+    """``GLOBAL module\\nname\\n`` for *obj*: its ``__module__``, ``__qualname__``."""
+    return pickle.GLOBAL + obj.__module__.encode() + b"\n" + obj.__qualname__.encode() + b"\n"
 
 
 def text(s: str) -> bytes:
     data = s.encode("utf-8")
-    return pickle.BINUNICODE + struct.pack("<I", len(data)) + data
+    return pickle.BINUNICODE + len(data).to_bytes(4, "little") + data
 
 
 def small_int(n: int) -> bytes:
@@ -76,11 +63,8 @@ def unpickle(body: bytes, *, persistent_load: Optional[Callable[[Any], Any]] = N
     """Run ``PROTO 2`` + *body* (just *body* with ``proto=False``) through torch's weights-only
     unpickler; a persistent id is handed to *persistent_load*, as ``torch.load`` does."""
     try:
-        from torch import _weights_only_unpickler as wou
-
         unpickler = wou.Unpickler(io.BytesIO((pickle.PROTO + b"\x02" if proto else b"") + body), encoding="utf-8")
-        if persistent_load is not None:
-            # pickle's documented hook is an instance attribute; torch's Unpickler declares a method
+        if persistent_load is not None:  # pickle's documented hook: an instance attribute
             unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
         load = unpickler.load
     except Exception as e:  # noqa: BLE001 - any failure to call torch is the probe's failure
@@ -143,9 +127,8 @@ def made_op(kind: str) -> bytes:
     return global_op(made) + text(kind) + pickle.TUPLE1 + pickle.REDUCE
 
 
-#: APPEND(S) and SETITEM(S) targets as torch's checks tell them apart; "allowlisted_": the type is user-allowlisted.
+#: APPEND(S) targets as torch's checks tell them apart; "allowlisted_": the type is user-allowlisted.
 APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
-SETITEM_TARGETS = ("dict", "ordered_dict", "counter", "dict_subclass", "allowlisted_dict_subclass", *APPEND_TARGETS[3:])
 
 
 @dataclass(frozen=True)
@@ -205,19 +188,16 @@ class UnpicklerRules:
     blocked_modules: frozenset[str]
 
 
-_lock = threading.Lock()
 _known: dict[Any, Any] = {}
 
 
 def unpickler_rules() -> UnpicklerRules:
     """This torch's :class:`UnpicklerRules`, asked once per unpickler; the same ProbeFailed every time."""
-    from torch import _weights_only_unpickler as wou
-
     cls = getattr(wou, "Unpickler", None)
     key = (cls, getattr(cls, "load", None), getattr(wou, "_get_allowed_globals", None), torch.__version__)
     known = _known.get(key)
     if known is None:
-        with registry_lock, _lock:
+        with registry_lock:
             known = _known.get(key)
             if known is None:
                 try:
@@ -266,8 +246,6 @@ def _refusal(outcome: Outcome, what: str) -> str:
 def _blocked_modules() -> frozenset[str]:
     """Modules whose globals torch refuses whatever is allowlisted (``sys`` since torch 2.5), from its
     table; without one (2.4), torch must refuse ``sys.modules`` as any unlisted global."""
-    from torch import _weights_only_unpickler as wou
-
     table = getattr(wou, "_blocklisted_modules", None)
     if table is not None:
         return frozenset(table)
@@ -305,21 +283,18 @@ _TARGETS.append(("counter", "SETITEM", collections.Counter))
 
 def _containers() -> dict[str, Optional[ContainerRule]]:
     outcomes: dict[tuple[str, str], tuple[Outcome, type]] = {}
-    for prefix, targets, also_allowed in (
-        ("", _TARGETS, []),
-        ("allowlisted_", _TARGETS[:3], [ProbeList, ProbeDict, ProbeOther]),
-    ):
+    for prefix, targets in (("", _TARGETS), ("allowlisted_", _TARGETS[:3])):
+        also_allowed = [cls for _kind, _family, cls in targets] if prefix else []
         with allowlisted([made, *also_allowed]):
             for kind, family, cls in targets:
                 target = {"list": pickle.EMPTY_LIST, "dict": pickle.EMPTY_DICT}.get(kind) or made_op(kind)
                 for opcode, ops in _CONTAINER_OPS.items():
                     if opcode.startswith(family):
                         outcomes[prefix + kind, opcode] = (unpickle(target + ops + STOP), cls)
-    rules: dict[str, Optional[ContainerRule]] = {}
+    rules: dict[str, Optional[ContainerRule]] = dict.fromkeys(_CONTAINER_OPS)  # None: no check
     for opcode in _CONTAINER_OPS:
         refused = {kind: (o, cls) for (kind, op), (o, cls) in outcomes.items() if op == opcode and o.refused}
         if not refused:
-            rules[opcode] = None
             continue
         if {"list", "dict"} & set(refused):
             raise ProbeFailed(f"torch refused {opcode} onto a plain {'list' if 'list' in refused else 'dict'}")
@@ -354,8 +329,8 @@ def _persid() -> PersidRules:
 
 
 def _build() -> BuildRules:
-    def build(cls_or_name: Any, state_ops: bytes) -> Outcome:
-        return unpickle(global_op(cls_or_name) + pickle.EMPTY_TUPLE + pickle.REDUCE + state_ops + pickle.BUILD + STOP)
+    def build(cls: Any, state_ops: bytes) -> Outcome:
+        return unpickle(global_op(cls) + pickle.EMPTY_TUPLE + pickle.REDUCE + state_ops + pickle.BUILD + STOP)
 
     with allowlisted([ProbeWithSetstate, ProbeSlotsAndDict, ProbeSlotted, ProbeOther]):
         calls = build(ProbeWithSetstate, pickle.EMPTY_DICT)
@@ -364,8 +339,6 @@ def _build() -> BuildRules:
                 raise ProbeFailed(f"torch refused BUILD on an allowlisted {what} ({o!r})")
         one_slot = pickle.EMPTY_DICT + text("a") + small_int(1) + pickle.SETITEM
         splits = build(ProbeSlotsAndDict, pickle.EMPTY_DICT + one_slot + pickle.TUPLE2)
-        from torch import _weights_only_unpickler as wou
-
         allowed = wou._get_allowed_globals()  # does BUILD apply a state to a type only torch's allowlist has?
         torch_type = next((n for n in ("torch.Size", "collections.Counter") if isinstance(allowed.get(n), type)), None)
         if torch_type is None:
@@ -374,7 +347,7 @@ def _build() -> BuildRules:
             calls_setstate=calls.loaded and getattr(calls.value, "set_with", None) == {},
             splits_slotstate=splits.loaded and getattr(splits.value, "a", None) == 1,
             skips_falsy_state=build(ProbeSlotted, pickle.EMPTY_DICT).loaded,
-            torch_types_buildable=not build(torch_type, pickle.EMPTY_DICT).refused,
+            torch_types_buildable=not build(allowed[torch_type], pickle.EMPTY_DICT).refused,
         )
 
 
@@ -394,29 +367,24 @@ def _refusal_prefixes() -> tuple[str, str, str]:
     """torch's words refusing BUILD on an unlisted type, NEWOBJ of an unlisted class and REDUCE of an
     unlisted function, each up to the object it names."""
 
-    def refused(ops: bytes, what: str, cls: Optional[type] = None) -> str:
-        message = _refusal(unpickle(ops + STOP), what)
+    def refused(kind: str, ops: bytes, what: str, cls: Optional[type] = None) -> str:
+        message = _refusal(unpickle(made_op(kind) + ops + STOP), what)
         return with_type(message, cls) if cls else message
 
     shown = repr(unlisted_function)
     with allowlisted([made]):
-        build = refused(made_op("other") + pickle.EMPTY_DICT + pickle.BUILD, "BUILD on an unlisted type", ProbeOther)
-        newobj = refused(
-            made_op("other_class") + pickle.EMPTY_TUPLE + pickle.NEWOBJ, "NEWOBJ of an unlisted class", ProbeOther
-        )
-        reduce = refused(
-            made_op("unlisted_function") + pickle.EMPTY_TUPLE + pickle.REDUCE, "REDUCE of an unlisted function"
-        )
+        build = refused("other", pickle.EMPTY_DICT + pickle.BUILD, "BUILD on an unlisted type", ProbeOther)
+        newobj = refused("other_class", pickle.EMPTY_TUPLE + pickle.NEWOBJ, "NEWOBJ of an unlisted class", ProbeOther)
+        reduce = refused("unlisted_function", pickle.EMPTY_TUPLE + pickle.REDUCE, "REDUCE of an unlisted function")
         if shown not in reduce:
             raise ProbeFailed(f"torch's message {reduce!r} does not name the object it refused ({shown})")
     return build, newobj, reduce[: reduce.index(shown)]
 
 
 def global_refusal(name: str, *, attr: Optional[str] = None, proto: bool = True) -> Optional[str]:
-    """torch's own message refusing the global *name* (``module.attr``, Python-2 renames applied) here and
-    now (special cases such as a nested jagged tensor before ``torch.nested`` is imported come with it), or
-    None when it accepts it.  *attr*: the GLOBAL's own name part (default: all after the first dot), which
-    torch 2.4's hint names alone.  ``proto=False`` asks without ``PROTO 2``, where torch 2.4 renames nothing."""
+    """torch's own message refusing the global *name* (``module.attr``, Python-2 renames applied) here and now,
+    or None when it accepts it.  *attr*: the GLOBAL's own name part (default: all after the first dot), which
+    torch 2.4's hint names alone; ``proto=False`` asks without ``PROTO 2``, where torch 2.4 renames nothing."""
     if attr is None or not name.endswith(f".{attr}"):
         attr = name.partition(".")[2]
     module = name[: len(name) - len(attr) - 1]
@@ -439,9 +407,9 @@ class WalkRules:
         self.rules, self.failure = rules, failure
         names = rules.opcodes if rules is not None else frozenset(op.name for op in pickletools.opcodes)
         self.supported = frozenset(ord(op.code) for op in pickletools.opcodes if op.name in names)
-        try:
-            self.storage_names = storage_type_names()
-        except ProbeFailed:
+        try:  # the names torch.load resolves to its own StorageType, importing nothing
+            self.storage_names = frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
+        except AttributeError:
             self.storage_names = frozenset()
 
 
@@ -471,12 +439,3 @@ def is_torchscript(reader: Any) -> bool:
     """torch.load's own test: a TorchScript archive holds a ``constants.pkl`` record."""
     test = getattr(torch.serialization, "_is_torchscript_zip", None)
     return bool(test(reader)) if test is not None else "constants.pkl" in reader.get_all_records()
-
-
-@functools.lru_cache(maxsize=1)
-def storage_type_names() -> frozenset[str]:
-    """Names ``torch.load`` resolves to its own StorageType without importing anything."""
-    try:
-        return frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
-    except AttributeError as e:
-        raise ProbeFailed(f"torch no longer has the storage type table the library reads: {e}") from None

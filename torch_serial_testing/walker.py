@@ -8,7 +8,7 @@ rules (:mod:`.unpickler`).  Each opcode is one branch of one chain, the ones ``t
 from __future__ import annotations
 
 import pickle
-from typing import Any, Optional
+from typing import Any
 
 from .errors import CheckpointFormatError
 from .model import BOOL, BUILD_FREE, BYTES, FROZENSET, INT, LIST, PUSHES, STORAGE, STR, UNKNOWN, UNRESOLVED
@@ -17,27 +17,28 @@ from .model import full_load_name, persid_refusal, reduce_result, state_shape, t
 from .stream import ARG, NAMES, TruncatedStream, check_budget, checked_global_name, damaged, over_limit
 from .stream import memo_error, memo_index, need, read_argument, stream_error, text_int, text_value, truncated
 from .stream import underflow
-from .unpickler import WalkRules, walk_rules
+from .unpickler import walk_rules
 
 
-def scan_pickle(
-    data: bytes, pos: int, state: ScanState, *, zip_format: bool, rules: Optional[WalkRules] = None
-) -> tuple[int, Any]:
-    """Walk one pickle of *data* from *pos* to its STOP into *state*; return (end position, the
-    modelled value at STOP).  *rules* default to this torch's (:func:`walk_rules`)."""
-    walk, limits, end = rules or walk_rules(), state.limits, len(data)
+def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) -> tuple[int, Any]:
+    """Walk one pickle of *data* from *pos* to its STOP into *state*, under this torch's rules
+    (:func:`walk_rules`); return (end position, the modelled value at STOP)."""
+    walk, limits, end = walk_rules(), state.limits, len(data)
     if pos >= end:
         raise TruncatedStream("the pickle stream ended early: the checkpoint is truncated")
     start = at = pos
     torch_rules: Any = walk.rules  # not None while wo is True
     wo, check = state.weights_only_live, state.check
-    if wo and torch_rules is None:
+    renames_always, import_map, name_map, blocked = True, {}, {}, frozenset[str]()
+    if torch_rules is not None:
+        renames_always, blocked = torch_rules.renames == "always", torch_rules.blocked_modules
+        import_map, name_map = torch_rules.import_mapping, torch_rules.name_mapping
+    elif wo:
         check("unknown", "", f"this torch's weights-only rules could not be probed: {walk.failure}")
         wo = False
     supported, storage_names = walk.supported, walk.storage_names
     globals_, full = state.globals, state.full_load_globals
     max_name, max_stack, max_memo = limits.max_name_length, limits.max_stack_depth, limits.max_memo_entries
-    max_globals = limits.max_globals
     budget = limits.max_opcodes - state.opcodes
     unpack, arg_table, pushes = int.from_bytes, ARG, PUSHES
     stack: list[Any] = []
@@ -48,11 +49,6 @@ def scan_pickle(
     # The innermost open MARK's height: no opcode reaches below it (torch's unpickler starts a new stack at MARK).
     floor = n = proto = 0
     next_check = 1024
-    renames_always = torch_rules is None or torch_rules.renames == "always"
-    import_map, name_map = (
-        (torch_rules.import_mapping, torch_rules.name_mapping) if torch_rules is not None else ({}, {})
-    )
-    blocked: frozenset[str] = torch_rules.blocked_modules if torch_rules is not None else frozenset()
 
     def pop_mark() -> list[Any]:
         nonlocal floor
@@ -73,7 +69,7 @@ def scan_pickle(
         else:
             wo_module, wo_name = import_map.get(module, module), name
         globals_.add(f"{wo_module}.{wo_name}")
-        if len(globals_) > max_globals:
+        if len(globals_) > limits.max_globals:
             raise over_limit(limits, "max_globals", "the checkpoint names more than {} distinct globals", "need them")
         full.setdefault(full_load_name(module, name, proto, zip_format, storage_names), via)
         return wo_module, wo_name

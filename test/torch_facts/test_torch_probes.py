@@ -54,12 +54,14 @@ from torch_serial_testing.tools import facts
 from torch_serial_testing.tools.formats import FileCheckpoint
 from torch_serial_testing.unpickler import (
     APPEND_TARGETS,
-    SETITEM_TARGETS,
     ContainerRule,
     PersidRules,
     global_refusal,
     unpickler_rules,
 )
+
+#: SETITEM(S) targets as torch's checks tell them apart (the dict kinds, then APPEND_TARGETS' "other" ones).
+SETITEM_TARGETS = ("dict", "ordered_dict", "counter", "dict_subclass", "allowlisted_dict_subclass", *APPEND_TARGETS[3:])
 
 # -- objects torch.save writes container opcodes for, onto targets of every kind ----------------------
 
