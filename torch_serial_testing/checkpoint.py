@@ -16,6 +16,7 @@ from typing import IO, Any, Callable, Optional, Union
 
 from .errors import CheckpointFormatError
 from .model import Check, ScanLimits, ScanState, default_scan_limits
+from .serialization import genuine
 from .unpickler import is_torchscript, walk_rules, zip_reader
 from .stream import check_budget
 from .walker import scan_pickle
@@ -36,11 +37,10 @@ def add_save_listener(listener: Callable[[bytes], None]) -> None:
 @dataclass(frozen=True)
 class CheckpointInfo:
     """What a static scan found: the format; the globals as torch's weights-only unpickler spells them
-    (its Python-2 renames applied); the opcodes it refuses; its reason when no allowlist can make it
-    load this (TorchScript, an unsupported opcode, SETITEM on a defaultdict...); every global a *full*
-    unpickle resolves, as it resolves them; the checks it would make (in its order, duplicates
-    dropped); the work done; every format torch may read the bytes as (``("tar", "legacy")`` for bytes
-    that are both: a path is read as tar, ``io.BytesIO`` as legacy; the rest is then of both readings)."""
+    (Python-2 renames applied); the opcodes it refuses; why no allowlist can make it load this (TorchScript,
+    an unsupported opcode, SETITEM on a defaultdict...); every global a *full* unpickle resolves; the checks
+    it would make (in its order, no duplicates); the work done; every format torch may read the bytes as
+    (``("tar", "legacy")``: a path is read as tar, ``io.BytesIO`` as legacy; the rest covers both)."""
 
     format: str
     globals: tuple[str, ...]
@@ -75,8 +75,6 @@ class Checkpoint:
     def save(cls, obj: Any) -> Checkpoint:
         """``torch.save`` *obj* into a private in-memory buffer, with torch's own function: a replaced
         ``torch.save`` could write any bytes into a buffer that is then trusted with a full load."""
-        from .serialization import genuine
-
         buffer = io.BytesIO()
         genuine("save")(obj, buffer)
         for listener in tuple(_SAVE_LISTENERS):
@@ -106,8 +104,7 @@ class Checkpoint:
                 "torch_serial_testing.tools.FileCheckpoint.from_path(path)"
             )
         _require_binary_seekable(f)
-        start = f.tell()
-        data = f.read()
+        start, data = f.tell(), f.read()
         f.seek(start)
         return cls(io.BytesIO(data))
 
@@ -138,9 +135,7 @@ class Checkpoint:
         """``zip`` or ``torchscript`` (``legacy``, ``tar``: the tools).  Known without a scan for a zip
         archive :meth:`save` wrote (``torch.save`` writes no ``constants.pkl``): a full load needs no scan."""
         if self._info is None and self._owned and isinstance(self._buffer, io.BytesIO):
-            with self._buffer.getbuffer() as view:
-                head = bytes(view[:4])
-            if head == ZIP_MAGIC:
+            if self._buffer.getbuffer()[:4] == ZIP_MAGIC:  # (a temporary view: released at once)
                 return "zip"
         return self.info.format
 
@@ -152,11 +147,10 @@ class Checkpoint:
         return f"<Checkpoint {'owned' if self._owned else 'foreign'} {self.nbytes} bytes>"
 
 
-# Scans of small checkpoints by content: a test file saves the same module once per load mode and
-# engine, byte-identical each time.  A scan depends on the bytes, the limits, this torch's rules and
-# whether numpy is imported; failed scans and scans without this torch's rules are not kept.  Keyed
-# by the size and the last 256 bytes (a zip's central directory: every record's CRC-32 and size),
-# cheaper to hash than all of them; a hit counts only when the bytes are equal (one memcmp).
+# Scans of small checkpoints by content: a test file saves the same module once per load mode and engine,
+# byte-identical each time.  A scan depends on the bytes, the limits, this torch's rules and whether numpy is
+# imported; failed scans and scans without this torch's rules are not kept.  Keyed by the size and the last
+# 256 bytes (a zip's central directory: every record's CRC-32 and size); a hit needs equal bytes (a memcmp).
 _SMALL_CHECKPOINT, _SMALL_ENTRIES, _TAIL = 64 * 1024, 64, 256
 _small_infos: dict[tuple[Any, ...], tuple[bytes, ScanLimits, Any, CheckpointInfo]] = {}
 _small_lock = threading.Lock()
@@ -164,8 +158,7 @@ _small_lock = threading.Lock()
 
 def _small_checkpoint_info(buffer: IO[bytes], read: Any) -> Optional[CheckpointInfo]:
     """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones (and files)."""
-    # (the view is released at once: no reference kept)
-    if not isinstance(buffer, io.BytesIO) or len(buffer.getbuffer()) > _SMALL_CHECKPOINT:
+    if not isinstance(buffer, io.BytesIO) or len(buffer.getbuffer()) > _SMALL_CHECKPOINT:  # (a temporary view)
         return None
     limits, rules = default_scan_limits(), walk_rules()
     data = buffer.getvalue()  # at most a memcpy; comparing bytes is a memcmp
@@ -203,14 +196,13 @@ def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> Ch
     """The format, the globals and torch's weights-only checks of *f* (bytes, a binary buffer from where
     it is positioned, or a :class:`Checkpoint`), without unpickling it.  Raises :class:`CheckpointFormatError`
     naming what is wrong for empty, truncated, damaged, unrecognised or over-*limits* bytes."""
-    limits = default_scan_limits() if limits is None else limits
     if isinstance(f, (str, os.PathLike)):
         raise TypeError(
             f"scan_checkpoint takes bytes, a buffer or a Checkpoint, not the path {os.fspath(f)!r}: files are "
             "read by torch_serial_testing.tools.scan_checkpoint(path)"
         )
     checkpoint = f if isinstance(f, Checkpoint) else Checkpoint.from_buffer(f)
-    if limits == default_scan_limits():
+    if limits is None or limits == default_scan_limits():
         return checkpoint.info
     return _scan(checkpoint.rewound(), limits, checkpoint._read)
 
@@ -272,8 +264,7 @@ def read_zip(f: IO[bytes], nbytes: int, state: ScanState, torchscript: Optional[
             raise CheckpointFormatError(
                 "the zip archive has no data.pkl record (torch.load would fail): not a torch.save checkpoint"
             )
-        size_of = getattr(reader, "get_record_size", None)
-        if size_of is not None:
+        if (size_of := getattr(reader, "get_record_size", None)) is not None:
             _cap(size_of("data.pkl"), "data.pkl", state)
         data = reader.get_record("data.pkl")
     except RuntimeError as e:

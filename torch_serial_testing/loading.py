@@ -1,10 +1,8 @@
 """The load: the mode's one exact ``torch.load`` call, asserted to do what :func:`~.prediction.predict` says.
 
-Loaded, or rejected naming a predicted cause: a test is green for the right reason everywhere.  When
-``torch.load`` is not torch's own (torch_npu replaces it), how it *reports* may differ (the
-TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD notice printed instead of warned, a reworded rejection, globals it
-registered): that is recorded in the outcome text, never turned into a skip or a failure.
-"""
+Loaded, or rejected naming a predicted cause: a test is green for the right reason everywhere.  A replaced
+``torch.load`` (torch_npu's) may *report* differently (the TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD notice printed instead
+of warned, a reworded rejection, globals it registered): recorded in the outcome text, never a skip or a failure."""
 
 from __future__ import annotations
 
@@ -27,12 +25,8 @@ from .modes import FORCE_NO_WO, LoadMode, decide
 from .prediction import Expectation, _as_checkpoint, decided
 from .registry import registered_by_torch, registered_entries, registry_lock, restore_registry, snapshot_registry
 from .registry import safe_globals_context_missing
-from .serialization import (
-    FORCE_NO_NOTICE, TORCH_SERIALIZATION, Observation, genuine, observe_serialization_warnings, raiser, watch_stdout
-)
-
-#: What a load without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment observes: nothing.
-_UNOBSERVED = Observation()
+from .serialization import FORCE_NO_NOTICE, TORCH_SERIALIZATION, Observation, genuine, raiser
+from .serialization import observe_serialization_warnings, watch_stdout
 
 
 def mode_skip_reason(mode: LoadMode) -> Optional[str]:
@@ -105,15 +99,13 @@ def load(
     extra_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> LoadResult:
     """Load *checkpoint* in *mode* and assert torch did what :func:`predict` says; never retried.  Only
-    :meth:`Checkpoint.save` output is ever fully unpickled (else :class:`UnsafeLoadRefused`); foreign bytes
-    are loaded with an explicit ``weights_only=True``.  *from_file* (or ``mmap=True``) loads through a
-    private temporary file."""
+    :meth:`Checkpoint.save` output is ever fully unpickled (else :class:`UnsafeLoadRefused`); foreign bytes are
+    loaded with an explicit ``weights_only=True``.  *from_file* (or ``mmap=True``): through a private temporary file."""
     if isinstance(checkpoint, (LoadMode, str)) and isinstance(mode, Checkpoint):
         raise RoundTripConfigError("load() got the load mode first: the order is load(checkpoint, mode, ...)")
     mode = LoadMode.parse(mode)
     checkpoint = _as_checkpoint(checkpoint, "load")
-    reason = mode_skip_reason(mode)
-    if reason:
+    if reason := mode_skip_reason(mode):
         raise unittest.SkipTest(reason)
     safe_globals = as_safe_globals(safe_globals)
     extra = load_kwargs(extra_kwargs)
@@ -138,40 +130,32 @@ def load(
             )
         if not checkpoint.owned and expectation.replaced_by is not None:
             # Foreign bytes go to torch's own function only (see _torch_load): judged as torch's own.
-            expectation = dataclasses.replace(
-                expectation,
-                replaced_by=None,
-                reason=f"{expectation.reason}; loaded with torch's own torch.serialization.load, not the "
-                f"replaced torch.load ({expectation.replaced_by}), which foreign bytes never reach",
+            why = (
+                f"{expectation.reason}; loaded with torch's own torch.serialization.load, not the replaced "
+                f"torch.load ({expectation.replaced_by}), which foreign bytes never reach"
             )
-        kwargs: dict[str, Any] = {} if map_location is None else {"map_location": map_location}
-        kwargs.update(extra)
+            expectation = dataclasses.replace(expectation, replaced_by=None, reason=why)
+        kwargs = extra if map_location is None else {"map_location": map_location, **extra}
         replaced = expectation.replaced_by is not None
         registered = registered_entries() if replaced else []
-        # torch warns only when it finds TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment: without
-        # it there is nothing to observe (a replaced loader is always watched).
+        # torch warns only with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD set: else nothing to observe (a replaced loader is)
         observing = replaced or (decision is not None and decision.force_no_set)
-        # torch's safe_globals context exit drops entries registered before it (and a replaced loader
-        # may register its own): the registry is restored after those loads.
+        watch = observe_serialization_warnings() if observing else contextlib.nullcontext(Observation())
+        # torch's safe_globals exit drops entries registered before it (a replaced loader may add its own): restored
         snapshot = snapshot_registry() if mode is LoadMode.SAFE_GLOBALS or replaced else None
         try:
-            if observing:
-                with observe_serialization_warnings() as observed, watch_stdout(replaced and expectation.warns) as out:
-                    value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
-            else:
-                observed, out = _UNOBSERVED, None
+            with watch as observed, watch_stdout(replaced and expectation.warns) as out:
                 value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
         finally:
             if snapshot is not None:
                 restore_registry(snapshot)
     printed = bool(FORCE_NO_NOTICE.search(out.getvalue())) if out is not None else False
     result = _verify(expectation, value, error, observed.seen, printed, registered)
-    if error is not None:
-        _drop_tracebacks(error)
+    _drop_tracebacks(error)
     return result
 
 
-def _drop_tracebacks(error: BaseException) -> None:
+def _drop_tracebacks(error: Optional[BaseException]) -> None:
     """Detach a judged rejection (and its chain) from the frames it was raised in: they hold the result
     that holds the error, a reference cycle (torch's unpickler, the buffer...) left to the collector."""
     seen: set[int] = set()
@@ -286,22 +270,18 @@ def replacement_notes(
 ) -> tuple[str, ...]:
     """How a replaced ``torch.load`` reported differently from torch's own: facts, not verdicts."""
     notes = []
-    if torch_warns and not warned:
-        notes.append(
-            f"printed the {FORCE_NO_WO} notice instead of warning"
-            if printed
-            else f"did not warn about {FORCE_NO_WO} (torch does)"
-        )
+    if torch_warns and not warned and printed:
+        notes.append(f"printed the {FORCE_NO_WO} notice instead of warning")
+    elif torch_warns and not warned:
+        notes.append(f"did not warn about {FORCE_NO_WO} (torch does)")
     elif warned and not torch_warns:
         notes.append(f"warned about {FORCE_NO_WO} where torch would not")
     if error is not None and not raiser(error).startswith(tuple(m + "." for m in TORCH_SERIALIZATION)):
         last = str(error).strip().splitlines()[-1] if str(error).strip() else ""
         ending = f", ending {last[:120]!r}" if last else ""
         notes.append(f"worded the rejection itself ({type(error).__name__} raised in {raiser(error)}{ending})")
-    # torch registers some globals itself (2.14: every builtin exception); the others come from
-    # backends (torch_npu's _rebuild_npu_tensor) or user code, and they decide what loads.
-    foreign = [name for name, entry in registered if not registered_by_torch(entry)]
-    if foreign:
+    # torch registers some globals itself (2.14: the builtin exceptions); others (backends, user code) decide loads
+    if foreign := [name for name, entry in registered if not registered_by_torch(entry)]:
         notes.append(f"runs with process-wide safe globals {', '.join(foreign)}")
     return tuple(notes)
 

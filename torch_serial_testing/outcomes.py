@@ -44,8 +44,7 @@ class RoundTripRecord:
 
 def current_subtest(test: Any) -> Optional[str]:
     """unittest's description of the subTest open in *test* (``[msg] (k=v)``; else from the library's own)."""
-    sub = getattr(test, "_subtest", None)
-    if sub is not None:
+    if (sub := getattr(test, "_subtest", None)) is not None:
         describe = getattr(sub, "_subDescription", None)
         return str(describe() if callable(describe) else str(sub)).strip() or None
     open_subtests: Sequence[tuple[Any, Mapping[str, Any]]] = test.__dict__.get(OPEN_SUBTESTS_ATTRIBUTE, ())
@@ -69,8 +68,7 @@ def report(test: Any, kind: str, mode: Optional[str], loaded: bool, weights_only
         test._tst_say(summary)
     record = RoundTripRecord(kind, mode, loaded, weights_only, summary, current_subtest(test))
     test.__dict__.setdefault(RECORDS_ATTRIBUTE, []).append(record)
-    path = os.environ.get(REPORT_ENV)
-    if path:
+    if path := os.environ.get(REPORT_ENV):
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps({"test": test.id(), **asdict(record)}) + "\n")
 
@@ -130,8 +128,7 @@ def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _ending(fn: Callable[..., Any], generic: bool) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        params = _required_args(fn) if generic and self._tst_case is None and not args and not kwargs else None
-        if params:
+        if generic and self._tst_case is None and not args and not kwargs and (params := _required_args(fn)):
             name, test = type(self).__name__, fn.__name__
             raise RoundTripConfigError(
                 f"{name}.{test} is a generic round-trip test (it takes {', '.join(repr(p) for p in params)}): "
@@ -209,8 +206,7 @@ def load_in_test(
 
 def _judge_declaration(test: Any, checkpoint: Checkpoint, result: Any, where: Declaration, saved: Any) -> None:
     """The declaration against this ``safe_globals`` load's needs: missing fails now, class over-trust at cleanup."""
-    module = saved is MISSING or isinstance(saved, sys.modules["torch"].nn.Module)  # torch just loaded it
-    saved_type = None if module else type(saved).__name__
+    saved_type = None if saved is MISSING or isinstance(saved, sys.modules["torch"].nn.Module) else type(saved).__name__
     info, missing = checkpoint.info, result.expectation.missing
     used, names = names_used(info), {sg.name for sg in where.entries}
     allow = test.allow_unneeded_safe_globals
@@ -219,27 +215,20 @@ def _judge_declaration(test: Any, checkpoint: Checkpoint, result: Any, where: De
     if deferred:
         uses = test.__dict__.setdefault("_tst_declaration_uses", {})
         if not uses:
-            test.addCleanup(_check_over_trust, test)
+            test.addCleanup(lambda: _refuse_over_trust(*test.__dict__.pop("_tst_declaration_uses", {}).values()))
         _names, seen, types, _where = uses.setdefault(where.label, (names, set(), [], where))
         seen.update(used)
         types.append(saved_type)
-    if not result.loaded:
-        if info.weights_only_blocker or missing:  # this error is the declaration's one: no second one at cleanup
-            test.__dict__.get("_tst_declaration_uses", {}).pop(where.label, None)
+    if not result.loaded and (info.weights_only_blocker or missing):
+        test.__dict__.get("_tst_declaration_uses", {}).pop(where.label, None)  # no second error at cleanup
         if info.weights_only_blocker:
             raise where.blocked(info.weights_only_blocker, sorted(used - allowed_anyway()))
-        if missing:
-            raise where.error(names, missing, () if allow else names - seen - allowed_anyway(), types)
-    elif not deferred and not allow:
-        _refuse_over_trust(names, used, types, where)
+        raise where.error(names, missing, () if allow else names - seen - allowed_anyway(), types)
+    if result.loaded and not deferred and not allow:
+        _refuse_over_trust((names, used, types, where))
 
 
-def _refuse_over_trust(names: set[str], used: set[str], types: list[Optional[str]], where: Declaration) -> None:
-    unneeded = names - used - allowed_anyway()
-    if unneeded:
-        raise where.error(names, (), unneeded, types)
-
-
-def _check_over_trust(test: Any) -> None:
-    for names, used, types, where in test.__dict__.pop("_tst_declaration_uses", {}).values():
-        _refuse_over_trust(names, used, types, where)
+def _refuse_over_trust(*uses: tuple[set[str], set[str], list[Optional[str]], Declaration]) -> None:
+    for names, used, types, where in uses:  # (names declared, names used, saved types, where declared)
+        if unneeded := names - used - allowed_anyway():
+            raise where.error(names, (), unneeded, types)

@@ -2,8 +2,7 @@
 
 Weights-only (as torch decides for the mode's call here), the scan's checks are replayed in torch's order
 against what is allowed (torch's allowlist, the process-wide registry, the declared globals): the first
-that fails is the rejection torch raises.
-"""
+that fails is the rejection torch raises."""
 
 from __future__ import annotations
 
@@ -15,10 +14,9 @@ import torch
 
 from .checkpoint import Checkpoint, scan_checkpoint
 from .declarations import declared_entries
-from .errors import CheckpointFormatError, RoundTripConfigError, show_name, torch_key
+from .errors import CheckpointFormatError, ProbeFailed, RoundTripConfigError, show_name, torch_key
 from .model import Check, build_failure, class_repr, container_refused, loaded_class
 from .modes import Decision, LoadMode, decide
-from .errors import ProbeFailed
 from .registry import registered_globals, registry_lock, torch_allowed_type_names, torch_allowlist
 from .registry import torch_allowlist_table
 from .serialization import torch_load_replacement
@@ -63,25 +61,19 @@ class Expectation:
         if self.warns if warned is None else warned:
             why += "; torch warned"
         if self.replaced_by:
-            why += f"; torch.load is replaced by {self.replaced_by}"
-            if notes:
-                why += ", which " + "; ".join(notes)
+            why += f"; torch.load is replaced by {self.replaced_by}" + (", which " + "; ".join(notes) if notes else "")
         return f"{self.mode.value}: {verb} as expected ({why})"
 
 
 def _as_checkpoint(checkpoint: Any, caller: str) -> Checkpoint:
     if isinstance(checkpoint, Checkpoint):
         return checkpoint
-    if isinstance(checkpoint, LoadMode) or (isinstance(checkpoint, str) and not os.path.exists(checkpoint)):
-        try:
-            LoadMode.parse(checkpoint)
-        except RoundTripConfigError:
-            pass
-        else:
-            raise RoundTripConfigError(
-                f"{caller}() got the load mode {str(checkpoint)!r} where the checkpoint goes: the order is "
-                + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)")
-            )
+    names_a_mode = isinstance(checkpoint, str) and checkpoint.upper() in LoadMode.__members__  # LoadMode.parse reads it
+    if isinstance(checkpoint, LoadMode) or (names_a_mode and not os.path.exists(checkpoint)):
+        raise RoundTripConfigError(
+            f"{caller}() got the load mode {str(checkpoint)!r} where the checkpoint goes: the order is "
+            + ("predict(mode, checkpoint, ...)" if caller == "predict" else "load(checkpoint, mode, ...)")
+        )
     if isinstance(checkpoint, (str, os.PathLike)):
         raise TypeError(
             f"{caller}() takes a Checkpoint (or, to predict, bytes or a buffer), not the path "
@@ -155,9 +147,8 @@ class _Allowed:
 def _replay(
     checks: Sequence[Check], allowed: _Allowed, rules: UnpicklerRules
 ) -> tuple[tuple[str, ...], Optional[str], Optional[tuple[str, str]], Optional[str]]:
-    """(every global/type not allowed, torch's message for the first failing check, (exception type,
-    why) when that is BUILD failing on an allowed class, why it cannot be predicted when a check
-    before any failure is unknown)."""
+    """(every global/type not allowed, torch's message for the first failing check, (exception type, why) when
+    that is BUILD failing on an allowed class, why it is unpredictable when a check before any failure is unknown)."""
     missing: list[str] = []
     rejection: Optional[str] = None
     build: Optional[tuple[str, str]] = None
@@ -177,8 +168,7 @@ def _replay(
         elif c.kind == "type":
             if c.name in allowed.types:  # torch < 2.6 builds none of its own allowlist's types
                 continue
-            if c.name not in missing:
-                missing.append(c.name)
+            missing.append(c.name)
             if rejection is None:
                 rejection = rules.build_refusal + class_repr(c.name)
         elif c.kind in ("append", "appends", "setitem", "setitems"):
@@ -197,12 +187,9 @@ def _replay(
             if rejection is None and c.name in allowed.classes:
                 failure = build_failure(allowed.classes[c.name], c.shape, rules.build)
                 if failure is not None:
-                    rejection = failure[1]
-                    build = (
-                        failure[0],
-                        f"this torch's BUILD cannot apply the pickled state of {c.name} "
-                        f"(it raises {failure[0]}: {failure[1]})",
-                    )
+                    error, rejection = failure
+                    why = f"this torch's BUILD cannot apply the pickled state of {c.name}"
+                    build = (error, f"{why} (it raises {error}: {rejection})")
         elif c.kind == "unknown":
             if rejection is None and unknown is None:
                 unknown = c.message
@@ -216,43 +203,36 @@ _allowed_cache: dict[Any, tuple[Any, _Allowed]] = {}
 
 
 def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
-    """What torch accepts with *declared* added, remembered while its inputs are the same."""
+    """What torch accepts with *declared* added, remembered while its inputs are the same.  torch matches
+    types by object; the model matches them by their real ``module.qualname`` and any name they are allowed under."""
     table, buildable = torch_allowlist_table(), rules.build.torch_types_buildable
+    registry = torch.serialization.get_safe_globals()
     try:
-        registry = torch.serialization.get_safe_globals()
         key: Any = (id(table), frozenset(registry) if registry else None, tuple(declared), buildable)
         hit = _allowed_cache.get(key)
     except TypeError:  # something unhashable registered or declared: compute every time
         key, hit = None, None
     if hit is not None and hit[0] is table:
         return hit[1]
-    allowed = _compute_allowed(declared, rules)
-    if key is not None:
-        if len(_allowed_cache) > 64:
-            _allowed_cache.clear()
-        _allowed_cache[key] = (table, allowed)  # keeps the table alive: its id stays its own
-    return allowed
-
-
-def _compute_allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
-    """torch matches types by object; the model matches them by their real ``module.qualname`` and any
-    name they are allowed under."""
     user_names = set(registered_globals()) | {name for _obj, name in declared}
     allowlist = torch_allowlist()
-    types: set[str] = set()
+    types = set(torch_allowed_type_names() | allowlist) if buildable else set()
     classes: dict[str, Any] = {}
     user: dict[str, Any] = {}
-    if rules.build.torch_types_buildable:
-        types |= torch_allowed_type_names() | allowlist
-        for name, obj in torch_allowlist_table().items():
-            classes[name] = classes[torch_key(obj) or name] = obj
-    for entry in [*torch.serialization.get_safe_globals(), *((o, n) for o, n in declared if o is not None)]:
+    for name, obj in table.items() if buildable else ():
+        classes[name] = classes[torch_key(obj) or name] = obj
+    for entry in [*registry, *((o, n) for o, n in declared if o is not None)]:
         obj, entry_name = entry if isinstance(entry, tuple) else (entry, None)
         for n in (torch_key(obj), entry_name):
             if n:
                 types.add(n)
                 classes[n] = user[n] = obj
-    return _Allowed(frozenset(allowlist | user_names), frozenset(types | user_names), classes, user)
+    allowed = _Allowed(frozenset(allowlist | user_names), frozenset(types | user_names), classes, user)
+    if key is not None:
+        if len(_allowed_cache) > 64:
+            _allowed_cache.clear()
+        _allowed_cache[key] = (table, allowed)  # keeps the table alive: its id stays its own
+    return allowed
 
 
 _NOT_GIVEN: Any = object()
@@ -264,9 +244,8 @@ def required_globals(
     """Sorted globals a checkpoint needs beyond torch's own allowlist, found without unpickling.  ``obj=``
     is always ``torch.save``-d first (even a ``str`` or ``bytes``); ``checkpoint=`` (bytes, a buffer, a
     :class:`Checkpoint`) is scanned; positionally, those are scanned and any other object is saved."""
-    given = {k: v for k, v in (("obj", obj), ("checkpoint", checkpoint)) if v is not _NOT_GIVEN}
-    if obj_or_buffer is not _NOT_GIVEN:
-        given["positional"] = obj_or_buffer
+    args = {"positional": obj_or_buffer, "obj": obj, "checkpoint": checkpoint}
+    given = {k: v for k, v in args.items() if v is not _NOT_GIVEN}
     if len(given) != 1:
         raise TypeError(
             "required_globals() takes exactly one of: an object (obj=...) or checkpoint bytes, a buffer or a "
@@ -278,7 +257,6 @@ def required_globals(
             f"required_globals({value!r}): a file is read by torch_serial_testing.tools.required_globals(path); "
             "to get the globals of the str object itself, call required_globals(obj=...)"
         )
-    # obj= is always saved, even bytes or a buffer
     readable = isinstance(value, (Checkpoint, bytes, bytearray, memoryview)) or hasattr(value, "read")
     scanned = kind == "checkpoint" or (kind == "positional" and readable)
     info = scan_checkpoint(value) if scanned else Checkpoint.save(value).info
@@ -292,8 +270,7 @@ def required_globals(
 def needed_globals(info: Any, allowed: Any = None) -> list[str]:
     """Sorted globals the scanned checkpoint *info* needs beyond torch's allowlist (*allowed*, default
     asked): its GLOBALs and the types BUILD is applied to.  The one place this is computed."""
-    if allowed is None:
-        allowed = torch_allowlist()
+    allowed = torch_allowlist() if allowed is None else allowed
     needed = {g for g in info.globals if g not in allowed}
     # Types BUILD is applied to count too (numpy.dtypes.Float64DType is never a GLOBAL); those on
     # torch's own allowlist only where this torch's BUILD does not build them (2.4, 2.5).
