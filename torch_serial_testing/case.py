@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Optional, S
 
 import torch
 
-from .declarations import Declaration, as_safe_globals, normalize_safe_globals, refuse_local
+from .declarations import Declaration, as_safe_globals, normalize_safe_globals
 from .dimensions import override_qengine, qnnpack_allocator, validate_qengines
 from .errors import LeakedGlobalStateError, RoundTripConfigError, dimension
 from .isolation import GlobalState, start_ignoring, stop_ignoring
@@ -26,34 +26,27 @@ _Mode = Optional[Union[LoadMode, str]]
 _Globals = Optional[Sequence[Any]]
 
 
-def _main_module_names() -> list[str]:  # best first
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    if not path:
-        return []
-    spec = getattr(main, "__spec__", None)
-    names = [spec.name] if spec is not None and spec.name and spec.name != "__main__" else []
-    path = os.path.splitext(os.path.abspath(path))[0]
-    for entry in sys.path:  # the dotted name relative to each sys.path entry that holds it
-        root = os.path.abspath(entry or os.getcwd())
-        dotted = path[len(root) + 1 :].replace(os.sep, ".")
-        if path.startswith(root + os.sep) and dotted not in names:
-            names.append(dotted)
-    base = os.path.basename(path)
-    return names if base in names else [*names, base]
-
-
 def _stable_names(names: Sequence[str], expect: str) -> list[str]:
     """*names* with a script's ``__main__.X`` as pinned in *expect*, else as its shortest importable name."""
     if not any(n.startswith("__main__.") for n in names):
         return list(names)
-    candidates, pinned = _main_module_names(), set(expect.splitlines())
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path:
+        return sorted(names)
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = os.path.splitext(os.path.abspath(path))[0]
+    roots = (os.path.abspath(entry or os.getcwd()) + os.sep for entry in sys.path)
+    dotted = [path[len(root) :].replace(os.sep, ".") for root in roots if path.startswith(root)]
+    by_spec = [spec_name] if spec_name and spec_name != "__main__" else []
+    candidates = dict.fromkeys([*by_spec, *dotted, os.path.basename(path)])  # best first
+    pinned = set(expect.splitlines())
 
     def stable(name: str) -> str:
         options = [f"{module}.{name[len('__main__.') :]}" for module in candidates]
         return next((o for o in options if o in pinned), None) or min(options, key=len)
 
-    return sorted(stable(n) if n.startswith("__main__.") and candidates else n for n in names)
+    return sorted(stable(n) if n.startswith("__main__.") else n for n in names)
 
 
 def _coordinate(field: str, default: Any = None, doc: Optional[str] = None) -> Any:
@@ -83,13 +76,11 @@ class SerializationRoundTripTestCase:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)  # bad declarations fail here, at class creation, not mid-run
-        refuse_local(cls.safe_globals, f"{cls.__name__}.safe_globals")
-        refuse_local(cls.state_dict_safe_globals, f"{cls.__name__}.state_dict_safe_globals")
         for attribute in ("safe_globals", "state_dict_safe_globals"):
             declared = getattr(cls, attribute)
             if getattr(cls, f"_tst_{attribute}_source", None) is not declared:  # else judged for a base already
                 with resolvable(cls, declared):
-                    setattr(cls, f"_tst_{attribute}", normalize_safe_globals(declared))
+                    setattr(cls, f"_tst_{attribute}", normalize_safe_globals(declared, f"{cls.__name__}.{attribute}"))
                 setattr(cls, f"_tst_{attribute}_source", declared)
         if isinstance(cls.ignore_warnings, (str, bytes)):
             raise RoundTripConfigError(
@@ -153,8 +144,7 @@ class SerializationRoundTripTestCase:
         if closing is not None:
             in_flight = self._tst_in_flight
             if in_flight is not None and in_flight.abandoned_subtest is None:  # a rejection unwinds its caller
-                label = ", ".join([repr(msg)] * bool(args) + [f"{k}={v!r}" for k, v in params.items()])
-                in_flight.abandoned_subtest = label
+                in_flight.abandoned_subtest = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in params.items())])
             raise closing
 
     # This generated test's coordinates; outside instantiation no mode and no engine, on cpu.
@@ -167,8 +157,7 @@ class SerializationRoundTripTestCase:
     def loading_engine(self) -> contextlib.AbstractContextManager[None]:
         """Context for post-load checks that must run under the load engine (the allocator as found)."""
         engine = self.load_qengine
-        same = engine is None or engine == self.qengine
-        return contextlib.nullcontext() if same else override_qengine(engine, allocator=False)
+        return contextlib.nullcontext() if engine in (None, self.qengine) else override_qengine(engine, allocator=False)
 
     def make_module(self) -> Any:
         """Override: return the ``torch.nn.Module`` this class round-trips."""
@@ -192,8 +181,7 @@ class SerializationRoundTripTestCase:
         owner = author_class(type(self), attribute)  # never a generated TestFooCPU
         if given is None:
             return Declaration(owner, attribute, method, getattr(self, f"_tst_{attribute}"))
-        refuse_local(given, "safe_globals=")  # checked like a class declaration
-        return Declaration(owner, None, method, as_safe_globals(given))
+        return Declaration(owner, None, method, as_safe_globals(given, "safe_globals="))
 
     def round_trip(
         self, obj: Any, *, mode: _Mode = None, safe_globals: _Globals = None, map_location: Any = MISSING

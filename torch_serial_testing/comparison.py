@@ -1,13 +1,8 @@
-"""Exact comparison of an original object and its round-tripped copy.
-
-The first difference is reported with its path (``[0][7]``, ``.state_dict()['bias']``), as
-``torch.testing._comparison`` does.  Unlike pytorch's ``assertEqual`` (dequantized values), a
-quantized tensor matches only when qscheme, integer representation, scale(s), zero point(s) and
-axis all match: a round trip must not change a single bit.
-"""
+"""Exact comparison of an original object and its round-tripped copy (:func:`assert_round_trip_equal`)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import namedtuple
 from typing import Any, Optional
@@ -16,7 +11,7 @@ import torch
 
 
 class RoundTripMismatch(AssertionError):
-    """The two objects differ; ``path`` says where."""
+    """The two objects differ; ``path`` says where (``[0][7]``, ``.state_dict()['bias']``)."""
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"round trip mismatch at {path or '<root>'}: {message}")
@@ -41,14 +36,14 @@ def assert_round_trip_equal(
     check_device: bool = True,
     check_layout: bool = True,
 ) -> None:
-    """Raise :class:`RoundTripMismatch` at the first difference between *expected* and *actual*.
+    """Raise :class:`RoundTripMismatch` at the first difference between *expected* and *actual*, naming its path.
 
-    Exact by default: exact types (a ``Parameter`` is not a ``Tensor``); for tensors dtype, device,
-    layout, shape, ``requires_grad`` and values (NaN equal to NaN).  Each knob, named as in
-    ``torch.testing.assert_close``, relaxes one property (``check_dtype=False``: values compared after
-    promotion, ``check_device=False``: on the CPU, ``check_layout=False``: sparse compared dense,
-    ``allow_subclasses``: related types match); shapes, quantization parameters and container
-    keys/lengths are always compared."""
+    Exact by default: exact types (a ``Parameter`` is not a ``Tensor``); for tensors dtype, device, layout, shape,
+    ``requires_grad`` and values (NaN equal to NaN); quantized ones by qscheme, integer representation, scale(s),
+    zero point(s) and axis (pytorch's ``assertEqual`` compares dequantized values).  Each knob, named as in
+    ``torch.testing.assert_close``, relaxes one property (``check_dtype=False``: values compared after promotion,
+    ``check_device=False``: on the CPU, ``check_layout=False``: sparse compared dense, ``allow_subclasses``: related
+    types match); shapes, quantization parameters and container keys/lengths are always compared."""
     if (rtol is None) != (atol is None):
         raise ValueError("pass rtol and atol together (or neither, for exact comparison)")
     knobs = map(bool, (allow_subclasses, check_requires_grad, check_dtype, check_device, check_layout))
@@ -111,16 +106,13 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
         return
     if e.device != a.device:  # only reached with check_device=False
         e, a = e.cpu(), a.cpu()
-    e, a = (t if t.layout == torch.strided else t.to_dense() for t in (e, a))
+    e, a = ((t if t.layout == torch.strided else t.to_dense()).detach() for t in (e, a))
     if e.dtype != a.dtype:  # only reached with check_dtype=False
         common = torch.promote_types(e.dtype, a.dtype)
         e, a = e.to(common), a.to(common)
-    a, e = a.detach(), e.detach()
-    try:
+    with contextlib.suppress(RuntimeError, NotImplementedError):  # a tensor kind torch.equal does not support
         if torch.equal(a, e):  # identical values are close under any tolerance (NaNs fall through)
             return
-    except (RuntimeError, NotImplementedError):  # a tensor kind torch.equal does not support
-        pass
     try:
         torch.testing.assert_close(a, e, rtol=checks.rtol or 0, atol=checks.atol or 0, equal_nan=True)
     except AssertionError as err:

@@ -13,6 +13,31 @@ from .errors import AllowlistError, RoundTripConfigError, imported_prefix, is_ma
 from .errors import qualified_name, quote_name, show_name, torch_key
 from .registry import registered_globals, safe_globals_context_missing, torch_allowlist
 
+#: Modules whose every global runs code or reaches the system, and globals elsewhere that do (or
+#: build calls of anything: partial, attrgetter): never a safe global, however it is declared.
+CODE_RUNNING_MODULES = frozenset(
+    {"os", "posix", "nt", "subprocess", "_posixsubprocess", "pty", "runpy", "code", "codeop", "ctypes", "marshal"}
+    | {"pickle", "_pickle", "shutil", "importlib", "sys", "socket", "webbrowser", "pdb", "multiprocessing"}
+    # the compiled or frozen modules the ones above are implemented by (their objects' own identity)
+    | {"_ctypes", "_socket", "_imp", "_frozen_importlib", "_frozen_importlib_external"}
+)
+
+CODE_RUNNING = frozenset(
+    {f"builtins.{n}" for n in ("eval", "exec", "compile", "__import__", "open", "breakpoint", "input", "exit")}
+    | {f"builtins.{n}" for n in ("getattr", "setattr", "delattr", "globals", "locals", "vars", "quit", "help")}
+    | {"functools.partial", "operator.attrgetter", "operator.methodcaller", "operator.itemgetter"}
+    | {"torch.load", "torch.serialization.load", "torch.jit.load", "torch.hub.load", "torch.package.PackageImporter"}
+    | {"torch.storage._load_from_bytes", "builtins.function", "builtins.code", "types.FunctionType", "types.CodeType"}
+    # the same objects by their own module and qualified name (what declaring the object itself gives)
+    | {"io.open", "_io.open", "torch.jit._serialization.load", "torch.package.package_importer.PackageImporter"}
+)
+
+#: Globals a later torch allowlists itself (``builtins.set``: 2.6).  Declaring one is never over-trust: one
+#: declaration serves every torch and module, whether its checkpoint names it or not.
+LATER_ALLOWLISTED = frozenset({"builtins.set"})
+
+_Names = Iterable[str]
+
 
 @dataclass(frozen=True)
 class SafeGlobal:
@@ -77,8 +102,7 @@ def split_entry(item: Any) -> tuple[Any, Optional[str], bool, Optional[str]]:
 
 def resolve_global(name: str) -> Any:
     """Import ``module.attr[.attr]`` (longest importable module prefix) of an author's declaration."""
-    problem = name_problem(name)
-    if problem:
+    if problem := name_problem(name):
         raise RoundTripConfigError(
             f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'"
         )
@@ -98,30 +122,8 @@ def resolve_global(name: str) -> Any:
     )
 
 
-#: Modules whose every global runs code or reaches the system, and globals elsewhere that do (or
-#: build calls of anything: partial, attrgetter): never a safe global, however it is declared.
-CODE_RUNNING_MODULES = frozenset(
-    {"os", "posix", "nt", "subprocess", "_posixsubprocess", "pty", "runpy", "code", "codeop", "ctypes", "marshal"}
-    | {"pickle", "_pickle", "shutil", "importlib", "sys", "socket", "webbrowser", "pdb", "multiprocessing"}
-    # the compiled or frozen modules the ones above are implemented by (their objects' own identity)
-    | {"_ctypes", "_socket", "_imp", "_frozen_importlib", "_frozen_importlib_external"}
-)
-
-CODE_RUNNING = frozenset(
-    {f"builtins.{n}" for n in ("eval", "exec", "compile", "__import__", "open", "breakpoint", "input", "exit")}
-    | {f"builtins.{n}" for n in ("getattr", "setattr", "delattr", "globals", "locals", "vars", "quit", "help")}
-    | {"functools.partial", "operator.attrgetter", "operator.methodcaller", "operator.itemgetter"}
-    | {"torch.load", "torch.serialization.load", "torch.jit.load", "torch.hub.load", "torch.package.PackageImporter"}
-    | {"torch.storage._load_from_bytes", "builtins.function", "builtins.code", "types.FunctionType", "types.CodeType"}
-    # the same objects by their own module and qualified name (what declaring the object itself gives)
-    | {"io.open", "_io.open", "torch.jit._serialization.load", "torch.package.package_importer.PackageImporter"}
-)
-
-
 def _code_running(name: Optional[str]) -> bool:
-    if not name:
-        return False
-    module = name.rpartition(".")[0]
+    module = (name or "").rpartition(".")[0]
     return name in CODE_RUNNING or any(module == m or module.startswith(m + ".") for m in CODE_RUNNING_MODULES)
 
 
@@ -129,11 +131,10 @@ def _runs_as(obj: Any, depth: int = 0) -> list[Optional[str]]:
     """What calling *obj* calls if not *obj*: a call-building instance's class, a bound method's owner."""
     if isinstance(obj, (type, types.ModuleType, types.FunctionType)) or depth > 3:
         return []
-    names = [torch_key(type(obj))]
     owner = getattr(obj, "__self__", None)
-    if owner is not None and not isinstance(owner, types.ModuleType):
-        names += [torch_key(owner), *_runs_as(owner, depth + 1)]
-    return names
+    if owner is None or isinstance(owner, types.ModuleType):
+        return [torch_key(type(obj))]
+    return [torch_key(type(obj)), torch_key(owner), *_runs_as(owner, depth + 1)]
 
 
 def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
@@ -147,20 +148,30 @@ def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
     if explicit:
         return None  # (obj, 'module.Name'): torch matches the name the pickle wrote, as the author says
     try:
-        found = resolve_global(name)
+        if resolve_global(name) is obj:
+            return None
     except RoundTripConfigError as e:
         return str(e)
-    if found is not obj:
-        return (
-            f"{name} resolves to another object: a pickle names it by its module and qualified name, so "
-            f"declare it as ({getattr(obj, '__name__', 'obj')}, '<the name the checkpoint uses>')"
-        )
-    return None
+    return (
+        f"{name} resolves to another object: a pickle names it by its module and qualified name, so "
+        f"declare it as ({getattr(obj, '__name__', 'obj')}, '<the name the checkpoint uses>')"
+    )
 
 
-def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
-    """A declaration as :class:`SafeGlobal` entries; what can never be a safe global is refused here."""
+def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None) -> tuple[SafeGlobal, ...]:
+    """A declaration as :class:`SafeGlobal` entries; what can never be a safe global is refused here, a
+    function-local class first if the declaration has a *label* (``TestFoo.safe_globals``)."""
     _check_declaration(declared)
+    for item in declared if label else ():
+        try:
+            obj, name = split_entry(item)[:2]
+        except RoundTripConfigError:
+            continue  # named below
+        named = {name, torch_key(obj) if obj is not None else None}
+        if local := sorted(n for n in named if isinstance(n, str) and "<locals>" in n):
+            raise RoundTripConfigError(
+                f"{label} lists {local[0]}, which is not importable: " + local_class_message(local[0])
+            )
     out: list[SafeGlobal] = []
     for item in declared:
         obj, name, explicit, unsafe = split_entry(item)
@@ -178,13 +189,11 @@ def normalize_safe_globals(declared: Iterable[Any]) -> tuple[SafeGlobal, ...]:
             raise RoundTripConfigError(
                 f"safe global tuple names {quote_name(name)}, not a dotted Python name ({name_problem(name)})"
             )
-        problem = declaration_problem(obj, name, explicit)  # type: ignore[arg-type]
-        if problem:
+        if problem := declaration_problem(obj, name, explicit):  # type: ignore[arg-type]
             raise RoundTripConfigError(f"refusing to allowlist {show_name(name)}: {problem}")
         out.append(SafeGlobal(obj, name, explicit, unsafe))  # type: ignore[arg-type]
     names = [sg.name for sg in out]
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
+    if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise RoundTripConfigError(f"safe global declared twice: {', '.join(map(show_name, dupes))}")
     return tuple(out)
 
@@ -197,11 +206,6 @@ def declared_entries(safe_globals: Any) -> tuple[tuple[Any, str], ...]:
     _check_declaration(safe_globals)
     entries = (split_entry(item)[:2] for item in safe_globals)
     return tuple((obj, qualified_name(obj) if name is None else name) for obj, name in entries)  # raises, saying why
-
-
-#: Globals a later torch allowlists itself (``builtins.set``: 2.6).  Declaring one is never over-trust: one
-#: declaration serves every torch and module, whether its checkpoint names it or not.
-LATER_ALLOWLISTED = frozenset({"builtins.set"})
 
 
 def allowed_anyway() -> frozenset[str]:
@@ -217,9 +221,9 @@ def names_used(info: Any) -> set[str]:
 
 def paste_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """(import lines, references) naming *names* in code, each imported from its longest imported module."""
-    imports: list[str] = []
+    imports: set[str] = set()
     refs: list[str] = []
-    bound: dict[str, str] = {"torch": "torch"}
+    bound: dict[str, str] = {"torch": "torch"}  # a name in the snippet -> what it names
     for name in sorted(names, key=lambda n: (not n.startswith("builtins."), n)):
         module, _, attr = name.rpartition(".")
         if module in ("builtins", "torch"):
@@ -230,17 +234,12 @@ def paste_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
         cut = imported_prefix(name) or len(parts) - 1
         module, head, rest = ".".join(parts[:cut]), parts[cut], parts[cut + 1 :]
         local, n = head, 1
-        while bound.get(local, f"{module}.{head}") != f"{module}.{head}":
+        while bound.setdefault(local, f"{module}.{head}") != f"{module}.{head}":
             n += 1
             local = f"{head}_{n}"
-        if local not in bound:
-            bound[local] = f"{module}.{head}"
-            imports.append(f"from {module} import {head}" + (f" as {local}" if local != head else ""))
+        imports.add(f"from {module} import {head}" + (f" as {local}" if local != head else ""))
         refs.append(".".join([local, *rest]))
     return sorted(imports), refs
-
-
-_Names = Iterable[str]
 
 
 @dataclass(frozen=True)
@@ -285,12 +284,10 @@ class Declaration:
         else:
             text = f"{self.label} over-trusts: the checkpoint does not need {shown_unneeded}." if unneeded else ""
         # a name no declaration may hold (attacker text, a code-running callable) never reaches the code
-        refused = {n: why for n, why in ((n, _undeclarable(n)) for n in missing) if why}
-        if refused:
+        if refused := [f"{show_name(n)}: {why}" for n in missing if (why := _undeclarable(n))]:
             return AllowlistError(
-                f"{text}\nNo declaration can make this checkpoint load: "
-                + "; ".join(f"{show_name(n)}: {why}" for n, why in refused.items())
-                + ". Never declare it; only a checkpoint from a trusted source is worth a declaration."
+                f"{text}\nNo declaration can make this checkpoint load: {'; '.join(refused)}. Never declare it; "
+                "only a checkpoint from a trusted source is worth a declaration."
             )
         saved_type = next((t for t in saved_types if t is not None), None)
         hint = (
@@ -318,8 +315,7 @@ class Declaration:
 def _undeclarable(name: str) -> Optional[str]:  # of a global a checkpoint needs
     if is_marker(name):
         return "built at unpickling time, so no name can allow it"
-    problem = name_problem(name)
-    if problem:
+    if problem := name_problem(name):
         return f"not a dotted Python name ({problem})"
     return "it runs code or reaches the system when a pickle calls it" if _code_running(name) else None
 
@@ -330,20 +326,3 @@ def local_class_message(name: str) -> str:
         "can only store classes importable by module path, so no checkpoint can name it.  Move the "
         "class to module level -- checkpointed classes belong in an importable module."
     )
-
-
-def refuse_local(declared: Iterable[object], attribute: str) -> None:
-    """Refuse a declared function-local class (no checkpoint names one) first, saying what to do about it."""
-    if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__"):
-        return  # normalize_safe_globals names that mistake
-    for item in declared:
-        try:
-            obj, name, _explicit, _unsafe = split_entry(item)
-        except RoundTripConfigError:
-            continue  # normalize_safe_globals names that mistake
-        names = {name, torch_key(obj) if obj is not None else None}
-        local = sorted(n for n in names if isinstance(n, str) and "<locals>" in n)
-        if local:
-            raise RoundTripConfigError(
-                f"{attribute} lists {local[0]}, which is not importable: " + local_class_message(local[0])
-            )

@@ -53,12 +53,11 @@ def round_trip_dims(*, load_modes: Any = _KEEP, qengines: Any = _KEEP, devices: 
         dims["qengines"] = validate_qengines(qengines)
     if devices is not _KEEP:
         dims["devices"] = dimension("devices", devices, "('cpu',)")
-        for d in dims["devices"]:
-            if not is_device_type(d):
-                raise RoundTripConfigError(
-                    f"round_trip_dims: unknown device type {d!r}; use cpu, cuda, xpu, "
-                    "mps, privateuse1 or a registered backend name"
-                )
+        if unknown := [d for d in dims["devices"] if not is_device_type(d)]:
+            raise RoundTripConfigError(
+                f"round_trip_dims: unknown device type {unknown[0]!r}; use cpu, cuda, xpu, "
+                "mps, privateuse1 or a registered backend name"
+            )
 
     def decorate(fn: F) -> F:
         if not callable(fn):
@@ -89,8 +88,7 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
     if not tests:
         raise RoundTripConfigError(f"{name} has no test methods; define at least one 'def test_...(self, device)'")
     for test_name, fn in tests.items():
-        unhonoured = [decorator for attr, decorator in _ONLY_PYTORCH.items() if hasattr(fn, attr)]
-        if unhonoured:
+        if unhonoured := [decorator for attr, decorator in _ONLY_PYTORCH.items() if hasattr(fn, attr)]:
             raise RoundTripConfigError(
                 f"{name}.{test_name} is decorated with {unhonoured[0]}, which only pytorch's device-type test classes "
                 "apply; instantiate_round_trip_tests cannot honour it.  Instantiate the class with "
@@ -116,8 +114,7 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
         # a subclass of the author's class, as pytorch makes: super(), nested classes, class attributes work
         attrs = {"device_type": device, "_tst_generic": generic_cls, "__module__": module_name}
         cls = type(class_name, (generic_cls,), {**attrs, "__qualname__": class_name, "__doc__": generic_cls.__doc__})
-        for method_name, method in _methods(generic_cls, cls, tests, (modes, engines), device).items():
-            setattr(cls, method_name, method)
+        _add_methods(generic_cls, cls, tests, (modes, engines), device)
         scope[class_name] = cls
         generated.append(cls)
     # The generic class stays in the module, so a nested class resolves (pickled ``getattr(TestFoo, 'Net')``),
@@ -135,30 +132,26 @@ def instantiate_round_trip_tests(generic_cls: type, scope: MutableMapping[str, A
     return generated
 
 
-def _methods(generic_cls: type, cls: type, tests: dict[str, Any], dims: tuple[Any, Any], device: str) -> dict[str, Any]:
-    """Device class *cls*'s methods per test, case, author's parametrization (pytorch's ``parametrize_fn``)
+def _add_methods(generic_cls: type, cls: type, tests: dict[str, Any], dims: tuple[Any, Any], device: str) -> None:
+    """Give device class *cls* a method per test, case, author's parametrization (pytorch's ``parametrize_fn``)
     and ``@dtypes``: ``test_<name>[_<params>][_<engine>][_<load_mode>]_<device>[_to_cpu][_<dtype>]``."""
-    methods: dict[str, Callable[..., Any]] = {}
     part = class_suffix(device).lower()
     for name, fn in tests.items():
         user = user_parametrize_fn(fn)
         for spec in specs(fn, dims, device):
-            case = case_test(fn, spec)
-            variants = user(case, generic_cls, cls) if user is not None else [(case, "", {}, lambda _kwargs: [])]
-            for test, suffix, kwargs, decorator_fn in variants:
+            for test, suffix, kwargs, decorator_fn in user(case_test(fn, spec), generic_cls, cls):
                 for dtype_kwargs in dtype_variants(fn, device):
                     params = {**kwargs, **dtype_kwargs}
                     decorated = test
                     for decorator in decorator_fn(params):
                         decorated = decorator(decorated)
                     method_name = spec.method_name(f"{name}_{suffix}" if suffix else name, part) + dtype_suffix(params)
-                    if method_name in methods or (method_name not in tests and hasattr(generic_cls, method_name)):
+                    if method_name in vars(cls) or (method_name not in tests and hasattr(generic_cls, method_name)):
                         raise RoundTripConfigError(
                             f"{generic_cls.__name__}.{name} generates {method_name}, which another test or "
                             "attribute of the class already names; rename one of them"
                         )
-                    methods[method_name] = _bound(decorated, params, fn, cls.__name__, method_name)
-    return methods
+                    setattr(cls, method_name, _bound(decorated, params, fn, cls.__name__, method_name))
 
 
 def _bound(test: Callable[..., Any], params: dict[str, Any], fn: Callable[..., Any], owner: str, name: str) -> Any:
@@ -207,8 +200,7 @@ def import_round_trip_tests(
         module = importlib.import_module(module)  # a real ImportError (a typo, a broken file) propagates
     generated = _GENERATED.get(module.__name__, {})
     if generic_names:
-        unknown = [g for g in generic_names if g not in generated]
-        if unknown:
+        if unknown := [g for g in generic_names if g not in generated]:
             raise RoundTripConfigError(
                 f"{module.__name__} never passed {', '.join(unknown)} to instantiate_round_trip_tests "
                 f"(instantiated there: {', '.join(sorted(generated)) or 'none'}); check the generic class name"

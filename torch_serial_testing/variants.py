@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import inspect
 import itertools
 import sys
+import types
 import unittest
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -23,6 +23,9 @@ from .registry import safe_globals_context_missing
 FRAMEWORKS = ("unittest.", "expecttest.", "torch.testing._internal.")
 _NOT_THE_AUTHORS = (*FRAMEWORKS, f"{__package__}.")
 
+Variant = tuple[Callable[..., Any], str, dict[str, Any], Callable[[dict[str, Any]], list[Any]]]
+Variants = Callable[..., Iterable[Variant]]  # pytorch's parametrize_fn(test, generic_cls, device_cls)
+
 
 @dataclass(frozen=True)
 class CaseSpec:
@@ -34,25 +37,19 @@ class CaseSpec:
     load_qengine: Optional[str] = None
     to_cpu: bool = False
 
+    @property
+    def variant(self) -> str:
+        """The name part between a test's name and its device: ``[<engine>[_to_<engine>]][_<load mode>]``."""
+        save, load = self.save_qengine, self.load_qengine
+        engines = (save if save == load else f"{save}_to_{load}") if save else None
+        return "_".join(p for p in (engines, self.mode.value if self.mode else None) if p)
+
     def method_name(self, base: str, device_part: str) -> str:
-        parts = [base]
-        if self.save_qengine:
-            same = self.save_qengine == self.load_qengine
-            parts.append(self.save_qengine if same else f"{self.save_qengine}_to_{self.load_qengine}")
-        if self.mode is not None:
-            parts.append(self.mode.value)
-        parts += [device_part, "to_cpu"] if self.to_cpu else [device_part]
-        return "_".join(parts)
+        return "_".join(p for p in (base, self.variant, device_part, "to_cpu" if self.to_cpu else None) if p)
 
     @property
     def map_location(self) -> Optional[str]:
-        if self.to_cpu:
-            return "cpu"
-        return None if self.device_type == "cpu" else torch_device_type(self.device_type)
-
-
-Variant = tuple[Callable[..., Any], str, dict[str, Any], Callable[[dict[str, Any]], list[Any]]]
-Variants = Callable[..., Iterator[Variant]]  # pytorch's parametrize_fn(test, generic_cls, device_cls)
+        return "cpu" if self.to_cpu else None if self.device_type == "cpu" else torch_device_type(self.device_type)
 
 
 def class_dims(cls: Any) -> tuple[tuple[LoadMode, ...], Optional[tuple[str, ...]]]:
@@ -96,8 +93,7 @@ def case_test(fn: Callable[..., Any], spec: CaseSpec) -> Callable[..., Any]:
     fn = ends_on_rejection(fn)  # methods inherited from a plain mixin were never wrapped
 
     def run_case(self: Any, *args: Any, **kwargs: Any) -> Any:
-        reason = _skip_reason(fn, spec)
-        if reason:
+        if reason := _skip_reason(fn, spec):
             raise unittest.SkipTest(reason)
         self._tst_case = spec
         device = class_suffix(spec.device_type).lower() if spec.device_type == "privateuse1" else spec.device_type
@@ -118,55 +114,31 @@ def case_test(fn: Callable[..., Any], spec: CaseSpec) -> Callable[..., Any]:
                 noted.extend(f"{line}, set for this {spec.save_qengine} test" for line in changes)
 
     functools.update_wrapper(run_case, fn, updated=())  # its __wrapped__: signature and location of the author's def
-    run_case._tst_spec = spec  # type: ignore[attr-defined]
     return run_case
 
 
-def user_parametrize_fn(fn: Callable[..., Any]) -> Optional[Variants]:
+def _unparametrized(test: Callable[..., Any], generic_cls: Any, device_cls: Any) -> list[Variant]:
+    return [(test, "", {}, lambda _kwargs: [])]
+
+
+def user_parametrize_fn(fn: Callable[..., Any]) -> Variants:
     """The author's own ``parametrize_fn`` (``@parametrize``, ``@swap``, ...), without the library's."""
-    if "_tst_user_parametrize_fn" in getattr(fn, "__dict__", {}):
-        return fn._tst_user_parametrize_fn  # type: ignore[attr-defined, no-any-return]
-    found = getattr(fn, "parametrize_fn", None)
-    return found if callable(found) else None
+    found = getattr(fn, "__dict__", {}).get("_tst_user_parametrize_fn", getattr(fn, "parametrize_fn", None))
+    return found if callable(found) else _unparametrized
 
 
-def dims_parametrize_fn(test: Callable[..., Any], generic_cls: Any, device_cls: Any) -> Iterator[Variant]:
-    """pytorch's protocol for the library's dimensions: a variant ``<engine>_<load_mode>[_to_cpu]`` per case."""
+def _parametrize_fn(test: Any, generic_cls: Any, device_cls: Any) -> Iterator[Variant]:
+    """pytorch's ``parametrize_fn`` protocol: a variant ``<engine>_<load_mode>[_to_cpu]`` per case of the library's
+    dimensions, each parametrized further by the author's own ``parametrize_fn`` (``<theirs>_<ours>``)."""
     declared = class_dims(generic_cls if generic_cls is not None else device_cls)
     if generic_cls is not None and getattr(device_cls, "_tst_generic", None) is not generic_cls:
         keep_reachable(generic_cls)  # pytorch's instantiation removed it from its module
     device = getattr(device_cls, "device_type", None)
+    user = user_parametrize_fn(test)
     for spec in specs(test, declared, device if isinstance(device, str) else "cpu"):
-        suffix = dataclasses.replace(spec, to_cpu=False).method_name("", "x")[1:-2]  # between name and device
-        yield case_test(test, spec), suffix + ("_to_cpu" if spec.to_cpu else ""), {}, lambda _kwargs: []
-
-
-def composed(inner: Variants, outer: Optional[Variants]) -> Variants:
-    """*outer* applied to every variant *inner* yields: ``<outer>_<inner>``, keywords merged as in pytorch."""
-    if outer is None:
-        return inner
-
-    def both(test: Callable[..., Any], generic_cls: Any, device_cls: Any) -> Iterator[Variant]:
-        for test_in, name_in, kwargs_in, decorate_in in inner(test, generic_cls, device_cls):
-            for test_out, name_out, kwargs_out, decorate_out in outer(test_in, generic_cls, device_cls):
-                twice = set(kwargs_in) & set(kwargs_out)
-                if twice:
-                    raise RoundTripConfigError(
-                        f"{test.__name__}: parameter(s) {', '.join(sorted(twice))} set by two parametrizations"
-                    )
-                name = "_".join(n for n in (name_out, name_in) if n)
-
-                def decorate(kw: dict[str, Any], a: Any = decorate_in, b: Any = decorate_out) -> list[Any]:
-                    return [*a(kw), *b(kw)]
-
-                yield test_out, name, {**kwargs_in, **kwargs_out}, decorate
-
-    return both
-
-
-def _parametrize_fn(test: Any, generic_cls: Any, device_cls: Any) -> Any:
-    """pytorch's ``parametrize_fn`` protocol: the library's dimensions, then the author's parametrizations."""
-    return composed(dims_parametrize_fn, test.__dict__.get("_tst_user_parametrize_fn"))(test, generic_cls, device_cls)
+        name = spec.variant + ("_to_cpu" if spec.to_cpu else "")
+        for test_out, name_out, kwargs, decorate in user(case_test(test, spec), generic_cls, device_cls):
+            yield test_out, "_".join(n for n in (name_out, name) if n), kwargs, decorate
 
 
 def with_dims(fn: Any) -> Any:
@@ -208,24 +180,26 @@ def author_class(cls: type, attribute: str) -> str:
         by_pytorch = len(k.__bases__) > 1 and f"{k.__bases__[0].__module__}.".startswith("torch.testing._internal.")
         return "_tst_generic" in vars(k) or by_pytorch
 
-    authors = [
-        k
-        for k in cls.__mro__
-        if not generated(k) and not f"{k.__module__}.".startswith(_NOT_THE_AUTHORS) and k is not object
-    ]
+    authors = [k for k in cls.__mro__[:-1] if not generated(k) and not f"{k.__module__}.".startswith(_NOT_THE_AUTHORS)]
     return next((k for k in authors if attribute in vars(k)), authors[0] if authors else cls).__name__
+
+
+def _missing_holder(cls: Any, members: Iterable[Any]) -> Optional[types.ModuleType]:
+    """The module a top-level *cls* is missing from if a class among *members* is nested in it (pickled through it)."""
+    module = sys.modules.get(getattr(cls, "__module__", ""))
+    if module is None or not isinstance(cls, type) or "." in cls.__qualname__ or cls.__name__ in vars(module):
+        return None
+    prefix, name = f"{cls.__qualname__}.", cls.__module__
+    nested = any(isinstance(m, type) and m.__module__ == name and m.__qualname__.startswith(prefix) for m in members)
+    return module if nested else None
 
 
 @contextlib.contextmanager
 def resolvable(cls: type, declared: Iterable[Any]) -> Iterator[None]:
     """*cls* bound in its module while its declaration of a class nested in it resolves (``module.TestX.Net``)."""
-    module = sys.modules.get(cls.__module__)
-    prefix = f"{cls.__qualname__}."
-    nested = not isinstance(declared, (str, bytes)) and any(
-        isinstance(item, type) and item.__module__ == cls.__module__ and item.__qualname__.startswith(prefix)
-        for item in (declared if hasattr(declared, "__iter__") else ())
-    )
-    if module is None or not nested or "." in cls.__qualname__ or cls.__name__ in vars(module):
+    listed = () if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__") else declared
+    module = _missing_holder(cls, listed)
+    if module is None:
         yield
         return
     setattr(module, cls.__name__, cls)
@@ -239,17 +213,11 @@ def resolvable(cls: type, declared: Iterable[Any]) -> Iterator[None]:
 def keep_reachable(generic_cls: Any) -> None:
     """Put back the generic class pytorch's instantiation removed if it holds nested classes (pickled through
     it) and no tests (pytorch strips its own; inherited ones would run generic)."""
-    module = sys.modules.get(getattr(generic_cls, "__module__", ""))
-    top_level = isinstance(generic_cls, type) and "." not in generic_cls.__qualname__
-    if module is None or not top_level or generic_cls.__name__ in vars(module):
-        return
-    prefix = f"{generic_cls.__qualname__}."
-    nested = any(isinstance(v, type) and v.__qualname__.startswith(prefix) for v in vars(generic_cls).values())
-    inherited = any(
+    module = _missing_holder(generic_cls, getattr(generic_cls, "__dict__", {}).values())
+    if module is not None and not any(
         n.startswith("test") and callable(v)
         for base in generic_cls.__mro__[1:]
         if not f"{base.__module__}.".startswith(_NOT_THE_AUTHORS)
         for n, v in vars(base).items()
-    )
-    if nested and not inherited:
+    ):
         setattr(module, generic_cls.__name__, generic_cls)
