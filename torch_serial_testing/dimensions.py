@@ -1,14 +1,12 @@
-"""The quantized engines and device types a test is generated for, as torch has them: both validate
-a class's declaration, say why a case cannot run here, and name the case.
+"""The quantized engines and device types a test is generated for, as torch has them: both validate a
+class's declaration, say why a case cannot run here, and name the case.
 
-Engine and allocator are read from torch every time (code the library does not control switches
-them).  A test body finds the CPU allocator as the test did, as under pytorch's
-``override_quantized_engine``: pytorch's qnnpack tests install the mobile allocator themselves and it
-refuses to nest; the library's own qnnpack loads run under it (:func:`qnnpack_allocator`).  The
-``PYTORCH_TESTING_DEVICE_ONLY_FOR``/``_EXCEPT_FOR`` filters select exactly what pytorch's
-``filter_desired_device_types`` selects.  Classes are ``<Generic><DEVICE>``: ``npu`` gives ``NPU``,
-``privateuse1`` the registered backend's name, else ``PRIVATEUSE1``, never an import-order accident.
-"""
+Engine and allocator are read from torch every time (code the library does not control switches them).
+As under pytorch's ``override_quantized_engine``, a test body finds the CPU allocator as the test did:
+pytorch's qnnpack tests install the mobile allocator themselves and it refuses to nest; the library's own
+qnnpack loads run under it (:func:`qnnpack_allocator`).  ``PYTORCH_TESTING_DEVICE_ONLY_FOR``/``_EXCEPT_FOR``
+select exactly what pytorch's ``filter_desired_device_types`` selects.  Classes are ``<Generic><DEVICE>``:
+``npu`` gives ``NPU``, ``privateuse1`` the registered backend's name, else ``PRIVATEUSE1``."""
 
 from __future__ import annotations
 
@@ -29,10 +27,8 @@ EngineState = tuple[Optional[str], Optional[bool]]  # (quantized engine, mobile 
 def supported_qengines() -> tuple[str, ...]:
     """Engines this torch build supports (empty when quantization is gone)."""
     try:
-        import torch.backends.quantized as q
-
-        return tuple(e for e in q.supported_engines if e != "none")
-    except (ImportError, AttributeError, RuntimeError):
+        return tuple(e for e in torch.backends.quantized.supported_engines if e != "none")
+    except (AttributeError, RuntimeError):
         return ()
 
 
@@ -57,8 +53,7 @@ def validate_qengines(engines: object) -> Optional[tuple[str, ...]]:
 
 
 def allocator_installed() -> Optional[bool]:
-    """Whether a non-default mobile CPU allocator is installed (None: no such API).  torch has no
-    getter: this installs and removes one."""
+    """Whether the mobile CPU allocator is installed (None: no such API); torch has no getter: sets and unsets one."""
     if not hasattr(torch._C, "_set_default_mobile_cpu_allocator"):
         return None
     try:
@@ -96,9 +91,8 @@ def describe_engine_change(before: EngineState, after: EngineState) -> list[str]
 
 @contextmanager
 def override_qengine(engine: str, *, allocator: bool = True) -> Iterator[None]:
-    """Run with *engine* (and, for qnnpack with *allocator*, the mobile CPU allocator); restore both
-    after, as read on entry (an allocator someone else installed stays for other engines).
-    ``allocator=False`` leaves the allocator alone (a test body: pytorch's helper installs its own)."""
+    """Run with *engine* (and, for qnnpack with *allocator*, the mobile CPU allocator); restore both as read on
+    entry after.  ``allocator=False`` leaves the allocator alone (a test body: pytorch's helper installs its own)."""
     previous_engine, previous_allocator = engine_state()
     try:
         torch.backends.quantized.engine = engine
@@ -114,8 +108,7 @@ def override_qengine(engine: str, *, allocator: bool = True) -> Iterator[None]:
 
 @contextmanager
 def qnnpack_allocator(engine: Optional[str]) -> Iterator[None]:
-    """The mobile CPU allocator for the block when *engine* is qnnpack and none is installed (pytorch's
-    qnnpack tests load under it), removed after; else nothing."""
+    """Install the mobile CPU allocator for the block if *engine* is qnnpack and none is (pytorch's tests load so)."""
     if engine != "qnnpack" or allocator_installed() is not False:
         yield
         return
@@ -140,8 +133,7 @@ def device_skip_reason(device_type: str) -> Optional[str]:
             return "no privateuse1 backend is registered (import its extension, e.g. torch_npu)"
         return device_skip_reason(backend)
     module = torch.backends.mps if device_type == "mps" else getattr(torch, device_type, None)
-    is_available = getattr(module, "is_available", None)
-    if is_available is None:
+    if (is_available := getattr(module, "is_available", None)) is None:
         return f"device type {device_type!r} is not registered in this process"
     try:
         ok = bool(is_available())
@@ -172,9 +164,8 @@ _aliasing: dict[str, bool] = {}
 
 
 def _filters_alias_backend_name(backend: str) -> bool:
-    """Whether pytorch's filter reads the available backend's name (``npu``) as ``privateuse1`` (torch
-    2.4's compares names as written): asked of pytorch's own ``filter_desired_device_types``, imported
-    only then (a privateuse1 backend is available and a device filter is set)."""
+    """Whether pytorch's ``filter_desired_device_types`` (imported only now) reads the available backend's name
+    (``npu``) as ``privateuse1``; torch 2.4's compares names as written."""
     if backend not in _aliasing:
         try:
             from torch.testing._internal import common_device_type as cdt
@@ -184,18 +175,14 @@ def _filters_alias_backend_name(backend: str) -> bool:
                 f"{backend} backend: torch.testing._internal.common_device_type cannot be imported "
                 f"({type(e).__name__}: {e}); unset the filters"
             ) from None
-
-        class Base:
-            device_type = "privateuse1"
-
-        _aliasing[backend] = Base in list(cdt.filter_desired_device_types([Base], None, [backend]))
+        base = type("Base", (), {"device_type": "privateuse1"})  # a device-type test base, as pytorch's
+        _aliasing[backend] = base in list(cdt.filter_desired_device_types([base], None, [backend]))
     return _aliasing[backend]
 
 
 def aliases(device_type: str) -> set[str]:
     """The names *device_type* answers to: the registered backend name and ``privateuse1`` are one."""
-    backend = privateuse1_backend()
-    if backend is not None and device_type in ("privateuse1", backend):
+    if (backend := privateuse1_backend()) is not None and device_type in ("privateuse1", backend):
         return {"privateuse1", backend}
     return {device_type}
 

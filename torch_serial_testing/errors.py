@@ -2,8 +2,7 @@
 
 Configuration mistakes are ``ValueError`` subclasses, raised when a class is created or instantiated;
 outcome mismatches are ``AssertionError`` subclasses, so test runners report failures, not errors.
-Messages name things from checkpoints and declarations: non-printable characters are shown escaped.
-"""
+Messages name things from checkpoints and declarations: non-printable characters are shown escaped."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def dimension(attr: str, value: Any, example: str) -> tuple[Any, ...]:
     """A class's dimension declaration as a non-empty tuple without repeats, or a clear error."""
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise RoundTripConfigError(f"{attr} must be a tuple, got {value!r}; write {attr} = {example}")
-    items = tuple(value)
-    if not items:
+    if not (items := tuple(value)):
         raise RoundTripConfigError(f"{attr} is empty; list at least one (e.g. {attr} = {example}) or leave it as None")
     if repeated := sorted({str(x) for x in items if items.count(x) > 1}):
         raise RoundTripConfigError(f"{attr} lists {', '.join(repeated)} more than once")
@@ -133,8 +131,7 @@ def escape_text(text: Any, *, keep_newlines: bool = False) -> str:
 
 
 def imported_prefix(name: str) -> int:
-    """How many leading parts of the dotted *name* form the longest module in ``sys.modules`` (0:
-    none); found by slicing, so linear in the name's length, and importing nothing."""
+    """How many leading parts of dotted *name* form the longest module in ``sys.modules`` (0: none); imports nothing."""
     dots = [i for i, c in enumerate(name) if c == "."]
     cut = len(dots)
     while cut > 0 and name[: dots[cut - 1]] not in sys.modules:
@@ -153,8 +150,7 @@ def torch_key(entry: Any) -> Optional[str]:
 
 def qualified_name(obj: Any) -> str:
     """``module.qualname``: the spelling torch's weights-only unpickler matches *obj* by."""
-    name = torch_key(obj)
-    if name is None:
+    if (name := torch_key(obj)) is None:
         raise RoundTripConfigError(
             f"safe global {obj!r} has no __module__/__qualname__; declare the class or function "
             "itself, a 'module.Name' string, or an (object, 'module.Name') tuple"

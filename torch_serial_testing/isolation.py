@@ -16,6 +16,7 @@ import torch
 
 from . import dimensions, registry
 from .errors import torch_key
+from .modes import set_environ
 from .serialization import SerializationState
 
 
@@ -25,6 +26,14 @@ def _watched_env() -> dict[str, Optional[str]]:
 
 def _entry_name(entry: Any) -> str:
     return torch_key(entry) or repr(entry)
+
+
+def _serialization_config() -> Optional[dict[str, Any]]:
+    try:
+        from torch.utils.serialization import config
+    except ImportError:
+        return None
+    return dict(config.get_config_copy())  # type: ignore[attr-defined]  # install_config_module adds it
 
 
 @dataclass
@@ -44,7 +53,7 @@ class GlobalState:
     def capture(cls) -> GlobalState:
         """Read the state, and note who registers safe globals until :meth:`restore`."""
         read = (*dimensions.engine_state(), registry.snapshot_registry(), _watched_env())  # in this order
-        state = cls(*read, registry.serialization_config(), SerializationState())
+        state = cls(*read, _serialization_config(), SerializationState())
         registry.start_recording()
         return state
 
@@ -67,21 +76,16 @@ class GlobalState:
         return list(leaks.values())
 
     def _serialization(self, leaks: dict[str, str]) -> None:
-        changes = self.serialization.restore() if self.serialization is not None else None
-        if changes:
+        if self.serialization is not None and (changes := self.serialization.restore()):
             leaks["serialization"] = "; ".join(changes)
 
     def _engine(self, leaks: dict[str, str]) -> None:
-        now = dimensions.current_qengine()
-        if self.qengine is not None and now != self.qengine:
+        if self.qengine is not None and (now := dimensions.current_qengine()) != self.qengine:
             leaks["engine"] = f"quantized engine {now!r} (was {self.qengine!r})"
             torch.backends.quantized.engine = self.qengine
 
     def _allocator(self, leaks: dict[str, str]) -> None:
-        if self.allocator is None:
-            return
-        now = dimensions.allocator_installed()
-        if now != self.allocator:
+        if self.allocator is not None and (now := dimensions.allocator_installed()) != self.allocator:
             leaks["allocator"] = f"the qnnpack mobile CPU allocator {'is still installed' if now else 'was removed'}"
             dimensions.set_allocator(self.allocator)
 
@@ -110,27 +114,17 @@ class GlobalState:
 
     def _env(self, leaks: dict[str, str]) -> None:
         env = _watched_env()
-        changed = sorted(k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k))
-        if not changed:
-            return
-        leaks["env"] = "environment " + ", ".join(f"{k}={env.get(k)!r} (was {self.env.get(k)!r})" for k in changed)
-        # Removals first: the two TORCH_FORCE_* switches are never both set on the way back.
-        for k in changed:
-            if self.env.get(k) is None:
-                os.environ.pop(k, None)
-        for k in changed:
-            value = self.env.get(k)
-            if value is not None:
-                os.environ[k] = value
+        if changed := sorted(k for k in set(env) | set(self.env) if env.get(k) != self.env.get(k)):
+            leaks["env"] = "environment " + ", ".join(f"{k}={env.get(k)!r} (was {self.env.get(k)!r})" for k in changed)
+            set_environ({k: self.env.get(k) for k in changed})
 
     def _config(self, leaks: dict[str, str]) -> None:
-        if self.config is None:
-            return
-        now = registry.serialization_config()
-        if now != self.config:
+        if self.config is not None and (now := _serialization_config()) != self.config:
             diff = sorted(k for k in self.config if now is not None and now.get(k) != self.config[k])
             leaks["config"] = f"torch.utils.serialization.config changed: {', '.join(diff)}"
-            registry.restore_serialization_config(self.config)
+            from torch.utils.serialization import config
+
+            config.load_config(self.config)  # type: ignore[attr-defined]
 
 
 _active: list[tuple[object, tuple[re.Pattern[str], ...]]] = []  # the running tests' (token, patterns)

@@ -3,8 +3,7 @@ for each here and now (:func:`decide`: asked of torch itself, by loading a canar
 
 * ``weights_only_false``: ``torch.load(buf, weights_only=False)``
 * ``safe_globals``: ``with torch.serialization.safe_globals([...]): torch.load(buf, weights_only=True)``
-* ``default``: ``torch.load(buf)``, no ``weights_only`` argument at all
-"""
+* ``default``: ``torch.load(buf)``, no ``weights_only`` argument at all"""
 
 from __future__ import annotations
 
@@ -12,12 +11,13 @@ import enum
 import io
 import os
 import pickle
+import re
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 import torch
 
-from .errors import ConflictingEnvironmentError, RoundTripConfigError
-from .errors import ProbeFailed
+from .errors import ConflictingEnvironmentError, ProbeFailed, RoundTripConfigError
 from .registry import registry_lock
 from .serialization import genuine, observe_serialization_warnings, torch_load_replacement
 
@@ -38,8 +38,7 @@ class LoadMode(enum.Enum):
     def parse(cls, value: LoadMode | str) -> LoadMode:
         if value.__class__ is LoadMode:  # the common case first: parse runs on every load
             return value  # type: ignore[return-value]
-        found = (_BY_SPELLING.get(value) or _BY_SPELLING.get(value.upper())) if isinstance(value, str) else None
-        if found is not None:
+        if isinstance(value, str) and (found := _BY_SPELLING.get(value) or _BY_SPELLING.get(value.upper())):
             return found
         raise RoundTripConfigError(
             f"unknown load mode {value!r}; use one of {', '.join(m.value for m in cls)} "
@@ -51,10 +50,8 @@ class LoadMode(enum.Enum):
 
 
 _EXPLICIT = {"weights_only_false": False, "safe_globals": True, "default": None}
-#: Each mode by its value and by its member name (``"default"``, ``"DEFAULT"``).
 _BY_SPELLING = {**{m.value: m for m in LoadMode}, **{m.name: m for m in LoadMode}}
-FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
-FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
+FORCE_WO, FORCE_NO_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
 class Canary:
@@ -68,20 +65,19 @@ _Answer = tuple[Optional[bool], bool]
 _answers: dict[tuple[Any, ...], _Answer] = {}
 
 
-def _set_switches(values: tuple[Optional[str], Optional[str]]) -> None:
-    for name, value in zip((FORCE_WO, FORCE_NO_WO), values):  # removals first: never both set on the way
+def set_environ(values: Mapping[str, Optional[str]]) -> None:
+    """Set each variable to its value or unset it (None), removals first: the switches are never both set."""
+    for name, value in sorted(values.items(), key=lambda item: item[1] is not None):
         if value is None:
             os.environ.pop(name, None)
-    for name, value in zip((FORCE_WO, FORCE_NO_WO), values):
-        if value is not None:
+        else:
             os.environ[name] = value
 
 
 def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Answer:
     """What ``torch.serialization.load(canary[, weights_only=explicit])`` does with the switches (wo, no)."""
     key = (explicit, wo, no, genuine("load"), getattr(torch.serialization, "_default_to_weights_only", None))
-    known = _answers.get(key)
-    if known is not None:
+    if (known := _answers.get(key)) is not None:
         return known
     if not _canary:
         buf = io.BytesIO()
@@ -89,8 +85,8 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
         _canary.append(buf.getvalue())
     kwargs: dict[str, Any] = {} if explicit is None else {"weights_only": explicit}
     with registry_lock, observe_serialization_warnings(consume_all=True) as seen:
-        before = (os.environ.get(FORCE_WO), os.environ.get(FORCE_NO_WO))
-        _set_switches((wo, no))
+        before = {name: os.environ.get(name) for name in (FORCE_WO, FORCE_NO_WO)}
+        set_environ({FORCE_WO: wo, FORCE_NO_WO: no})
         try:
             value = genuine("load")(io.BytesIO(_canary[0]), **kwargs)
         except pickle.UnpicklingError:
@@ -106,7 +102,7 @@ def _ask(explicit: Optional[bool], wo: Optional[str], no: Optional[str]) -> _Ans
                 raise ProbeFailed(f"torch.load of the library's canary returned {type(value).__name__}")
             answer = (False, seen.seen)
         finally:
-            _set_switches(before)
+            set_environ(before)
     _answers[key] = answer
     return answer
 
@@ -124,16 +120,11 @@ def is_truthy(value: Optional[str], name: str = FORCE_WO) -> bool:
 
 
 def torch_default_weights_only() -> tuple[bool, str]:
-    """torch's default for a bare ``torch.load`` (asked with neither switch set), and why (the version
-    only words the reason)."""
+    """torch's default for a bare ``torch.load`` (asked with neither switch set) and why (the version only words it)."""
     if _ask(None, None, None)[0] is True:
         return True, "since torch 2.6"
-    parts = torch.__version__.split("+")[0].split(".")
-    try:
-        release = int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
-    except (IndexError, ValueError):
-        release = (0, 0)
-    if release >= (2, 6):
+    release = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    if release and (int(release[1]), int(release[2])) >= (2, 6):
         return False, "this torch build (fbcode) keeps the old default"
     return False, f"the default before torch 2.6 (torch {torch.__version__})"
 
@@ -150,22 +141,16 @@ def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
     )
 
 
+@dataclass(eq=False)
 class Decision:
-    """The effective ``weights_only`` of one load mode here and now, and what it was read from: *warns*
-    (torch warns that TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD made the load a full one), *replaced_by* (who
-    replaced ``torch.load``, or None), *force_no_set* (TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set, to any
-    value: torch may warn), *cause* ("explicit": the argument, "force_wo" / "force_no": a switch, "default")."""
+    """The effective ``weights_only`` of one load mode here and now, and what it was read from."""
 
-    __slots__ = ("weights_only", "warns", "reason", "replaced_by", "force_no_set", "cause")
-
-    def __init__(
-        self, weights_only: bool, warns: bool, reason: str, replaced_by: Optional[str], force_no_set: bool, cause: str
-    ) -> None:
-        self.weights_only, self.warns, self.reason = weights_only, warns, reason
-        self.replaced_by, self.force_no_set, self.cause = replaced_by, force_no_set, cause
-
-    def __repr__(self) -> str:
-        return f"<Decision weights_only={self.weights_only} ({self.reason})>"
+    weights_only: bool
+    warns: bool  # torch warns that TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD made the load a full one
+    reason: str
+    replaced_by: Optional[str]  # who replaced ``torch.load``, or None
+    force_no_set: bool  # TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD is set, to any value: torch may warn
+    cause: str  # "explicit": the argument, "force_wo" / "force_no": a switch, "default"
 
 
 def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decision:

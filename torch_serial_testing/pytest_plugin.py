@@ -1,16 +1,15 @@
 """pytest plugin: a test that passed because torch refused a load, as predicted, stays a pass and says so.
 
-Registered through the ``pytest11`` entry point ``torch_serial_testing`` (``-p
-torch_serial_testing.pytest_plugin`` from a source tree).  ``pytest -v``/``-rA`` show ``PASSED (rejected
-as predicted: default: rejected as expected (...))`` or ``PASSED (1 of 3 round trips rejected as
-predicted: ...)``; JUnit XML gets the properties ``torch_serial_testing.status`` and ``.rejections`` on a
-plain pass (no ``<skipped>``: CI counts it as run and passed).  Importing this module imports nothing
-but pytest; the library is imported only for a test that ran round trips.
-"""
+Registered through the ``pytest11`` entry point ``torch_serial_testing`` (``-p torch_serial_testing.pytest_plugin``
+from a source tree).  ``pytest -v``/``-rA`` show ``PASSED (rejected as predicted: default: rejected as expected
+(...))`` or ``PASSED (1 of 3 round trips rejected as predicted: ...)``; JUnit XML gets the properties
+``torch_serial_testing.status`` and ``.rejections`` on a plain pass (no ``<skipped>``: CI counts it as run and
+passed).  Importing this module imports nothing but pytest; the library only for a test that ran round trips."""
 
 from __future__ import annotations
 
 import sys
+from contextlib import suppress
 from typing import Any, Callable, Generator, Optional
 
 import pytest
@@ -23,18 +22,15 @@ PROPERTY_PREFIX = "torch_serial_testing."
 def _instance(item: Any) -> Any:
     """The unittest ``TestCase`` instance an item runs (pytest >= 8: ``instance``; 7: ``_testcase``)."""
     for name in ("instance", "_testcase"):
-        try:
+        with suppress(Exception):  # a plugin's item type whose property raises: not ours
             if (value := getattr(item, name, None)) is not None:
                 return value
-        except Exception:  # noqa: BLE001 - a plugin's item type whose property raises: not ours
-            continue
     return None
 
 
 def entry_point_guard(module: str, entry_point: str) -> Callable[[Any, Any], None]:
-    """A ``pytest_plugin_registered`` hook for plugin *module*: loaded by module name (``-p module``,
-    read before entry points) where the library is also installed, the *entry_point* would register the
-    same module a second time, which pluggy refuses, so the entry point is skipped."""
+    """A ``pytest_plugin_registered`` hook blocking *entry_point* once plugin *module* is loaded by name (``-p``,
+    read first) where the library is also installed: pluggy refuses to register the same module twice."""
 
     def pytest_plugin_registered(plugin: Any, manager: Any) -> None:
         ours = plugin is sys.modules.get(module) and manager.get_name(plugin) != entry_point
@@ -50,11 +46,8 @@ pytest_plugin_registered = entry_point_guard(__name__, ENTRY_POINT)
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: Any, call: Any) -> Generator[None, Any, None]:
     outcome = yield
-    if call.when != "call":
-        return
-    instance = _instance(item)
-    if not getattr(instance, "__dict__", {}).get("_tst_records"):
-        return  # not a round-trip test, or no load ran: nothing to import, nothing to say
+    if call.when != "call" or not getattr(instance := _instance(item), "__dict__", {}).get("_tst_records"):
+        return  # not the call, not a round-trip test, or no load ran: nothing to import, nothing to say
     from .outcomes import records, rejection_status
 
     if (found := rejection_status(records(instance))) is None:

@@ -1,18 +1,17 @@
-"""torch's allowlists: its built-in one (``_get_allowed_globals()``), the process-wide registry
-(``add_safe_globals``, or an open ``safe_globals`` context), who registered what, and torch's
-serialization config.  Every change the library makes is serialised behind :data:`registry_lock`.
-While a test runs, torch's ``_add_safe_globals`` is wrapped to note the module whose code registered
-each entry (:func:`registrar`): what torch's own modules register is torch's doing, whenever imported.
-"""
+"""torch's allowlists: its built-in one (``_get_allowed_globals()``), the process-wide registry (``add_safe_globals``,
+or an open ``safe_globals`` context) and who registered what.  Every change the library makes is serialised behind
+:data:`registry_lock`.  While a test runs, torch's ``_add_safe_globals`` is wrapped to note the module whose code
+registered each entry (:func:`registrar`): what torch's own modules register is torch's doing, whenever imported."""
 
 from __future__ import annotations
 
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext, suppress
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
+from torch import _weights_only_unpickler as wou
 
 from .errors import torch_key
 
@@ -21,25 +20,19 @@ from .errors import torch_key
 registry_lock = threading.RLock()
 
 
-def _wou() -> Any:
-    from torch import _weights_only_unpickler as wou
-
-    return wou
-
-
 def torch_allowlist_table() -> Any:
     """torch's own allowlist (name -> object) as torch holds it: the same object while it is unchanged."""
-    return _wou()._get_allowed_globals()
+    return wou._get_allowed_globals()
 
 
 def torch_allowlist() -> frozenset[str]:
     """Names torch's weights-only unpickler accepts without any registration."""
-    return frozenset(_wou()._get_allowed_globals())
+    return frozenset(wou._get_allowed_globals())
 
 
 def torch_allowed_type_names() -> frozenset[str]:
     """Real ``module.qualname`` of every value on torch's own allowlist (BUILD accepts instances of those types)."""
-    return frozenset(n for n in map(torch_key, _wou()._get_allowed_globals().values()) if n)
+    return frozenset(n for n in map(torch_key, wou._get_allowed_globals().values()) if n)
 
 
 def snapshot_registry() -> list[Any]:
@@ -58,9 +51,7 @@ def registered_globals() -> frozenset[str]:
 
 
 def restore_registry(snapshot: Sequence[Any]) -> None:
-    """Make the registry equal *snapshot* again: one rebinding of torch's registry (a set since torch
-    2.5, a list before), else by adding and removing entries."""
-    wou = _wou()
+    """Make the registry equal *snapshot*: rebind torch's set (torch >= 2.5) or list, else add and remove entries."""
     with registry_lock:
         current = torch.serialization.get_safe_globals()
         if set(current) == set(snapshot):
@@ -69,11 +60,9 @@ def restore_registry(snapshot: Sequence[Any]) -> None:
             if isinstance(getattr(wou, attr, None), kind):
                 setattr(wou, attr, kind(snapshot))
                 return
-        missing = [g for g in snapshot if g not in current]
-        if missing:
+        if missing := [g for g in snapshot if g not in current]:
             wou._add_safe_globals(missing)
-        extra = [g for g in current if g not in snapshot]
-        if extra:
+        if extra := [g for g in current if g not in snapshot]:
             wou._remove_safe_globals(extra)
 
 
@@ -101,12 +90,9 @@ def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
     """Trust *entries* for the weights-only loads inside the block: ``safe_globals`` where torch has it,
     else ``add_safe_globals`` undone on exit.  For probes: the ``safe_globals`` load mode never falls back."""
     with preserved_registry():
-        context = getattr(torch.serialization, "safe_globals", None)
-        if context is not None:
-            with context(list(entries)):
-                yield
-        else:
+        if (context := getattr(torch.serialization, "safe_globals", None)) is None:
             torch.serialization.add_safe_globals(list(entries))
+        with nullcontext() if context is None else context(list(entries)):
             yield
 
 
@@ -137,17 +123,14 @@ def _recording_add(safe_globals: Any) -> Any:
             caller = name
         frame = frame.f_back
     for entry in entries:
-        try:
+        with suppress(TypeError):  # unhashable: torch's set refuses it too
             _registrars[entry] = (caller or "?", at_import)
-        except TypeError:  # unhashable: torch's set refuses it too
-            pass
     return _original_add(entries)
 
 
 def start_recording() -> None:
     """Note who registers what until the matching :func:`stop_recording` (nested calls count)."""
     global _original_add, _recording
-    wou = _wou()
     with registry_lock:
         if _recording == 0:
             _original_add = wou._add_safe_globals
@@ -157,48 +140,25 @@ def start_recording() -> None:
 
 def stop_recording() -> None:
     global _recording
-    wou = _wou()
     with registry_lock:
         _recording = max(0, _recording - 1)
         if _recording == 0 and wou._add_safe_globals is _recording_add:
             wou._add_safe_globals = _original_add
 
 
-def recording_active() -> bool:
-    return bool(_wou()._add_safe_globals is _recording_add)
-
-
 def registrar(entry: Any) -> Optional[tuple[str, bool]]:
     """(module, at import time) of whoever registered *entry* while a test ran, or None (not seen)."""
-    try:
+    with suppress(TypeError):  # unhashable: never registered
         return _registrars.get(entry)
-    except TypeError:
-        return None
+    return None
 
 
 def registered_by_torch(entry: Any) -> bool:
-    """Whether *entry* is torch's own registration: made by code in a ``torch.*`` module when the library
-    saw it; else (registered before) an object defined in ``torch.*`` or the standard library (torch 2.14
-    registers the builtin exceptions)."""
-    seen = registrar(entry)
-    if seen is not None:
+    """Whether *entry* is torch's own registration: made by a ``torch.*`` module when the library saw it; else
+    (registered before) an object of ``torch.*`` or the standard library (torch 2.14 registers builtin exceptions)."""
+    if (seen := registrar(entry)) is not None:
         return is_torch_module(seen[0])
     real = torch_key(entry[0] if isinstance(entry, tuple) and len(entry) == 2 else entry)
     module = real.rpartition(".")[0] if real else ""
     top = module.partition(".")[0]
     return bool(module) and (is_torch_module(module) or top in getattr(sys, "stdlib_module_names", ("builtins",)))
-
-
-def serialization_config() -> Optional[dict[str, Any]]:
-    try:
-        from torch.utils.serialization import config
-    except ImportError:
-        return None
-    # a torch config module: install_config_module adds its functions at import time
-    return dict(config.get_config_copy())  # type: ignore[attr-defined]
-
-
-def restore_serialization_config(saved: dict[str, Any]) -> None:
-    from torch.utils.serialization import config
-
-    config.load_config(saved)  # type: ignore[attr-defined]

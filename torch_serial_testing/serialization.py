@@ -1,11 +1,10 @@
 """torch's serialization machinery as process state: its genuine ``load``/``save``, how a load reports,
-and what a test could change to subvert every later load.
+and what a test could change to subvert every later load (the safe-globals registry is :mod:`.registry`'s).
 
-:func:`genuine` accepts torch's own function by identity (its ``__globals__`` *is* torch.serialization's
+:func:`genuine` knows torch's own function by identity (its ``__globals__`` *is* torch.serialization's
 namespace), never by ``__module__`` or ``__name__`` (``functools.wraps`` copies those).  The warning
-filters are never touched (that makes Python forget what it showed once): during an observed load,
-``warnings`` in torch.serialization is a proxy consuming the FORCE_NO warning in the observing thread
-and passing the rest on one frame up.  The safe-globals registry is :mod:`.registry`'s."""
+filters are never touched (Python would forget what it showed once): during an observed load, ``warnings``
+in torch.serialization is a proxy consuming the FORCE_NO warning in the observing thread."""
 
 from __future__ import annotations
 
@@ -15,13 +14,14 @@ import sys
 import threading
 import types
 import warnings
-from contextlib import contextmanager, redirect_stdout
+from contextlib import contextmanager, nullcontext, redirect_stdout, suppress
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import torch
 
 from .errors import ProbeFailed, innermost_frame
+from .registry import torch_allowlist_table
 
 #: torch's warning (and torch_npu's printed notice) when TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD applies.
 FORCE_NO_NOTICE = re.compile(r"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD detected")
@@ -41,21 +41,18 @@ _genuine: dict[str, tuple[Any, Any, Any]] = {}
 
 
 def genuine(name: str) -> Any:
-    """torch's own ``torch.serialization.<name>`` (``load`` or ``save``), verified unchanged since the
-    library first took it (its ``__code__`` and keyword defaults)."""
-    entry, ser = _genuine.get(name), torch.serialization
+    """torch's own ``torch.serialization.<name>`` (``load``/``save``), its code and keyword defaults as first taken."""
+    entry = _genuine.get(name)
     if entry is None:
-        for candidate in (vars(ser).get(name), getattr(torch, name, None)):
-            if candidate is not None and _own_function(candidate, name):
-                kw = candidate.__kwdefaults__
-                entry = _genuine[name] = (candidate, candidate.__code__, None if kw is None else dict(kw))
-                break
-        else:
+        candidates = (vars(torch.serialization).get(name), getattr(torch, name, None))
+        if (found := next((c for c in candidates if _own_function(c, name)), None)) is None:
             raise ProbeFailed(
                 f"neither torch.serialization.{name} nor torch.{name} is torch's own function (they are "
-                f"{_describe(vars(ser).get(name))} and {_describe(getattr(torch, name, None))}); the library "
+                f"{_describe(candidates[0])} and {_describe(candidates[1])}); the library "
                 f"calls only torch's own: remove the replacement installed before it first ran"
             )
+        kw = found.__kwdefaults__
+        entry = _genuine[name] = (found, found.__code__, None if kw is None else dict(kw))
     fn, code, kwdefaults = entry
     if fn.__code__ is not code or fn.__kwdefaults__ != kwdefaults:
         raise ProbeFailed(
@@ -76,13 +73,9 @@ def _describe(obj: Any) -> str:
 def torch_load_replacement() -> Optional[str]:
     """Who ``torch.load`` is when it is not torch's own function (None: it is)."""
     fn = getattr(torch, "load", None)
-    if _own_function(fn, "load"):
-        return None
-    try:
-        if fn is genuine("load"):
+    with suppress(ProbeFailed):
+        if _own_function(fn, "load") or fn is genuine("load"):
             return None
-    except ProbeFailed:
-        pass
     return _describe(fn)
 
 
@@ -121,8 +114,7 @@ class _SerializationWarnings(types.ModuleType):
         return getattr(self._tst_real, name)
 
     def warn(self, message: Any, category: Any = None, stacklevel: int = 1, source: Any = None, **kwargs: Any) -> None:
-        stack = getattr(_local, "stack", None)
-        if stack:
+        if stack := getattr(_local, "stack", None):
             force_no = bool(FORCE_NO_NOTICE.search(str(message)))
             if force_no or stack[-1].consume_all:
                 stack[-1].count += force_no  # this thread's load: observed and consumed (the caller asserts it)
@@ -132,15 +124,13 @@ class _SerializationWarnings(types.ModuleType):
 
 @contextmanager
 def observe_serialization_warnings(consume_all: bool = False) -> Iterator[Observation]:
-    """Count torch's FORCE_NO warnings raised in this thread inside the block, consuming only them
-    (*consume_all*: every warning torch.serialization raises in this thread, for probes)."""
+    """Count and consume torch's FORCE_NO warnings raised in this thread in the block (*consume_all*: every warning)."""
     global _users
     ser = torch.serialization
     observation = Observation(consume_all)
     stack = _local.__dict__.setdefault("stack", [])
     with _lock:
-        current = getattr(ser, "warnings", None)
-        if not isinstance(current, _SerializationWarnings):
+        if not isinstance(current := getattr(ser, "warnings", None), _SerializationWarnings):
             ser.warnings = _SerializationWarnings(current if current is not None else warnings)
         _users += 1
     stack.append(observation)
@@ -150,8 +140,7 @@ def observe_serialization_warnings(consume_all: bool = False) -> Iterator[Observ
         stack.remove(observation)
         with _lock:
             _users -= 1
-            current = getattr(ser, "warnings", None)
-            if _users == 0 and isinstance(current, _SerializationWarnings):
+            if _users == 0 and isinstance(current := getattr(ser, "warnings", None), _SerializationWarnings):
                 ser.warnings = current._tst_real
 
 
@@ -159,15 +148,11 @@ class _Tee:
     """Passes everything through to the real stream and keeps a copy."""
 
     def __init__(self, stream: Any, copy: io.StringIO) -> None:
-        self._stream = stream
-        self._copy = copy
+        self._stream, self._copy = stream, copy
 
     def write(self, text: str) -> int:
         self._copy.write(text)
         return int(self._stream.write(text))
-
-    def flush(self) -> None:
-        self._stream.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -176,11 +161,8 @@ class _Tee:
 @contextmanager
 def watch_stdout(active: bool) -> Iterator[Optional[io.StringIO]]:
     """Copy what is printed during a replaced ``torch.load`` (torch_npu prints the FORCE_NO notice)."""
-    if not active:
-        yield None
-        return
-    copy = io.StringIO()
-    with redirect_stdout(_Tee(sys.stdout, copy)):  # type: ignore[type-var]
+    copy = io.StringIO() if active else None
+    with redirect_stdout(_Tee(sys.stdout, copy)) if copy is not None else nullcontext():  # type: ignore[type-var]
         yield copy
 
 
@@ -205,19 +187,12 @@ def _same_entry(now: Any, then: Any) -> bool:
         return True
     if type(now) is not type(then) or isinstance(now, (type, types.FunctionType, types.BuiltinFunctionType)):
         return False
-    state = getattr(now, "__dict__", None)
-    return state is not None and state == getattr(then, "__dict__", None)
-
-
-def _allowlist_table() -> Optional[dict[str, Any]]:
-    getter = getattr(sys.modules.get("torch._weights_only_unpickler"), "_get_allowed_globals", None)
-    return getter() if getter is not None else None
+    return (state := getattr(now, "__dict__", None)) is not None and state == getattr(then, "__dict__", None)
 
 
 class SerializationState:
-    """``torch.load``/``save``, the namespaces of :data:`WATCHED_MODULES`, their classes' attributes and
-    functions' code and defaults, torch's built-in allowlist and storage-location registry (``register_package``),
-    read by identity; :meth:`restore` puts each back, one line per change."""
+    """``torch.load``/``save``, the namespaces of :data:`WATCHED_MODULES` (their classes' attributes, functions' code
+    and defaults), torch's allowlist and ``register_package`` registry, by identity; :meth:`restore` puts each back."""
 
     __slots__ = ("torch_names", "namespaces", "classes", "functions", "allowlist", "packages")
 
@@ -227,8 +202,7 @@ class SerializationState:
         self.classes: list[tuple[type, dict[str, Any]]] = []
         self.functions: list[tuple[Any, Any, Any, Any]] = []  # (fn, __code__, __defaults__, __kwdefaults__)
         for module_name in WATCHED_MODULES:
-            module = sys.modules.get(module_name)
-            if module is None:
+            if (module := sys.modules.get(module_name)) is None:
                 continue
             space = self.namespaces[module_name] = dict(vars(module))
             for v in space.values():
@@ -237,27 +211,22 @@ class SerializationState:
                 elif isinstance(v, types.FunctionType) and v.__globals__ is vars(module):
                     kw = v.__kwdefaults__
                     self.functions.append((v, v.__code__, v.__defaults__, None if kw is None else dict(kw)))
-        table = _allowlist_table()
-        self.allowlist = dict(table) if table is not None else None
+        self.allowlist = dict(torch_allowlist_table())
         self.packages = list(getattr(torch.serialization, "_package_registry", None) or ())
 
     def restore(self) -> list[str]:
         """Put everything back; one line per change (what changed, and the fix)."""
         changes: list[str] = []
         for name, then in self.torch_names.items():
-            now = vars(torch).get(name)
-            if now is not then:
+            if (now := vars(torch).get(name)) is not then:
                 changes.append(f"torch.{name} is {_describe(now)} (was {_describe(then)})")
                 setattr(torch, name, then)
         for module_name, space in self.namespaces.items():
-            module = sys.modules.get(module_name)
-            if module is not None:
+            if (module := sys.modules.get(module_name)) is not None:
                 replaced, removed, added = _restore(module, space, WATCHED_MODULES[module_name])
-                changes += [
-                    *(f"{module_name}.{k} is {_describe(v)}" for k, v in replaced.items()),
-                    *(f"{module_name}.{k} was deleted" for k in removed),
-                    *(f"{module_name}.{k} was added" for k in added),
-                ]
+                changes += [f"{module_name}.{k} is {_describe(v)}" for k, v in replaced.items()]
+                changes += [f"{module_name}.{k} was deleted" for k in removed]
+                changes += [f"{module_name}.{k} was added" for k in added]
         for cls, attrs in self.classes:
             replaced, removed, added = _restore(cls, attrs, {"__weakref__"})
             if replaced or removed or added:
@@ -269,23 +238,20 @@ class SerializationState:
                 changes.append(f"{fn.__module__}.{fn.__qualname__} was changed in place ({what})")
                 fn.__code__, fn.__defaults__ = code, defaults
                 fn.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
-        table, then = _allowlist_table(), self.allowlist
-        if table is not None and then is not None:
-            extra = sorted(k for k in table if k not in then)
-            gone = sorted(k for k in then if k not in table)
-            swapped = sorted(k for k in then if k in table and not _same_entry(table[k], then[k]))
-            if extra or gone or swapped:
-                table.clear()  # in place: torch caches this very dict (lru_cache) and reads it on every load
-                table.update(then)
-                changes.append(
-                    f"torch's built-in allowlist (torch._weights_only_unpickler._get_allowed_globals()) changed: "
-                    f"added {extra}, removed {gone}, replaced {swapped}; to trust a global for a test, declare it "
-                    "(safe_globals) or use torch.serialization.safe_globals([...]) as a context"
-                )
+        table, then = torch_allowlist_table(), self.allowlist
+        extra = sorted(k for k in table if k not in then)
+        gone = sorted(k for k in then if k not in table)
+        swapped = sorted(k for k in then if k in table and not _same_entry(table[k], then[k]))
+        if extra or gone or swapped:
+            table.clear()  # in place: torch caches this very dict (lru_cache) and reads it on every load
+            table.update(then)
+            changes.append(
+                f"torch's built-in allowlist (torch._weights_only_unpickler._get_allowed_globals()) changed: "
+                f"added {extra}, removed {gone}, replaced {swapped}; to trust a global for a test, declare it "
+                "(safe_globals) or use torch.serialization.safe_globals([...]) as a context"
+            )
         registry, packages = getattr(torch.serialization, "_package_registry", None), self.packages
-        if registry is not None and not (
-            len(registry) == len(packages) and all(a is b for a, b in zip(registry, packages))
-        ):
+        if registry is not None and [id(entry) for entry in registry] != [id(entry) for entry in packages]:
             added = [_describe(entry[2]) for entry in registry if not any(entry is p for p in packages)]
             registry[:] = packages  # in place: torch reads this very list
             changes.append(
@@ -299,8 +265,7 @@ class SerializationState:
 
 
 def _restore(target: Any, then: dict[str, Any], skip: set[str]) -> tuple[dict[str, Any], list[str], list[str]]:
-    """Put back the attributes of *target* (a module or class) but *skip*; (the replaced ones as they
-    were found, the removed, the added), sorted by name."""
+    """Put back *target*'s attributes but *skip*; returns (the replaced as found, the removed, the added), sorted."""
     now = vars(target)
     replaced = {k: now[k] for k in sorted(then) if k not in skip and k in now and not _same(now[k], then[k])}
     removed = sorted(k for k in then if k not in skip and k not in now)

@@ -25,6 +25,11 @@ from torch_serial_testing.tools import facts
 _hook: Optional[Callable[[], None]] = None
 
 
+def recording_active() -> bool:
+    """Whether the library's recorder stands in for torch's ``_add_safe_globals`` right now (only while a test runs)."""
+    return torch._weights_only_unpickler._add_safe_globals is registry._recording_add
+
+
 def proxy_installed() -> bool:
     """Whether torch.serialization's ``warnings`` is the library's proxy right now (never between loads)."""
     return isinstance(getattr(torch.serialization, "warnings", None), loader._SerializationWarnings)
@@ -79,7 +84,7 @@ def process_state() -> dict[str, Any]:
         "allocator": dimensions.allocator_installed(),
         "registry": sorted(qualified_name(g) for g in torch.serialization.get_safe_globals()),
         "env": {k: v for k, v in os.environ.items() if k.startswith("TORCH_FORCE_")},
-        "recorder_installed": registry.recording_active(),
+        "recorder_installed": recording_active(),
         "filters": list(warnings.filters),
         "warnings_proxy_installed": proxy_installed(),
         "torch.load": torch.load,

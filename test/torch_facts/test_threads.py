@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from torch_serial_testing import Checkpoint, loading
-from torch_serial_testing import serialization as loader
 from torch_serial_testing.prediction import predict
 from torch_serial_testing.registry import snapshot_registry
 
