@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
@@ -100,13 +101,22 @@ def split_entry(item: Any) -> tuple[Any, Optional[str], bool, Optional[str]]:
     return item, torch_key(item), False, None
 
 
+_name_problem = functools.lru_cache(maxsize=1024)(name_problem)  # a function of the string alone
+
+
 def resolve_global(name: str) -> Any:
     """Import ``module.attr[.attr]`` (longest importable module prefix) of an author's declaration."""
-    if problem := name_problem(name):
+    if problem := _name_problem(name):
         raise RoundTripConfigError(
             f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'"
         )
     parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):  # an imported module first, without the import machinery
+        if (module := sys.modules.get(".".join(parts[:cut]))) is not None:
+            try:
+                return functools.reduce(getattr, parts[cut:], module)
+            except AttributeError:
+                break
     for cut in range(len(parts) - 1, 0, -1):
         try:
             module = importlib.import_module(".".join(parts[:cut]))
@@ -122,9 +132,10 @@ def resolve_global(name: str) -> Any:
     )
 
 
+@functools.lru_cache(maxsize=1024)  # a function of the name alone; a test file declares the same few names
 def _code_running(name: Optional[str]) -> bool:
-    module = (name or "").rpartition(".")[0]
-    return name in CODE_RUNNING or any(module == m or module.startswith(m + ".") for m in CODE_RUNNING_MODULES)
+    parts = (name or "").split(".")[:-1]  # the module and each package above it
+    return name in CODE_RUNNING or any(".".join(parts[:i]) in CODE_RUNNING_MODULES for i in range(1, len(parts) + 1))
 
 
 def _runs_as(obj: Any, depth: int = 0) -> list[Optional[str]]:
@@ -142,7 +153,7 @@ def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
     code-running callable (by identity and by name), an object not importable under its pickled name."""
     if isinstance(obj, types.ModuleType):
         return f"it is the module {show_name(obj.__name__)}: a pickle names globals in modules, never a module itself"
-    for n in (torch_key(obj), name, *_runs_as(obj)):
+    for n in dict.fromkeys((torch_key(obj), name, *_runs_as(obj))):
         if _code_running(n):
             return f"{show_name(n)} runs code or reaches the system when a pickle calls it"
     if explicit:
@@ -161,6 +172,8 @@ def declaration_problem(obj: Any, name: str, explicit: bool) -> Optional[str]:
 def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None) -> tuple[SafeGlobal, ...]:
     """A declaration as :class:`SafeGlobal` entries; what can never be a safe global is refused here, a
     function-local class first if the declaration has a *label* (``TestFoo.safe_globals``)."""
+    if _returned.get(id(declared)) is declared:
+        return declared  # type: ignore[return-value]  # this function's own result (the mixin's, every load)
     _check_declaration(declared)
     for item in declared if label else ():
         try:
@@ -195,7 +208,16 @@ def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None)
     names = [sg.name for sg in out]
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise RoundTripConfigError(f"safe global declared twice: {', '.join(map(show_name, dupes))}")
-    return tuple(out)
+    if len(_returned) >= 256:
+        _returned.clear()
+    result = tuple(out)
+    _returned[id(result)] = result
+    return result
+
+
+#: The tuples :func:`normalize_safe_globals` returned, by id (kept alive: an id stays its own).  Handed back,
+#: they are read already; anything else (a tuple the author wrote, entries made by hand) is read every time.
+_returned: dict[int, tuple[SafeGlobal, ...]] = {}
 
 
 as_safe_globals = normalize_safe_globals

@@ -21,7 +21,7 @@ from .serialization import SerializationState
 
 
 def _watched_env() -> dict[str, Optional[str]]:
-    return {k: v for k, v in os.environ.items() if k.startswith("TORCH_FORCE_")}
+    return {k: os.environ.get(k) for k in os.environ if k.startswith("TORCH_FORCE_")}  # (keys: decoded once)
 
 
 def _entry_name(entry: Any) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 
 from .checkpoint import Checkpoint
-from .declarations import as_safe_globals, declared_entries
+from .declarations import as_safe_globals
 from .errors import CheckpointFormatError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
 from .modes import FORCE_NO_WO, LoadMode, decide
 from .prediction import Expectation, _as_checkpoint, decided
@@ -27,6 +27,10 @@ from .registry import registered_by_torch, registered_entries, registry_lock, re
 from .registry import safe_globals_context_missing
 from .serialization import FORCE_NO_NOTICE, TORCH_SERIALIZATION, Observation, genuine, raiser
 from .serialization import observe_serialization_warnings, watch_stdout
+
+
+#: What a load without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment observes: nothing.
+_UNOBSERVED = Observation()
 
 
 def mode_skip_reason(mode: LoadMode) -> Optional[str]:
@@ -75,13 +79,14 @@ def load_kwargs(given: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     return extra
 
 
-@contextlib.contextmanager
-def _source(checkpoint: Checkpoint, to_file: bool) -> Iterator[Optional[str]]:
+def _source(checkpoint: Checkpoint, to_file: bool) -> contextlib.AbstractContextManager[Optional[str]]:
     """None (load from memory) or the path of a private temporary file holding *checkpoint*'s bytes,
     removed after the load (tensors loaded with ``mmap=True`` keep their mapping)."""
-    if not to_file:
-        yield None
-        return
+    return _private_file(checkpoint) if to_file else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _private_file(checkpoint: Checkpoint) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="tst-checkpoint-") as folder:  # mode 0700: nobody swaps the bytes
         path = os.path.join(folder, "checkpoint.pt")
         with open(path, "wb") as fh:
@@ -107,11 +112,12 @@ def load(
     checkpoint = _as_checkpoint(checkpoint, "load")
     if reason := mode_skip_reason(mode):
         raise unittest.SkipTest(reason)
-    safe_globals = as_safe_globals(safe_globals)
+    # The declaration is read (and judged) only where the mode uses it: inside torch's safe_globals context.
+    safe_globals = as_safe_globals(safe_globals) if mode is LoadMode.SAFE_GLOBALS else ()
     extra = load_kwargs(extra_kwargs)
     with registry_lock, _source(checkpoint, from_file or bool(extra.get("mmap"))) as path:
         # The environment is read once per load; undecided, it is loaded all the same (see _verify).
-        decision, expectation = decided(mode, checkpoint, declared_entries(safe_globals))
+        decision, expectation = decided(mode, checkpoint, tuple((sg.obj, sg.name) for sg in safe_globals))
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):
             raise UnsafeLoadRefused(
                 f"refusing a weights_only=False load ({expectation.reason}) of bytes this process "
@@ -140,7 +146,7 @@ def load(
         registered = registered_entries() if replaced else []
         # torch warns only with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD set: else nothing to observe (a replaced loader is)
         observing = replaced or (decision is not None and decision.force_no_set)
-        watch = observe_serialization_warnings() if observing else contextlib.nullcontext(Observation())
+        watch = observe_serialization_warnings() if observing else contextlib.nullcontext(_UNOBSERVED)
         # torch's safe_globals exit drops entries registered before it (a replaced loader may add its own): restored
         snapshot = snapshot_registry() if mode is LoadMode.SAFE_GLOBALS or replaced else None
         try:

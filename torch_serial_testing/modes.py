@@ -141,7 +141,7 @@ def conflict_message(wo: Optional[str], no: Optional[str]) -> str:
     )
 
 
-@dataclass(eq=False)
+@dataclass(frozen=True, eq=False)
 class Decision:
     """The effective ``weights_only`` of one load mode here and now, and what it was read from."""
 
@@ -153,10 +153,24 @@ class Decision:
     cause: str  # "explicit": the argument, "force_wo" / "force_no": a switch, "default"
 
 
+#: (mode, the switches' values, torch.load, torch's own load and default) -> the decision.
+_decisions: dict[tuple[Any, ...], Decision] = {}
+
+
 def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decision:
     """torch.load's decision for *mode* in *environ* (default ``os.environ``), read on every load (the
     canary's answers are remembered); both switches set raises ConflictingEnvironmentError."""
     wo, no = switch_values(environ)
+    ser, load = torch.serialization, getattr(torch, "load", None)
+    key = (mode, wo, no, load, genuine("load"), getattr(ser, "_default_to_weights_only", None))
+    if (known := _decisions.get(key)) is None:
+        if len(_decisions) >= 64:
+            _decisions.clear()
+        known = _decisions[key] = _decide(mode, wo, no)
+    return known
+
+
+def _decide(mode: LoadMode, wo: Optional[str], no: Optional[str]) -> Decision:
     explicit = mode.explicit_weights_only
     weights_only, warns = _ask(explicit, wo, no)
     if weights_only is None:

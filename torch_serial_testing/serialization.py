@@ -9,12 +9,13 @@ in torch.serialization is a proxy consuming the FORCE_NO warning in the observin
 from __future__ import annotations
 
 import io
+import operator
 import re
 import sys
 import threading
 import types
 import warnings
-from contextlib import contextmanager, nullcontext, redirect_stdout, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, redirect_stdout, suppress
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -159,11 +160,15 @@ class _Tee:
 
 
 @contextmanager
-def watch_stdout(active: bool) -> Iterator[Optional[io.StringIO]]:
-    """Copy what is printed during a replaced ``torch.load`` (torch_npu prints the FORCE_NO notice)."""
-    copy = io.StringIO() if active else None
-    with redirect_stdout(_Tee(sys.stdout, copy)) if copy is not None else nullcontext():  # type: ignore[type-var]
+def _watched_stdout() -> Iterator[io.StringIO]:
+    copy = io.StringIO()
+    with redirect_stdout(_Tee(sys.stdout, copy)):  # type: ignore[type-var]
         yield copy
+
+
+def watch_stdout(active: bool) -> AbstractContextManager[Optional[io.StringIO]]:
+    """Copy what is printed during a replaced ``torch.load`` (torch_npu prints the FORCE_NO notice)."""
+    return _watched_stdout() if active else nullcontext()
 
 
 #: Modules whose whole namespace is state, and the names in each that are not the test's to restore:
@@ -239,9 +244,10 @@ class SerializationState:
                 fn.__code__, fn.__defaults__ = code, defaults
                 fn.__kwdefaults__ = None if kwdefaults is None else dict(kwdefaults)
         table, then = torch_allowlist_table(), self.allowlist
-        extra = sorted(k for k in table if k not in then)
-        gone = sorted(k for k in then if k not in table)
-        swapped = sorted(k for k in then if k in table and not _same_entry(table[k], then[k]))
+        unchanged = table.keys() == then.keys() and all(map(operator.is_, table.values(), then.values()))
+        extra = [] if unchanged else sorted(k for k in table if k not in then)
+        gone = [] if unchanged else sorted(k for k in then if k not in table)
+        swapped = [] if unchanged else sorted(k for k in then if k in table and not _same_entry(table[k], then[k]))
         if extra or gone or swapped:
             table.clear()  # in place: torch caches this very dict (lru_cache) and reads it on every load
             table.update(then)
@@ -267,6 +273,8 @@ class SerializationState:
 def _restore(target: Any, then: dict[str, Any], skip: set[str]) -> tuple[dict[str, Any], list[str], list[str]]:
     """Put back *target*'s attributes but *skip*; returns (the replaced as found, the removed, the added), sorted."""
     now = vars(target)
+    if now.keys() == then.keys() and all(map(operator.is_, now.values(), then.values())):
+        return {}, [], []  # unchanged (the common case), told at C speed
     replaced = {k: now[k] for k in sorted(then) if k not in skip and k in now and not _same(now[k], then[k])}
     removed = sorted(k for k in then if k not in skip and k not in now)
     added = sorted(k for k in now if k not in then and k not in skip)
