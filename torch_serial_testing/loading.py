@@ -155,7 +155,7 @@ def load(
         finally:
             if snapshot is not None:
                 restore_registry(snapshot)
-    printed = bool(FORCE_NO_NOTICE.search(out.getvalue())) if out is not None else False
+    printed = bool(FORCE_NO_NOTICE.search(out.copy.getvalue())) if out is not None else False
     result = _verify(expectation, value, error, observed.seen, printed, registered)
     _drop_tracebacks(error)
     return result

@@ -146,29 +146,22 @@ def observe_serialization_warnings(consume_all: bool = False) -> Iterator[Observ
 
 
 class _Tee:
-    """Passes everything through to the real stream and keeps a copy."""
+    """Passes everything through to the real stream and keeps a copy of what is written."""
 
-    def __init__(self, stream: Any, copy: io.StringIO) -> None:
-        self._stream, self._copy = stream, copy
+    def __init__(self, stream: Any) -> None:
+        self._stream, self.copy = stream, io.StringIO()
 
     def write(self, text: str) -> int:
-        self._copy.write(text)
+        self.copy.write(text)
         return int(self._stream.write(text))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
-@contextmanager
-def _watched_stdout() -> Iterator[io.StringIO]:
-    copy = io.StringIO()
-    with redirect_stdout(_Tee(sys.stdout, copy)):  # type: ignore[type-var]
-        yield copy
-
-
-def watch_stdout(active: bool) -> AbstractContextManager[Optional[io.StringIO]]:
+def watch_stdout(active: bool) -> AbstractContextManager[Optional[_Tee]]:
     """Copy what is printed during a replaced ``torch.load`` (torch_npu prints the FORCE_NO notice)."""
-    return _watched_stdout() if active else nullcontext()
+    return redirect_stdout(_Tee(sys.stdout)) if active else nullcontext()  # type: ignore[type-var]
 
 
 #: Modules whose whole namespace is state, and the names in each that are not the test's to restore:
