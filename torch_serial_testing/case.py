@@ -90,8 +90,7 @@ class SerializationRoundTripTestCase:
             modes = dimension("load_modes", cls.load_modes, "('default',)")
             cls.load_modes = dimension("load_modes", tuple(LoadMode.parse(m) for m in modes), "('default',)")
         validate_qengines(cls.qengines)
-        make = cls.__dict__.get("make_module")
-        if make is not None and not callable(make):
+        if (make := cls.__dict__.get("make_module")) is not None and not callable(make):
             raise RoundTripConfigError(f"{cls.__name__}.make_module must be a method returning a torch.nn.Module")
         for name, value in list(cls.__dict__.items()):
             if name.startswith("test") and callable(value):
@@ -266,33 +265,12 @@ class SerializationRoundTripTestCase:
         declared = self._declared(safe_globals, "load_checkpoint")
         return load_in_test(self, checkpoint, mode, declared, map_location, MISSING)
 
-    def assertRoundTripEqual(  # noqa: N802 - unittest naming
-        self,
-        expected: Any,
-        actual: Any,
-        *,
-        rtol: Optional[float] = None,
-        atol: Optional[float] = None,
-        allow_subclasses: bool = False,
-        check_requires_grad: bool = True,
-        check_dtype: bool = True,
-        check_device: bool = True,
-        check_layout: bool = True,
-    ) -> None:
-        """Deep comparison, exact by default, naming the first difference's path (:func:`assert_round_trip_equal`)."""
+    def assertRoundTripEqual(self, expected: Any, actual: Any, **checks: Any) -> None:  # noqa: N802 - unittest naming
+        """Deep comparison, exact by default, naming the first difference's path; the keywords (``rtol``, ``atol``,
+        ``allow_subclasses``, ``check_*``) are those of :func:`assert_round_trip_equal`."""
         from .comparison import assert_round_trip_equal
 
-        assert_round_trip_equal(
-            expected,
-            actual,
-            rtol=rtol,
-            atol=atol,
-            allow_subclasses=allow_subclasses,
-            check_requires_grad=check_requires_grad,
-            check_dtype=check_dtype,
-            check_device=check_device,
-            check_layout=check_layout,
-        )
+        assert_round_trip_equal(expected, actual, **checks)
 
     def required_globals(self, obj_or_buffer: Any) -> list[str]:
         """Globals the checkpoint of *obj_or_buffer* needs beyond torch's allowlist."""

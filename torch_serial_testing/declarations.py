@@ -111,21 +111,17 @@ def resolve_global(name: str) -> Any:
             f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'"
         )
     parts = name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):  # an imported module first, without the import machinery
-        if (module := sys.modules.get(".".join(parts[:cut]))) is not None:
+    for find in (sys.modules.get, importlib.import_module):  # an imported module first, without the import machinery
+        for cut in range(len(parts) - 1, 0, -1):
             try:
-                return functools.reduce(getattr, parts[cut:], module)
-            except AttributeError:
-                break
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            module = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        try:
-            return functools.reduce(getattr, parts[cut:], module)
-        except AttributeError:
-            break
+                module = find(".".join(parts[:cut]))
+            except ImportError:
+                continue
+            if module is not None:
+                try:
+                    return functools.reduce(getattr, parts[cut:], module)
+                except AttributeError:
+                    break
     raise RoundTripConfigError(
         f"safe global {quote_name(name)} is not importable; fix the spelling ('package.module.Name') or "
         "declare the object itself"

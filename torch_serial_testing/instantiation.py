@@ -175,7 +175,6 @@ def _test_methods(generic_cls: type) -> tuple[dict[str, Callable[..., Any]], lis
     found: dict[str, Any] = {}  # a subclass's "test_x = None" hides the base's test_x
     bases: list[type] = []
     for klass in generic_cls.__mro__:
-        # a test framework's base class (unittest, expecttest, pytorch's common_utils) has no tests of ours
         if f"{klass.__module__}.".startswith(FRAMEWORKS) or klass in (SerializationRoundTripTestCase, object):
             continue
         attrs = {**vars(klass), **vars(klass).get("_tst_tests", {})}
@@ -219,8 +218,7 @@ def import_round_trip_tests(
     order = list(vars(module))
     classes.sort(key=lambda c: order.index(c.__name__) if c.__name__ in order else len(order))
     for cls in classes:
-        existing = scope.get(cls.__name__)
-        if existing is not None and existing is not cls:
+        if (existing := scope.get(cls.__name__)) is not None and existing is not cls:
             raise RoundTripConfigError(
                 f"{cls.__name__} from {module.__name__} would replace {existing!r} already in the aggregator; "
                 "rename one of the test classes"

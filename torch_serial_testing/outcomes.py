@@ -118,10 +118,9 @@ def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:
     a generic test run uninstantiated fails saying how to instantiate it."""
     if getattr(fn, "_tst_wrapped", False):
         return fn
-    handle = getattr(fn, "hypothesis", None)
-    inner = getattr(handle, "inner_test", None)
+    inner = getattr(getattr(fn, "hypothesis", None), "inner_test", None)
     if callable(inner) and not getattr(inner, "_tst_wrapped", False):
-        handle.inner_test = _ending(inner, generic=False)  # type: ignore[union-attr]
+        fn.hypothesis.inner_test = _ending(inner, generic=False)  # type: ignore[attr-defined]
     return _ending(fn, generic=True)
 
 

@@ -199,14 +199,12 @@ def resolvable(cls: type, declared: Iterable[Any]) -> Iterator[None]:
     """*cls* bound in its module while its declaration of a class nested in it resolves (``module.TestX.Net``)."""
     listed = () if isinstance(declared, (str, bytes)) or not hasattr(declared, "__iter__") else declared
     module = _missing_holder(cls, listed)
-    if module is None:
-        yield
-        return
-    setattr(module, cls.__name__, cls)
+    if module is not None:
+        setattr(module, cls.__name__, cls)
     try:
         yield
     finally:
-        if vars(module).get(cls.__name__) is cls:
+        if module is not None and vars(module).get(cls.__name__) is cls:
             delattr(module, cls.__name__)
 
 
