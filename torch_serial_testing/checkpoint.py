@@ -67,8 +67,7 @@ class Checkpoint:
     __slots__ = ("_buffer", "_owned", "_info")
 
     def __init__(self, buffer: IO[bytes], *, _owned: bool = False) -> None:
-        self._buffer = buffer
-        self._owned = _owned
+        self._buffer, self._owned = buffer, _owned
         self._info: Optional[CheckpointInfo] = None
 
     @classmethod
@@ -208,7 +207,6 @@ def scan_checkpoint(f: BufferLike, *, limits: Optional[ScanLimits] = None) -> Ch
 
 
 def _scan(f: IO[bytes], limits: ScanLimits, read: Callable[[IO[bytes], int, ScanState], str]) -> CheckpointInfo:
-    """Scan the checkpoint of *f* (from its position 0 to its end) with the archive reader *read*."""
     nbytes = f.seek(0, io.SEEK_END)
     f.seek(0)
     if nbytes == 0:
@@ -224,7 +222,7 @@ def _scan(f: IO[bytes], limits: ScanLimits, read: Callable[[IO[bytes], int, Scan
         globals=tuple(sorted(state.globals)),
         nbytes=nbytes,
         unsupported_opcodes=tuple(sorted(state.refused_opcodes)),
-        weights_only_blocker=state.blocker,
+        weights_only_blocker=next((c.message for c in state.checks if c.kind == "refused"), None),
         full_load_globals=tuple(sorted(state.full_load_globals)),
         checks=tuple(state.checks),
         opcodes_walked=state.opcodes,

@@ -80,8 +80,7 @@ def load_kwargs(given: Optional[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _source(checkpoint: Checkpoint, to_file: bool) -> contextlib.AbstractContextManager[Optional[str]]:
-    """None (load from memory) or the path of a private temporary file holding *checkpoint*'s bytes,
-    removed after the load (tensors loaded with ``mmap=True`` keep their mapping)."""
+    """None (from memory) or a private temporary copy, removed after the load (mmap-ed tensors keep their mapping)."""
     return _private_file(checkpoint) if to_file else contextlib.nullcontext()
 
 
@@ -162,8 +161,7 @@ def load(
 
 
 def _drop_tracebacks(error: Optional[BaseException]) -> None:
-    """Detach a judged rejection (and its chain) from the frames it was raised in: they hold the result
-    that holds the error, a reference cycle (torch's unpickler, the buffer...) left to the collector."""
+    """Detach a judged rejection and its chain from their frames, which hold the result holding it (a cycle)."""
     seen: set[int] = set()
     stack: list[Optional[BaseException]] = [error]
     while stack:
@@ -177,9 +175,8 @@ def _drop_tracebacks(error: Optional[BaseException]) -> None:
 def _torch_load(
     checkpoint: Checkpoint, mode: LoadMode, safe_globals: Sequence, kwargs: dict, exp: Expectation, path: Optional[str]
 ) -> tuple[Any, Optional[BaseException]]:
-    """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection).  Bytes this
-    process saved go to ``torch.load`` as the process has it (a replacement is judged by its outcome);
-    foreign bytes only ever to torch's own ``torch.serialization.load`` (:func:`.serialization.genuine`)."""
+    """The one ``torch.load`` call of *mode*: (value, None) or (None, torch's rejection).  Owned bytes go to
+    ``torch.load`` as the process has it (a replacement is judged by its outcome); foreign ones to torch's own only."""
     torch_load = torch.load if checkpoint.owned else genuine("load")
     buf: Any = checkpoint.rewound() if path is None else path
     try:
@@ -205,13 +202,11 @@ def _torch_load(
 
 
 def _is_error_type(error: Optional[BaseException], type_name: str) -> bool:
-    """Whether *error* is a *type_name* (by class name, subclasses included); no error is none."""
     return error is not None and any(c.__name__ == type_name for c in type(error).__mro__)
 
 
 def _names_a_cause(exp: Expectation, message: str) -> bool:
-    """Whether torch's rejection names a predicted cause: the unpickler stops at the first it meets, so
-    the predicted rejection text, or any missing global or refused opcode, will do."""
+    """Whether the rejection names a predicted cause (torch stops at the first): its text, missing globals, opcodes."""
     if exp.rejection and exp.rejection in message:
         return True
     for name in exp.missing:  # torch's message drops the ``builtins.`` prefix
@@ -224,8 +219,7 @@ def _names_a_cause(exp: Expectation, message: str) -> bool:
 def _verify(
     exp: Expectation, value: Any, error: Optional[BaseException], warned: bool, printed: bool, registered: Sequence
 ) -> LoadResult:
-    """Judge one load: loaded or rejected as predicted, for a predicted cause.  Under a replaced
-    ``torch.load`` the warning is not judged but recorded (:func:`replacement_notes`)."""
+    """Judge one load: as predicted, for a predicted cause (a replaced torch.load's warning is only recorded)."""
     loaded = error is None
     notes = replacement_notes(exp.warns, error, warned, printed, registered) if exp.replaced_by else ()
     problem: Optional[str] = None

@@ -2,8 +2,7 @@
 
 A value is a global by name, an object by its type, a dict with its few known keys, a small int or short
 str as itself.  Which container targets and persistent ids torch refuses, and in which words, are the
-running torch's (:class:`~.unpickler.UnpicklerRules`); so is what its BUILD does with a state.
-"""
+running torch's (:class:`~.unpickler.UnpicklerRules`); so is what its BUILD does with a state."""
 
 from __future__ import annotations
 
@@ -129,8 +128,7 @@ def add_dict_keys(target: Any, keys: Any) -> None:  # SETITEM(S) onto target
 
 LIST, SET, FROZENSET = Obj("builtins.list"), Obj("builtins.set"), Obj("builtins.frozenset")
 BOOL, NONE, FLOAT = Obj("builtins.bool"), Obj("builtins.NoneType"), Obj("builtins.float")
-INT = Obj("builtins.int")  # an int the model did not decode
-STR = Obj("builtins.str")  # a str too long to keep
+INT, STR = Obj("builtins.int"), Obj("builtins.str")  # an int the model did not decode, a str too long to keep
 BYTES, BYTEARRAY, PICKLEBUFFER = Obj("builtins.bytes"), Obj("builtins.bytearray"), Obj("pickle.PickleBuffer")
 UNKNOWN, STORAGE = Obj(None), Obj("torch.storage.TypedStorage")
 #: Opcodes that push one constant abstract value (EMPTY_LIST, NONE, LONG4, floats, bytes, buffers, EMPTY_SET).
@@ -223,10 +221,6 @@ class ScanState:
             self.seen.add(key)
             self.checks.append(Check(kind, name, message, shape))
 
-    @property
-    def blocker(self) -> Optional[str]:
-        return next((c.message for c in self.checks if c.kind == "refused"), None)
-
 
 def loaded_class(name: str) -> Optional[type]:
     """The class *name* if its module is already imported, else None; read from ``__dict__``\\ s, so
@@ -250,8 +244,7 @@ _CONTAINERS = {"list": (list, {"builtins.list": "list"}), "dict": (dict, _DICT_K
 
 
 def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, Any]] = None) -> tuple[str, ...]:
-    """The target kinds (see :mod:`.unpickler`) an instance of *type_name* may be for *opcode*.
-    *user_classes*: user-allowlisted names -> objects (a prediction); None: the allowlist is unknown (a scan)."""
+    """The target kinds (:mod:`.unpickler`) of a *type_name* instance for *opcode*; *user_classes* is None in a scan."""
     family = "list" if opcode.startswith("APPEND") else "dict"
     base, exact = _CONTAINERS[family]
     if type_name in exact:

@@ -115,9 +115,8 @@ def decided(
     reason, warns, replaced = decision.reason, decision.warns, decision.replaced_by
     try:  # (the scan itself raises no ProbeFailed)
         info = checkpoint.info
-        if info.format == "torchscript" and any(
-            c.kind == "jit" for c in info.checks
-        ):  # read by the tools: torch 2.4 hands it to torch.jit.load
+        # read by the tools: torch 2.4 hands a TorchScript archive to torch.jit.load
+        if info.format == "torchscript" and any(c.kind == "jit" for c in info.checks):
             reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
             return decision, Expectation(mode, False, warns, True, (), reason, replaced)
         rules = unpickler_rules()
@@ -151,8 +150,7 @@ _expected: dict[tuple[int, ...], tuple[tuple[Any, ...], Expectation]] = {}
 
 @dataclass(eq=False)
 class _Allowed:
-    """What a weights-only load accepts here: global names, the types BUILD accepts, those types'
-    objects by name, and the user-allowlisted objects by name (for container target checks)."""
+    """What a weights-only load accepts here: global names, BUILD's types, their objects, user-allowlisted objects."""
 
     names: frozenset[str]
     types: frozenset[str]
@@ -288,8 +286,7 @@ def needed_globals(info: Any, allowed: Any = None) -> list[str]:
     asked): its GLOBALs and the types BUILD is applied to.  The one place this is computed."""
     allowed = torch_allowlist() if allowed is None else allowed
     needed = {g for g in info.globals if g not in allowed}
-    # Types BUILD is applied to count too (numpy.dtypes.Float64DType is never a GLOBAL); those on
-    # torch's own allowlist only where this torch's BUILD does not build them (2.4, 2.5).
+    # BUILD's types count too (numpy's Float64DType is no GLOBAL); torch's own where its BUILD refuses them (2.4, 2.5)
     types = set(info.type_checks)
     if types and unpickler_rules().build.torch_types_buildable:
         types -= set(allowed) | torch_allowed_type_names()

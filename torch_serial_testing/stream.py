@@ -39,12 +39,9 @@ def is_truncated(e: BaseException) -> bool:
     return getattr(e, "truncated", False) is True
 
 
-def damaged(what: str, pos: int) -> CheckpointFormatError:
-    return CheckpointFormatError(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
-
-
-def truncated(what: str, pos: int) -> CheckpointFormatError:
-    return TruncatedStream(f"the pickle stream is truncated or damaged: {what} at byte {pos}")
+def damaged(what: str, pos: int, truncated: bool = False) -> CheckpointFormatError:  # truncated: more may complete it
+    message = f"the pickle stream is truncated or damaged: {what} at byte {pos}"
+    return TruncatedStream(message) if truncated else CheckpointFormatError(message)
 
 
 def need(stack: list[Any], k: int, at: int, floor: int = 0) -> None:  # floor: the innermost open MARK's height
@@ -105,29 +102,28 @@ def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimi
         if not size:
             return None, pos
         if pos + size > end:
-            raise truncated("truncated argument", at)
+            raise damaged("truncated argument", at, truncated=True)
         return data[pos : pos + size], pos + size
     if kind == _COUNTED:
         if pos + size > end:
-            raise truncated("truncated length", at)
+            raise damaged("truncated length", at, truncated=True)
         length = int.from_bytes(data[pos : pos + size], "little")
         pos += size
         if length > end - pos:
-            raise truncated(f"a {length}-byte argument beyond the end of the stream", at)
+            raise damaged(f"a {length}-byte argument beyond the end of the stream", at, truncated=True)
         return (pos, length), pos + length
     max_name = limits.max_name_length
     window = pos + max_name + limits.max_int_digits + 2
     nl = data.find(b"\n", pos, min(end, window))
     if nl < 0:
-        what = "a text argument without newline (or longer than the limits)"
-        raise truncated(what, at) if window > end else damaged(what, at)
+        raise damaged("a text argument without newline (or longer than the limits)", at, truncated=window > end)
     arg: Any = data[pos:nl]
     pos = nl + 1
     if kind == _TWO_LINES:
         nl = data.find(b"\n", pos, min(end, pos + max_name + 2))
         if nl < 0:
             what = "a global name without newline (or longer than ScanLimits.max_name_length)"
-            raise truncated(what, at) if pos + max_name + 2 > end else damaged(what, at)
+            raise damaged(what, at, truncated=pos + max_name + 2 > end)
         arg = (arg, data[pos:nl])
         pos = nl + 1
     return arg, pos
@@ -155,7 +151,7 @@ def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatE
         if pos >= end:
             return TruncatedStream("the pickle stream ended early (no STOP opcode): the checkpoint is truncated")
         if at + 9 >= end:  # an opcode's fixed argument (at most 8 bytes) past the end
-            return truncated("an argument past the end of the stream", at)
+            return damaged("an argument past the end of the stream", at, truncated=True)
         return damaged("stack underflow, or an argument past the end of the stream", at)
     if isinstance(e, KeyError):
         return damaged(f"memo entry {e} read before it was written", at)

@@ -3,8 +3,7 @@
 Probes are few-byte pickles fed to torch's real unpickler (only its constructor and ``load`` are assumed;
 :class:`ProbeFailed` when they fail).  They read the rules that change between releases (its opcodes, the
 container targets and persistent ids it refuses, how BUILD applies a state, when Python-2 names are renamed,
-its words), which the static model (:mod:`.model`, :mod:`.walker`) replays; nothing falls back to another torch's.
-"""
+its words), which the static model (:mod:`.model`, :mod:`.walker`) replays; nothing falls back to another torch's."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ def with_type(message: str, cls: type) -> str:
     return message[: -len(shown)]
 
 
-# The probes' classes: a list and a dict subclass; a plain class (a __dict__, no __setstate__); instances
-# with a slot and no __dict__, with both; a __setstate__ that records its call.
+# The probes' classes: list and dict subclasses, a plain class, slotted ones, one recording its __setstate__.
 class ProbeList(list): ...  # type: ignore[type-arg]
 
 
@@ -125,10 +123,6 @@ def made(kind: str) -> Any:
 def made_op(kind: str) -> bytes:
     """The ops that push ``made(kind)``: REDUCE of the factory with ``(kind,)``."""
     return global_op(made) + text(kind) + pickle.TUPLE1 + pickle.REDUCE
-
-
-#: APPEND(S) targets as torch's checks tell them apart; "allowlisted_": the type is user-allowlisted.
-APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
 
 
 @dataclass(frozen=True)
@@ -268,12 +262,9 @@ def _opcodes(template: str) -> frozenset[str]:
     return opcodes
 
 
-_CONTAINER_OPS = {
-    "APPEND": small_int(1) + pickle.APPEND,
-    "APPENDS": pickle.MARK + small_int(1) + pickle.APPENDS,
-    "SETITEM": small_int(0) + small_int(0) + pickle.SETITEM,
-    "SETITEMS": pickle.MARK + small_int(0) + small_int(0) + pickle.SETITEMS,
-}
+_CONTAINER_OPS = {"APPEND": small_int(1) + pickle.APPEND, "APPENDS": pickle.MARK + small_int(1) + pickle.APPENDS}
+_CONTAINER_OPS["SETITEM"] = small_int(0) + small_int(0) + pickle.SETITEM
+_CONTAINER_OPS["SETITEMS"] = pickle.MARK + small_int(0) + small_int(0) + pickle.SETITEMS
 
 #: (kind, the opcodes it is a target of, its type); the first three again with their type allowlisted.
 _TARGETS = [("list_subclass", "APPEND", ProbeList), ("dict_subclass", "SETITEM", ProbeDict), ("other", "", ProbeOther)]
@@ -364,8 +355,7 @@ def _renames() -> str:
 
 
 def _refusal_prefixes() -> tuple[str, str, str]:
-    """torch's words refusing BUILD on an unlisted type, NEWOBJ of an unlisted class and REDUCE of an
-    unlisted function, each up to the object it names."""
+    """torch's words refusing BUILD on an unlisted type, NEWOBJ of a class, REDUCE of a function: up to the object."""
 
     def refused(kind: str, ops: bytes, what: str, cls: Optional[type] = None) -> str:
         message = _refusal(unpickle(made_op(kind) + ops + STOP), what)
@@ -407,10 +397,8 @@ class WalkRules:
         self.rules, self.failure = rules, failure
         names = rules.opcodes if rules is not None else frozenset(op.name for op in pickletools.opcodes)
         self.supported = frozenset(ord(op.code) for op in pickletools.opcodes if op.name in names)
-        try:  # the names torch.load resolves to its own StorageType, importing nothing
-            self.storage_names = frozenset(torch.storage._storage_type_to_dtype_map())  # type: ignore[attr-defined]
-        except AttributeError:
-            self.storage_names = frozenset()
+        # the names torch.load resolves to its own StorageType, importing nothing
+        self.storage_names = frozenset(getattr(torch.storage, "_storage_type_to_dtype_map", dict)())
 
 
 _walk_rules: list[tuple[Any, WalkRules]] = []

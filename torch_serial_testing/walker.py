@@ -2,8 +2,7 @@
 
 One pass collects every global a pickle names (as torch's weights-only unpickler spells it and as a full
 unpickle resolves it) and, in torch's order, the checks it makes (:class:`~.model.Check`) under this torch's
-rules (:mod:`.unpickler`).  Each opcode is one branch of one chain, the ones ``torch.save`` writes most first.
-"""
+rules (:mod:`.unpickler`).  Each opcode is one branch of one chain, the ones ``torch.save`` writes most first."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from .model import BOOL, BUILD_FREE, BYTES, FROZENSET, INT, LIST, PUSHES, STORAG
 from .model import DictValue, Global, Obj, ScanState, add_dict_keys, class_repr, container_check, describe_value
 from .model import full_load_name, persid_refusal, reduce_result, state_shape, type_of
 from .stream import ARG, NAMES, TruncatedStream, check_budget, checked_global_name, damaged, over_limit
-from .stream import memo_error, memo_index, need, read_argument, stream_error, text_int, text_value, truncated
-from .stream import underflow
+from .stream import memo_error, memo_index, need, read_argument, stream_error, text_int, text_value, underflow
 from .unpickler import walk_rules
 
 
@@ -46,8 +44,7 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
     memo: dict[int, Any] = {}
     marks: list[int] = []  # stack heights at each open MARK
     named: dict[Any, tuple[int, str, str, str]] = {}  # GLOBAL's raw argument -> (proto, its weights-only name)
-    # The innermost open MARK's height: no opcode reaches below it (torch's unpickler starts a new stack at MARK).
-    floor = n = proto = 0
+    floor = n = proto = 0  # floor: the innermost open MARK's height (torch's unpickler starts a new stack at MARK)
     next_check = 1024
 
     def pop_mark() -> list[Any]:
@@ -109,11 +106,11 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                 width = 4 if code == 0x58 else (1 if code == 0x8C else 8)
                 p = pos + 1 + width
                 if p > end:
-                    raise truncated("truncated length", at)
+                    raise damaged("truncated length", at, truncated=True)
                 length = unpack(data[pos + 1 : p], "little")
                 pos = p + length
                 if pos > end:
-                    raise truncated("a string beyond the end of the stream", at)
+                    raise damaged("a string beyond the end of the stream", at, truncated=True)
                 push(data[p:pos].decode("utf-8", "surrogatepass") if length <= max_name else STR)
                 continue
             if code == 0x52:  # REDUCE
@@ -304,14 +301,12 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                     raise damaged("OBJ without a class", at)
                 cls = items[0]
                 push(Obj(cls.name) if isinstance(cls, Global) else UNKNOWN)
-            elif code == 0x30:  # POP (of a MARK when one is on top, as pickle does)
-                if marks and marks[-1] == len(stack):
+            elif code == 0x30 or code == 0x31:  # POP (of a MARK when one is on top, as pickle does), POP_MARK
+                if code == 0x31 or (marks and marks[-1] == len(stack)):
                     pop_mark()
                 else:
                     need(stack, 1, at, floor)
                     stack.pop()
-            elif code == 0x31:  # POP_MARK
-                pop_mark()
             elif code == 0x32:  # DUP
                 need(stack, 1, at, floor)
                 push(stack[-1])

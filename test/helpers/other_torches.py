@@ -40,6 +40,8 @@ from torch_serial_testing.unpickler import UnpicklerRules, unpickler_rules
 FORCE_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 FORCE_NO_WO = "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 REAL_UNPICKLER = wou.Unpickler
+#: APPEND(S) targets as torch's checks tell them apart (ContainerRule.refused); "allowlisted_": user-allowlisted.
+APPEND_TARGETS = ("list", "list_subclass", "allowlisted_list_subclass", "other", "allowlisted_other")
 
 
 # -- rules objects ----------------------------------------------------------------------------------

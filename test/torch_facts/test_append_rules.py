@@ -24,12 +24,12 @@ from typing import Any
 import torch
 
 import torch_serial_testing as tst
-from test.helpers.other_torches import Torch2141Append, simulated_rules, unpickler_standin
+from test.helpers.other_torches import APPEND_TARGETS, Torch2141Append, simulated_rules, unpickler_standin
 from torch_serial_testing import Checkpoint, predict
 from torch_serial_testing.errors import UnexpectedLoadOutcome
 from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.registry import restore_registry, snapshot_registry
-from torch_serial_testing.unpickler import APPEND_TARGETS, ContainerRule, unpickler_rules
+from torch_serial_testing.unpickler import ContainerRule, unpickler_rules
 
 
 class Items(list):

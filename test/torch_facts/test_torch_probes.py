@@ -30,6 +30,7 @@ import torch
 
 import torch_serial_testing as tst
 from test.helpers.other_torches import (
+    APPEND_TARGETS,
     FORCE_NO_WO,
     FORCE_WO,
     RaisingUnpickler,
@@ -53,7 +54,6 @@ from torch_serial_testing.registry import allowlisted
 from torch_serial_testing.tools import facts
 from torch_serial_testing.tools.formats import FileCheckpoint
 from torch_serial_testing.unpickler import (
-    APPEND_TARGETS,
     ContainerRule,
     PersidRules,
     global_refusal,
