@@ -93,17 +93,13 @@ def name_problem(name: Any) -> Optional[str]:
     return None if "." in name else "has no module part ('module.Name')"
 
 
-def is_valid_name(name: Any) -> bool:
-    return name_problem(name) is None
-
-
 def is_marker(name: Any) -> bool:
     return isinstance(name, str) and _MARKER.match(name) is not None
 
 
 def show_name(name: Any) -> str:
     """*name* fit for any text output: as is when valid, else ``ascii()``-quoted and shortened."""
-    if is_valid_name(name) or is_marker(name):
+    if name_problem(name) is None or is_marker(name):
         return str(name)
     if not isinstance(name, str):
         return f"<{type(name).__name__}>"

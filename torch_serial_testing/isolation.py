@@ -66,7 +66,7 @@ class GlobalState:
         leaks: dict[str, str] = {}  # each step sets at most its own key: leaks keep the steps' order
         error: Optional[Exception] = None
         # serialization first: the later steps call torch's functions
-        for step in (self._serialization, self._engine, self._allocator, self._registry, self._env, self._config):
+        for step in (self._serialization, self._engine, self._registry, self._env, self._config):
             try:
                 step(leaks)
             except Exception as e:  # noqa: BLE001 - raised once every step ran
@@ -80,14 +80,12 @@ class GlobalState:
             leaks["serialization"] = "; ".join(changes)
 
     def _engine(self, leaks: dict[str, str]) -> None:
-        if self.qengine is not None and (now := dimensions.current_qengine()) != self.qengine:
-            leaks["engine"] = f"quantized engine {now!r} (was {self.qengine!r})"
-            torch.backends.quantized.engine = self.qengine
-
-    def _allocator(self, leaks: dict[str, str]) -> None:
-        if self.allocator is not None and (now := dimensions.allocator_installed()) != self.allocator:
-            leaks["allocator"] = f"the qnnpack mobile CPU allocator {'is still installed' if now else 'was removed'}"
-            dimensions.set_allocator(self.allocator)
+        if lines := dimensions.describe_engine_change((self.qengine, self.allocator), dimensions.engine_state()):
+            leaks["engine"] = "; ".join(lines)
+            if self.qengine is not None and dimensions.current_qengine() != self.qengine:
+                torch.backends.quantized.engine = self.qengine
+            if self.allocator is not None:
+                dimensions.set_allocator(self.allocator)
 
     def _registry(self, leaks: dict[str, str]) -> None:
         current = registry.snapshot_registry()

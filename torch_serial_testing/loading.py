@@ -79,13 +79,9 @@ def load_kwargs(given: Optional[Mapping[str, Any]]) -> dict[str, Any]:
     return extra
 
 
-def _source(checkpoint: Checkpoint, to_file: bool) -> contextlib.AbstractContextManager[Optional[str]]:
-    """None (from memory) or a private temporary copy, removed after the load (mmap-ed tensors keep their mapping)."""
-    return _private_file(checkpoint) if to_file else contextlib.nullcontext()
-
-
 @contextlib.contextmanager
 def _private_file(checkpoint: Checkpoint) -> Iterator[str]:
+    """A private temporary copy's path, removed after the load (mmap-ed tensors keep their mapping)."""
     with tempfile.TemporaryDirectory(prefix="tst-checkpoint-") as folder:  # mode 0700: nobody swaps the bytes
         path = os.path.join(folder, "checkpoint.pt")
         with open(path, "wb") as fh:
@@ -114,7 +110,8 @@ def load(
     # The declaration is read (and judged) only where the mode uses it: inside torch's safe_globals context.
     safe_globals = as_safe_globals(safe_globals) if mode is LoadMode.SAFE_GLOBALS else ()
     extra = load_kwargs(extra_kwargs)
-    with registry_lock, _source(checkpoint, from_file or bool(extra.get("mmap"))) as path:
+    to_file = from_file or bool(extra.get("mmap"))
+    with registry_lock, _private_file(checkpoint) if to_file else contextlib.nullcontext() as path:
         # The environment is read once per load; undecided, it is loaded all the same (see _verify).
         decision, expectation = decided(mode, checkpoint, tuple((sg.obj, sg.name) for sg in safe_globals))
         if not checkpoint.owned and (mode is LoadMode.WEIGHTS_ONLY_FALSE or not expectation.weights_only):

@@ -10,7 +10,6 @@ import _compat_pickle
 import itertools
 import re
 import sys
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator, Optional
@@ -40,7 +39,6 @@ class ScanLimits:
                 raise ValueError(f"ScanLimits.{name} must be a positive int, got {value!r}")
 
 
-_lock = threading.Lock()
 _current = ScanLimits()
 
 
@@ -53,14 +51,11 @@ def scan_limits(**overrides: Any) -> Iterator[ScanLimits]:
     """Change the default caps inside a ``with`` block, e.g. ``scan_limits(max_opcodes=10**8)``;
     restored on exit.  Checkpoints already scanned keep their result."""
     global _current
-    with _lock:
-        previous = _current
-        _current = replace(previous, **overrides)
+    previous, _current = _current, replace(_current, **overrides)
     try:
         yield _current
     finally:
-        with _lock:
-            _current = previous
+        _current = previous
 
 
 UNRESOLVED = "<unresolved STACK_GLOBAL>"

@@ -163,14 +163,8 @@ def decide(mode: LoadMode, environ: Optional[Mapping[str, str]] = None) -> Decis
     wo, no = switch_values(environ)
     ser, load = torch.serialization, getattr(torch, "load", None)
     key = (mode, wo, no, load, genuine("load"), getattr(ser, "_default_to_weights_only", None))
-    if (known := _decisions.get(key)) is None:
-        if len(_decisions) >= 64:
-            _decisions.clear()
-        known = _decisions[key] = _decide(mode, wo, no)
-    return known
-
-
-def _decide(mode: LoadMode, wo: Optional[str], no: Optional[str]) -> Decision:
+    if (known := _decisions.get(key)) is not None:
+        return known
     explicit = mode.explicit_weights_only
     weights_only, warns = _ask(explicit, wo, no)
     if weights_only is None:
@@ -190,4 +184,7 @@ def _decide(mode: LoadMode, wo: Optional[str], no: Optional[str]) -> Decision:
         cause, reason = "default", f"weights_only={weights_only} {why}"
         if default != weights_only:
             reason = f"weights_only={weights_only} (the environment overrides the default)"
-    return Decision(weights_only, warns, reason, torch_load_replacement(), no is not None, cause)
+    if len(_decisions) >= 64:
+        _decisions.clear()
+    decision = _decisions[key] = Decision(weights_only, warns, reason, torch_load_replacement(), no is not None, cause)
+    return decision

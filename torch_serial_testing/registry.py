@@ -89,11 +89,11 @@ def safe_globals_context_missing() -> Optional[str]:
 def allowlisted(entries: Sequence[Any]) -> Iterator[None]:
     """Trust *entries* for the weights-only loads inside the block: ``safe_globals`` where torch has it,
     else ``add_safe_globals`` undone on exit.  For probes: the ``safe_globals`` load mode never falls back."""
-    with preserved_registry():
-        if (context := getattr(torch.serialization, "safe_globals", None)) is None:
+    context = getattr(torch.serialization, "safe_globals", None)
+    with preserved_registry(), nullcontext() if context is None else context(list(entries)):
+        if context is None:
             torch.serialization.add_safe_globals(list(entries))
-        with nullcontext() if context is None else context(list(entries)):
-            yield
+        yield
 
 
 #: Registry entry -> (the module whose code called ``add_safe_globals``, whether an import was running it),

@@ -28,15 +28,11 @@ NAMES = {ord(op.code): op.name for op in pickletools.opcodes}
 
 
 def TruncatedStream(message: str) -> CheckpointFormatError:  # noqa: N802 - raised like a class
-    """A plain CheckpointFormatError marked (:func:`is_truncated`): the stream ends inside an opcode or
+    """A plain CheckpointFormatError marked (``truncated = True``): the stream ends inside an opcode or
     before STOP, and more bytes may complete it (a legacy stream is read in chunks)."""
     e = CheckpointFormatError(message)
     e.truncated = True  # type: ignore[attr-defined]
     return e
-
-
-def is_truncated(e: BaseException) -> bool:
-    return getattr(e, "truncated", False) is True
 
 
 def damaged(what: str, pos: int, truncated: bool = False) -> CheckpointFormatError:  # truncated: more may complete it

@@ -168,9 +168,8 @@ def dtype_variants(fn: Callable[..., Any], device: str) -> list[dict[str, Any]]:
 def dtype_suffix(params: dict[str, Any]) -> str:
     """The name part after the device for a ``dtype``/``dtypes`` argument: ``_float32``, ``_float32_int64``."""
     given = params.get("dtypes", params.get("dtype"))
-    if given is None:
-        return ""
-    return "_" + "_".join(str(d).split(".")[-1] for d in (given if isinstance(given, (list, tuple)) else (given,)))
+    listed = () if given is None else given if isinstance(given, (list, tuple)) else (given,)
+    return "".join(f"_{str(d).split('.')[-1]}" for d in listed)
 
 
 def author_class(cls: type, attribute: str) -> str:

@@ -102,6 +102,31 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
                     self.assertFalse(tst.predict("default", ckpt).weights_only)
             self.assertEqual(tst.predict("default", ckpt), before)
 
+    def test_unchanged_inputs_give_the_same_prediction_object(self):
+        # Remembered while nothing it depends on changed: the same decision and expectation objects.
+        ckpt = Checkpoint.save(TinyNet())
+        with clean_env():
+            first, second = tst.predict("default", ckpt), tst.predict("default", ckpt)
+            self.assertIs(first, second)
+            self.assertIs(modes.decide(LoadMode.DEFAULT), modes.decide(LoadMode.DEFAULT))
+        with clean_env(**{NO_WO: "1"}):
+            self.assertIsNot(tst.predict("default", ckpt), first)
+            self.assertFalse(tst.predict("default", ckpt).weights_only)
+
+    def test_a_module_imported_between_loads_is_predicted_anew(self):
+        # The expectation depends on which classes are imported (container targets): any import forgets it.
+        ckpt = Checkpoint.save(TinyNet())
+        with clean_env():
+            first = tst.predict("default", ckpt)
+            name = "tst_fresh_module_for_the_memo"
+            sys.modules[name] = types.ModuleType(name)
+            try:
+                again = tst.predict("default", ckpt)
+            finally:
+                del sys.modules[name]
+        self.assertIsNot(again, first)
+        self.assertEqual(again, first)
+
     def test_registry_changed_between_loads(self):
         ckpt = Checkpoint.save(TinyNet())
         with clean_env(**{WO: "1"}):
@@ -122,8 +147,31 @@ SYSTEM_REFUSED = f"refusing to allowlist {SYSTEM}: {SYSTEM} runs code or reaches
 
 
 class TestDeclarationsReadEveryLoad(unittest.TestCase):
-    """Nothing of a declaration is remembered between loads: normalizing it is cheap, so each load
-    reads it afresh (the identity cache of accepted tuples is gone on purpose)."""
+    """A declaration the author passes is read afresh on every load (a name resolves to what its module
+    holds now); only the very tuple normalize_safe_globals returned (the mixin's class attribute, read
+    when the class was created) is handed back as it is."""
+
+    def test_its_own_result_is_handed_back(self):
+        first = as_safe_globals((TinyNet, "collections.OrderedDict"))
+        self.assertIs(as_safe_globals(first), first)
+        copy = tuple(list(first))  # the same entries in another tuple: read again
+        self.assertIsNot(copy, first)
+        again = as_safe_globals(copy)
+        self.assertIsNot(again, copy)
+        self.assertEqual(again, first)
+
+    def test_read_only_where_the_mode_uses_it(self):
+        # A declaration that can never be safe is refused by the safe_globals mode, which hands it to torch;
+        # weights_only_false and the bare load never pass it on, and torch decides them without it.
+        ckpt = Checkpoint.save(TinyNet())
+        with clean_env():
+            with self.assertRaises(RoundTripConfigError) as cm:
+                tst.load(ckpt, "safe_globals", (os.system,))
+            self.assertEqual(str(cm.exception), SYSTEM_REFUSED)
+            self.assertTrue(tst.load(ckpt, "weights_only_false", (os.system,)).loaded)
+            bare = tst.load(ckpt, "default", (os.system,))
+            self.assertEqual(bare.loaded, tst.load(ckpt, "default").loaded)
+            self.assertEqual(bare.expectation, tst.load(ckpt, "default").expectation)
 
     def test_same_declaration_same_entries(self):
         self.assertIs(as_safe_globals, normalize_safe_globals)

@@ -121,6 +121,13 @@ class TestReplacedLoad(HostileCase):
 
         self.check_leak(r"torch\.serialization\._load is ", hostile)
 
+    def test_replaced_by_an_equal_object(self) -> None:
+        # Told by identity, not equality: an equal copy put in place of torch's own is still a change.
+        def hostile(case: Any) -> None:
+            torch.serialization.__all__ = list(torch.serialization.__all__)
+
+        self.check_leak(r"torch\.serialization\.__all__ is ", hostile)
+
     def test_weights_only_unpickler_method_replaced(self) -> None:
         def hostile(case: Any) -> None:
             torch._weights_only_unpickler.Unpickler.persistent_load = lambda self, pid: pid

@@ -38,11 +38,16 @@ from ..errors import CheckpointFormatError
 from ..model import Global, ScanLimits, ScanState, default_scan_limits
 from ..prediction import needed_globals
 from ..errors import ProbeFailed
-from ..stream import TruncatedStream, is_truncated
+from ..stream import TruncatedStream
 from ..walker import scan_pickle
 from .facts import TAR_REFUSAL, storage_element_size, torchscript_refusal
 
 __all__ = ["FileCheckpoint", "required_globals", "scan_checkpoint", "open_regular_file", "read_any", "LEGACY_MAGIC"]
+
+
+def is_truncated(e: BaseException) -> bool:
+    """Whether *e* is a :func:`~torch_serial_testing.stream.TruncatedStream`: more bytes may complete the stream."""
+    return getattr(e, "truncated", False) is True
 
 
 class FileCheckpoint(Checkpoint):

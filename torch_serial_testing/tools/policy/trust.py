@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ...declarations import UnsafeCallable
-from ...errors import escape_text, imported_prefix, is_marker, is_valid_name, name_problem, show_name
+from ...errors import escape_text, imported_prefix, is_marker, name_problem, show_name
 from ...errors import ProbeFailed
 from ...registry import torch_allowlist, torch_allowlist_table
 from ..facts import torch_registers_itself
@@ -108,7 +108,7 @@ def describe(obj: Any) -> str:
 
 
 def _denied(name: Optional[str]) -> Optional[str]:
-    return denylist_reason(name) if name and is_valid_name(name) else None
+    return denylist_reason(name) if name and name_problem(name) is None else None
 
 
 def _documented(name: str) -> Optional[Any]:
