@@ -147,7 +147,8 @@ def rst(
         f"Command: ``{command}``.  Load average (1 min): {load}, on {os.cpu_count()} CPUs.",
         "Medians; library and plain torch are interleaved, so drift hits both alike, but a ratio is",
         "trustworthy only when the load stayed below the CPU count.  The CPU ratio (user + system",
-        "time, whole processes only) is disturbed much less by other jobs.",
+        "time, whole processes only; the median of each round's own ratio, so that drift in the",
+        "machine's speed cancels within a round) is disturbed much less by other jobs.",
         "",
     ]
     return "\n".join(head + table + [""] + list(notes)).rstrip() + "\n"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +42,6 @@ sys.path.insert(1, os.path.dirname(HERE))  # the checkout's library, pip-install
 
 import instructions  # noqa: E402
 import report  # noqa: E402
-import scanners  # noqa: E402
 import timing  # noqa: E402
 
 BENCHMARKS = ("import", "round_trip", "flagship", "small_file", "scanners", "instructions")
@@ -130,7 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         notes.append(
             "The flagship's plain-torch twin (``bench/flagship_plain.py``) runs the same tests -- its "
             "builders and checks taken from the flagship file, the same saves and loads per mode -- "
-            "without the library, so the flagship's time over the twin is the library's share."
+            "without the library, so the flagship's time over the twin is the library's share.  The "
+            "row of the twin over the empty file has no library in it (its first column is the twin): it is "
+            "what the same tests cost in torch alone, the part of the flagship's ratio over the empty file "
+            "that no test helper can remove."
         )
     if "small_file" in only:
         log(f"[small_file] {2 * rounds} interleaved rounds of two files ...")
@@ -154,8 +157,16 @@ def main(argv: list[str] | None = None) -> int:
     if "scanners" in only:
         scan_rounds = max(3, rounds // 2)
         log(f"[scanners] {scan_rounds} interleaved rounds of every tool on every file ...")
-        rows = scanners.measure(scan_rounds, timing.process_env(), log)
-        notes.append("Scanners side by side (``bench/scanners.py``):\n\n" + scanners.table(rows, scan_rounds))
+        # In a process of its own: Linux carries a process's peak RSS across fork and exec, so
+        # tools started from this one (grown by the 256 MiB round trips) would all report its peak.
+        table = subprocess.run(
+            [sys.executable, os.path.join(HERE, "scanners.py"), "--rounds", str(scan_rounds)],
+            env=timing.process_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        ).stdout
+        notes.append("Scanners side by side (``bench/scanners.py``):\n\n" + table)
     load_end = report.loadavg()
     if "instructions" in only:  # after the timings: valgrind's load would disturb them, not its own counts
         notes.append(count_instructions())

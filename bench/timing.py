@@ -277,7 +277,11 @@ def pair_of(
         who: _measurement(runs[name][0], label, sub_label, who, " ".join(commands[name][0]))
         for who, name in ((LIBRARY, library), (PLAIN, plain))
     }
-    return Pair(ms[LIBRARY], ms[PLAIN], _median(runs[library][1]) / _median(runs[plain][1]))
+    # The CPU ratio is the median of the rounds' own ratios: the two runs of one round are seconds
+    # apart, so drift in the machine's speed over the whole benchmark (up to 30% on a shared VM)
+    # cancels within each round instead of widening both medians.
+    cpus = zip(runs[library][1], runs[plain][1])
+    return Pair(ms[LIBRARY], ms[PLAIN], _median([lib / plain_cpu for lib, plain_cpu in cpus]))
 
 
 def _median(xs: list[float]) -> float:
@@ -373,11 +377,14 @@ def time_flagship(rounds: int) -> tuple[list[Pair], str]:
             commands,
         ),
         pair_of(runs, "flagship", "twin", TWIN_LABEL, f"{FLAGSHIP_MODULE} vs {PLAIN_TWIN_MODULE}", commands),
+        # what the same tests cost without the library: the part of the first row no library can remove
+        pair_of(runs, "twin", "empty", TWIN_EMPTY_LABEL, f"{PLAIN_TWIN_MODULE} vs empty TestCase file", commands),
     ]
     summary = _runner_summary(last.get("flagship", ""))
     return pairs, f"{summary}; its plain-torch twin: {_runner_summary(last.get('twin', ''))}"
 
 
+TWIN_EMPTY_LABEL = "plain-torch twin vs empty TestCase file (whole process)"
 THREE_TESTS_LABEL = "three-test file vs its plain-torch twin (whole process)"
 
 
