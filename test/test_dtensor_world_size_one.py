@@ -20,6 +20,7 @@ import torch
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
 
+from test.helpers.roundtrip_fixtures import NO_TORCH_REGISTRATIONS
 from test.helpers.subprocess_env import child_env
 
 try:
@@ -34,8 +35,8 @@ class TestDTensorWorldSizeOne(SerializationRoundTripTestCase, unittest.TestCase)
     devices = ("cpu",)  # gloo on CPU; nothing is declared: torch allowlists DTensor's classes itself
 
     def setUp(self) -> None:
-        if DIST_MISSING:
-            self.skipTest(DIST_MISSING)
+        if DIST_MISSING or NO_TORCH_REGISTRATIONS:
+            self.skipTest(DIST_MISSING or NO_TORCH_REGISTRATIONS)
         super().setUp()
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         self.addCleanup(dist.destroy_process_group)
@@ -62,6 +63,8 @@ instantiate_round_trip_tests(TestDTensorWorldSizeOne, globals())
 @unittest.skipIf(DIST_MISSING, DIST_MISSING or "")
 class TestFirstImportInsideATest(unittest.TestCase):
     def test_the_test_that_imports_torch_distributed_tensor_passes(self) -> None:
+        if DIST_MISSING or NO_TORCH_REGISTRATIONS:
+            self.skipTest(DIST_MISSING or NO_TORCH_REGISTRATIONS)
         code = textwrap.dedent(
             """
             import sys, unittest

@@ -11,9 +11,12 @@ from typing import Any
 
 import torch
 
+from torch_serial_testing.registry import torch_allowlist
 from torch_serial_testing.tools.audit import observe
 from torch_serial_testing.tools.audit.analysis import needs_of, verified_fix
 from torch_serial_testing.tools.audit.summary import verdict
+
+from .runs import BEFORE_THE_DEFAULT
 
 
 def saved(obj: Any) -> bytes:
@@ -37,7 +40,8 @@ class TestVerifiedFix(unittest.TestCase):
     def test_safe_globals_verified_by_a_weights_only_trial(self) -> None:
         data = saved(torch.nn.Linear(2, 2))
         needs = needs_of(data)
-        self.assertEqual(needs, ["torch.nn.modules.linear.Linear"])
+        unlisted_set = [] if "builtins.set" in torch_allowlist() else ["builtins.set"]  # (torch < 2.5 lists no set)
+        self.assertEqual(needs, [*unlisted_set, "torch.nn.modules.linear.Linear"])
         loader = RecordingLoader()
         fix = verified_fix(loader, data, needs, own_bytes=False)
         self.assertEqual((fix["kind"], fix["verified"]), ("safe_globals", True))
@@ -77,7 +81,10 @@ class TestVerifiedFix(unittest.TestCase):
         loader = RecordingLoader()
         fix = verified_fix(loader, data, needs, own_bytes=False)
         self.assertEqual((fix["kind"], fix["verified"]), ("safe_globals", True))
-        self.assertIn("safe_globals([scalar, dtype, Float64DType])", fix["snippet"])
+        # (torch < 2.5: no safe_globals context, and _codecs.encode is not on torch's allowlist)
+        form = "safe_globals" if hasattr(torch.serialization, "safe_globals") else "add_safe_globals"
+        listed = ("encode, " if "_codecs.encode" in needs else "") + "scalar, dtype, Float64DType"
+        self.assertIn(f"torch.serialization.{form}([{listed}])", fix["snippet"])
         self.assertEqual(loader.calls, [True])  # a weights-only trial, never a full load of foreign bytes
 
     def test_unreadable_bytes_get_no_fix(self) -> None:
@@ -108,6 +115,7 @@ class TestObserverInProcess(unittest.TestCase):
         with open(self.report, encoding="utf-8") as f:
             return [json.loads(line) for line in f]
 
+    @unittest.skipIf(BEFORE_THE_DEFAULT, BEFORE_THE_DEFAULT)
     def test_results_and_errors_are_the_callers(self) -> None:
         data = saved({"w": torch.ones(2)})
         self.assertTrue(torch.equal(torch.load(io.BytesIO(data))["w"], torch.ones(2)))

@@ -12,7 +12,7 @@ import torch_serial_testing as tst
 from torch_serial_testing.tools.audit.summary import VERDICTS, verdict
 from torch_serial_testing.tools.facts import torch_reads_force_no_weights_only
 
-from .runs import TEST_ROOT, audit, fixture_line, run, unittest_cmd
+from .runs import BEFORE_THE_DEFAULT, TEST_ROOT, audit, fixture_line, run, unittest_cmd
 
 SEED = "seed_qlinear_packed_params"
 SEED_TESTS = (
@@ -47,6 +47,7 @@ def seed_globals() -> list[str]:
         return tst.required_globals(obj=lin)
 
 
+@unittest.skipIf(BEFORE_THE_DEFAULT, BEFORE_THE_DEFAULT)
 class TestSeedUnderAudit(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
@@ -94,6 +95,7 @@ class TestSeedUnderAudit(unittest.TestCase):
         self.assertEqual(len(rows), 3)
 
 
+@unittest.skipIf(BEFORE_THE_DEFAULT, BEFORE_THE_DEFAULT)
 class TestOtherFixtures(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
@@ -149,6 +151,7 @@ class TestUnderTheSwitch(unittest.TestCase):
         self.assertEqual(failing.code, 1)
 
 
+@unittest.skipIf(BEFORE_THE_DEFAULT, BEFORE_THE_DEFAULT)
 class TestReplacedLoaderAndMixin(unittest.TestCase):
     def test_a_torch_npu_style_loader_is_observed_as_the_test_called_it(self) -> None:
         audited = audit(unittest_cmd("npu_replaced_loader"))

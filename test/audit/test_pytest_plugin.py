@@ -8,7 +8,7 @@ import unittest
 
 from torch_serial_testing.tools.audit.summary import VERDICTS, verdict
 
-from .runs import PLUGIN, pytest_audit
+from .runs import BEFORE_THE_DEFAULT, PLUGIN, pytest_audit
 from .test_audit_cli import SEED, SEED_TESTS
 
 FILES = (f"{SEED}.py", "optim_state_dict.py")
@@ -21,6 +21,7 @@ def essence(loads: list[dict]) -> list[tuple]:
     )
 
 
+@unittest.skipIf(BEFORE_THE_DEFAULT, BEFORE_THE_DEFAULT)
 class TestPlugin(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:

@@ -8,6 +8,7 @@ import io
 import os
 import re
 import unittest
+import warnings
 from unittest import mock
 
 import torch
@@ -77,6 +78,13 @@ class TestInspectText(unittest.TestCase):
             self.assertEqual(short.count(f"  {name}\n"), 1)
 
     def test_no_rst_markup_in_the_text(self) -> None:
+        try:  # torch 2.4 hands a TorchScript archive to torch.jit.load even weights-only (with a warning)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.load(io.BytesIO(self.scripted), weights_only=True)
+            self.skipTest(f"torch {torch.__version__} refuses no TorchScript archive: no message of torch's to show")
+        except RuntimeError:
+            pass
         r = inspect_report("scripted.pt", [], data=self.scripted)
         self.assertIn("``", r["error"])  # torch's own message, kept as torch wrote it in --json
         for verbose in (False, True):

@@ -140,6 +140,18 @@ elif hasattr(torch.serialization, "_default_to_weights_only"):
 else:
     DEFAULT_WHY = f"the default before torch 2.6 (torch {torch.__version__})"
 DEFAULT_REASON = f"weights_only={DEFAULT_WEIGHTS_ONLY} {DEFAULT_WHY}"
+
+#: This torch's release as (major, minor), for tests of what torch's own modules do in newer releases.
+TORCH_RELEASE = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+#: Why a test of torch's own registrations (DTensor's classes at ``import torch.distributed.tensor``,
+#: the jagged nested tensor's at ``import torch._dynamo``) cannot run here, or None.
+NO_TORCH_REGISTRATIONS = (
+    f"torch {torch.__version__}: torch's own registrations (DTensor's classes at import "
+    "torch.distributed.tensor, the jagged nested tensor's at import torch._dynamo) are checked from torch 2.6 "
+    "on; torch 2.4 makes none"
+    if TORCH_RELEASE < (2, 6)
+    else None
+)
 #: An environment in which a bare torch.load is weights-only (empty where that is the default).
 WEIGHTS_ONLY_BARE_ENV = {} if DEFAULT_WEIGHTS_ONLY else {FORCE_WO: "1"}
 

@@ -12,7 +12,7 @@ from unittest import mock
 import torch
 
 import torch_serial_testing as tst
-from test.helpers.roundtrip_fixtures import TINY_SAFE_GLOBALS, TinyNet, clean_env
+from test.helpers.roundtrip_fixtures import TINY_SAFE_GLOBALS, WEIGHTS_ONLY_BARE_ENV, TinyNet, clean_env
 from torch_serial_testing import Checkpoint, LoadMode, loading, modes
 from torch_serial_testing.declarations import SafeGlobal, as_safe_globals, normalize_safe_globals
 from torch_serial_testing.errors import RoundTripConfigError
@@ -105,7 +105,7 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
     def test_unchanged_inputs_give_the_same_prediction_object(self):
         # Remembered while nothing it depends on changed: the same decision and expectation objects.
         ckpt = Checkpoint.save(TinyNet())
-        with clean_env():
+        with clean_env(**WEIGHTS_ONLY_BARE_ENV):  # a weights-only prediction (a full load's is not remembered)
             first, second = tst.predict("default", ckpt), tst.predict("default", ckpt)
             self.assertIs(first, second)
             self.assertIs(modes.decide(LoadMode.DEFAULT), modes.decide(LoadMode.DEFAULT))
@@ -116,7 +116,7 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
     def test_a_module_imported_between_loads_is_predicted_anew(self):
         # The expectation depends on which classes are imported (container targets): any import forgets it.
         ckpt = Checkpoint.save(TinyNet())
-        with clean_env():
+        with clean_env(**WEIGHTS_ONLY_BARE_ENV):
             first = tst.predict("default", ckpt)
             name = "tst_fresh_module_for_the_memo"
             sys.modules[name] = types.ModuleType(name)

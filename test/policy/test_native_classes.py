@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import collections
+import functools
 import io
 import json
 import os
@@ -27,8 +28,12 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the project root
 
 import torch  # noqa: E402
-import torch.cuda.gds  # noqa: E402,F401
 import torch.distributed  # noqa: E402,F401
+
+try:
+    import torch.cuda.gds  # noqa: F401
+except ImportError:  # torch < 2.5 has no GPUDirect Storage bindings
+    pass
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
 from torch_serial_testing import SerializationRoundTripTestCase
@@ -43,13 +48,18 @@ from torch_serial_testing.tools.policy.trust import judge_global, judge_name
 from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP  # noqa: E402
 
 #: The review's native classes with side effects, by the name a pickle would carry (their own).
+#: (Those this torch has: older releases lack the AOTI loader, GdsFile and _WorkerServer.)
 ATTACK_CLASSES = {
-    "AOTI loader (runs the compiler)": torch._C._aoti.AOTIModelPackageLoader,
-    "PyTorchFileWriter (truncates a file)": torch.PyTorchFileWriter,
-    "GdsFile (opens with the pickle's flags)": torch.cuda.gds.GdsFile,
-    "FileStore (creates a file)": torch.distributed.FileStore,
-    "TCPStore (outbound connection)": torch.distributed.TCPStore,
-    "_WorkerServer (HTTP server)": torch._C._distributed_c10d._WorkerServer,
+    case: cls
+    for case, path in {
+        "AOTI loader (runs the compiler)": "_C._aoti.AOTIModelPackageLoader",
+        "PyTorchFileWriter (truncates a file)": "PyTorchFileWriter",
+        "GdsFile (opens with the pickle's flags)": "cuda.gds.GdsFile",
+        "FileStore (creates a file)": "distributed.FileStore",
+        "TCPStore (outbound connection)": "distributed.TCPStore",
+        "_WorkerServer (HTTP server)": "_C._distributed_c10d._WorkerServer",
+    }.items()
+    if (cls := functools.reduce(lambda o, a: getattr(o, a, None), path.split("."), torch)) is not None
 }
 
 
@@ -195,9 +205,9 @@ class TestNativeAttackClasses(unittest.TestCase):
         with no_torch_load():
 
             class Declares(SerializationRoundTripTestCase, unittest.TestCase):
-                safe_globals = (torch._C._aoti.AOTIModelPackageLoader,)
+                safe_globals = (torch.PyTorchFileWriter,)
 
-        loader = torch._C._aoti.AOTIModelPackageLoader
+        loader = torch.PyTorchFileWriter
         self.assertEqual(Declares._tst_safe_globals, (SafeGlobal(loader, _name(loader)),))
 
     def test_crafted_checkpoints_are_dangerous_even_with_safe_global(self) -> None:

@@ -250,13 +250,11 @@ class TestClassesOnly(unittest.TestCase):
         r = inspect_report("np.pt", [], data=data)
         self.assertEqual((r["status"], r["exit_code"]), ("needs_opt_in", EXIT_ATTENTION))
         # numpy pickles an array's bytes through _codecs.encode: a function, on torch's own allowlist
-        # since torch 2.5; where it is not (asked of torch), it needs the same explicit opt-in.
+        # since torch 2.5; where it is not (asked of torch), torch's refusal names it as the remedy
+        # (as for numpy scalars), so it needs no opt-in -- only the reconstructor does.
         codecs_needed = "_codecs.encode" not in torch_allowlist_table()
         self.assertEqual("_codecs.encode" in needed, codecs_needed)
-        self.assertEqual(
-            [d["name"] for d in r["needs_opt_in"]],
-            ["_codecs.encode", RECONSTRUCT_NAME] if codecs_needed else [RECONSTRUCT_NAME],
-        )
+        self.assertEqual([d["name"] for d in r["needs_opt_in"]], [RECONSTRUCT_NAME])
         # no snippet without the opt-in: one of the classes alone would not load the file
         self.assertIsNone(r["snippet"])
         self.assertIn(f"UnsafeCallable('{RECONSTRUCT_NAME}'", "\n".join(r["notes"]))

@@ -8,8 +8,9 @@ import subprocess
 import sys
 import unittest
 
+from test.helpers.roundtrip_fixtures import SAFE_GLOBALS_SKIP
 from test.helpers.subprocess_env import child_env
-from test.ports._instantiate import ENV
+from test.ports._instantiate import ENV, PYTORCH_COPIES_METHODS, pytorch_subclasses_the_generic_class
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PORTS = ("test_pruning_serialization", "test_lr_scheduler_state", "test_observer_serialization")
@@ -24,16 +25,24 @@ def _run(args, instantiation):
     return proc
 
 
+def _mode_skipped(ids):
+    """The ids of *ids* whose load mode skips on this torch (safe_globals before torch 2.5), in order."""
+    return [i for i in ids if SAFE_GLOBALS_SKIP and "_safe_globals_" in i]
+
+
 class TestBothInstantiations(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.ids = {}
+        cls.pytorch = pytorch_subclasses_the_generic_class()
         for instantiation in ("pytorch", "library"):
             proc = _run(["-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *FILES], instantiation)
             assert proc.returncode == 0, proc.stdout + proc.stderr
             cls.ids[instantiation] = sorted(line for line in proc.stdout.splitlines() if "::" in line)
 
     def test_same_ids_both_ways(self):
+        if not self.pytorch:
+            self.skipTest(PYTORCH_COPIES_METHODS)
         self.assertEqual(self.ids["pytorch"], self.ids["library"])
         names = [i.rsplit("::", 1)[1] for i in self.ids["library"]]
         # every variant exists: @swap's both, @parametrize's each, @optims' optimizers, engines, modes
@@ -50,12 +59,15 @@ class TestBothInstantiations(unittest.TestCase):
         self.assertEqual(len(names), 2 * 3 + 3 * 2 + 3 + 3 * 3 + 2 * 3 + 3 * 2 + 2 * 2 * 3)
 
     def test_every_variant_runs_under_unittest_with_the_library(self):
-        proc = _run(["-m", "unittest", "-v", *(f"test.ports.{name}" for name in PORTS)], "library")
+        # (-W ignore: a warning printed between a test's name and its status would split its line)
+        proc = _run(["-W", "ignore", "-m", "unittest", "-v", *(f"test.ports.{name}" for name in PORTS)], "library")
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        ran = re.findall(r"^(test_\w+) \(.*?\) \.\.\. .*?(ok|skipped.*)$", proc.stderr, re.MULTILINE)
-        self.assertEqual(sorted(n for n, _ in ran), sorted(i.rsplit("::", 1)[1] for i in self.ids["library"]))
-        skipped = [n for n, status in ran if status != "ok"]
-        self.assertEqual(skipped, [], "skipped here: " + ", ".join(skipped))
+        # every test, and each once (a subtest's line names its test again; a test's line may start after
+        # the outcome the previous test printed)
+        ran = sorted(set(re.findall(r"\b(test_\w+) \(test\.ports\.", proc.stderr)))
+        self.assertEqual(ran, sorted(i.rsplit("::", 1)[1] for i in self.ids["library"]))
+        skipped = sorted(re.findall(r"^(test_\w+) \(.*?\) \.\.\. skipped", proc.stderr, re.MULTILINE))
+        self.assertEqual(skipped, _mode_skipped(ran), "skipped here: " + ", ".join(skipped))
 
     def test_every_variant_runs_under_pytest_with_the_library(self):
         proc = _run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "-n", "0", *FILES], "library")
@@ -64,9 +76,12 @@ class TestBothInstantiations(unittest.TestCase):
         # "PASSED (rejected as predicted: ...) <nodeid>" or "PASSED (2 of 3 round trips rejected ...) <nodeid>"
         status = r"(?:\((?:\d+ of \d+ round trips )?rejected as predicted: .*\) )?"
         passed = sorted(re.findall(rf"^PASSED {status}(\S+::\S+)$", proc.stdout, re.MULTILINE))
-        self.assertEqual(passed, self.ids["library"])
+        skipped = set(_mode_skipped(self.ids["library"]))
+        self.assertEqual(passed, [i for i in self.ids["library"] if i not in skipped])
 
     def test_every_variant_runs_under_unittest_with_pytorch(self):
+        if not self.pytorch:
+            self.skipTest(PYTORCH_COPIES_METHODS)
         proc = _run(["-m", "unittest", *(f"test.ports.{name}" for name in PORTS)], "pytorch")
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         self.assertIn(f"Ran {len(self.ids['pytorch'])} tests", proc.stderr)

@@ -19,6 +19,9 @@ import textwrap
 import unittest
 import xml.etree.ElementTree as ET
 
+import torch
+
+from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY
 from test.helpers.subprocess_env import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -107,6 +110,8 @@ class TestPytestPlugin(unittest.TestCase):
             return proc.stdout, fh.read()
 
     def check_visible(self, out: str, xml: str) -> None:
+        if not DEFAULT_WEIGHTS_ONLY:  # the cases' default-mode tests expect torch >= 2.6's rejection
+            self.skipTest(f"a bare torch.load is a full load on torch {torch.__version__}: no rejection to show")
         lines = out.splitlines()
         rejected = "PASSED (rejected as predicted: default: rejected as expected ("
         mixed = "PASSED (2 of 3 round trips rejected as predicted: default: rejected as expected ("

@@ -17,6 +17,9 @@ from torch_serial_testing import (
     round_trip_dims,
 )
 
+from test.helpers.roundtrip_fixtures import MODE_SKIPS, SAFE_GLOBALS_SKIP
+from test.ports._instantiate import PYTORCH_COPIES_METHODS, pytorch_subclasses_the_generic_class
+
 
 class Settings:  # a checkpointed object that is not a module (its checkpoint never names builtins.set)
     def __init__(self):
@@ -81,7 +84,10 @@ class TestGeneratedClasses(unittest.TestCase):
 
     def test_all_pass(self):
         self.assertTrue(self.result.wasSuccessful(), self.result.failures + self.result.errors)
-        self.assertEqual(self.result.skipped, [])
+        # only the safe_globals mode's tests skip, and only on a torch without the context (< 2.5)
+        skipped = sorted((test.id().rsplit(".", 1)[1], why) for test, why in self.result.skipped)
+        self.assertTrue(all("_safe_globals_" in name and why == SAFE_GLOBALS_SKIP for name, why in skipped), skipped)
+        self.assertEqual(len(skipped), 6 if SAFE_GLOBALS_SKIP else 0)
 
     def test_swap_and_parametrize_each_variant_ran(self):
         ran = sorted(entry for entry in TestAuthor.seen if isinstance(entry, tuple))
@@ -90,9 +96,11 @@ class TestGeneratedClasses(unittest.TestCase):
             for w in (1, 2)
             for s in (True, False)
             for m in ("weights_only_false", "safe_globals")
+            if m not in MODE_SKIPS
         )
         self.assertEqual(ran, expected)  # the name's swap value is the one the body ran under
 
+    @unittest.skipIf(SAFE_GLOBALS_SKIP, SAFE_GLOBALS_SKIP)
     def test_allowlist_error_names_the_authors_class_and_keeps_its_declaration(self):
         (message,) = [entry for entry in TestAuthor.seen if isinstance(entry, str)]
         self.assertTrue(message.startswith("TestAuthor.safe_globals misses 1 global(s)"), message)
@@ -111,6 +119,7 @@ class TestRefusedDecorators(unittest.TestCase):
             instantiate_round_trip_tests(TestPrecise, {"__name__": __name__})
 
 
+@unittest.skipIf(SAFE_GLOBALS_SKIP, SAFE_GLOBALS_SKIP)
 class TestOneDeclarationForTwoModuleTypes(unittest.TestCase):
     def test_over_trust_is_judged_on_all_the_tests_round_trips(self):
         from test.helpers.roundtrip_fixtures import TinyNet
@@ -138,6 +147,9 @@ class TestOneDeclarationForTwoModuleTypes(unittest.TestCase):
 
 class TestUnderPytorchsInstantiation(unittest.TestCase):
     def test_dimensions_and_parametrizations_are_generated_by_pytorch(self):
+        if not pytorch_subclasses_the_generic_class():
+            self.skipTest(PYTORCH_COPIES_METHODS)
+
         class TestPytorchStyle(SerializationRoundTripTestCase, TestCase):
             load_modes = ("default",)
             qengines = ("fbgemm",)

@@ -25,6 +25,7 @@ from torch_serial_testing.unpickler import ProbeFailed
 from torch_serial_testing.serialization import genuine, torch_load_replacement
 
 from test.helpers import hostile_tests as ht
+from test.helpers.roundtrip_fixtures import WEIGHTS_ONLY_BARE_ENV
 from test.helpers.isolation_fixtures import run_tests
 from test.helpers.subprocess_env import child_env
 
@@ -40,10 +41,17 @@ class Net(torch.nn.Module):
 
 def _probe(seen: list[Any]) -> Callable[[Any], None]:
     def test_z_next_loads_foreign_bytes(self: Any) -> None:
-        result = load(Checkpoint.from_bytes(ht.payload_checkpoint()), "default")
+        result = foreign_default_load()
         seen.append((result.loaded, list(ht.RAN), torch_load_replacement()))
 
     return test_z_next_loads_foreign_bytes
+
+
+def foreign_default_load() -> Any:
+    """A bare load (``default`` mode) of the payload's foreign bytes, weights-only as since torch 2.6 (before,
+    TORCH_FORCE_WEIGHTS_ONLY_LOAD makes it so: a full load of foreign bytes is refused before any loader)."""
+    with mock.patch.dict(os.environ, WEIGHTS_ONLY_BARE_ENV):
+        return load(Checkpoint.from_bytes(ht.payload_checkpoint()), "default")
 
 
 def hostile_class(seen: list[Any], **tests: Callable[[Any], None]) -> type:
@@ -147,7 +155,7 @@ class TestReplacedLoad(HostileCase):
                 return real(*args, **kwargs)
 
             torch.load = shim
-            result = load(Checkpoint.from_bytes(ht.payload_checkpoint()), "default")
+            result = foreign_default_load()
             outcomes.append((result.loaded, list(ht.RAN), result.summary))
 
         self.check_leak(r"torch\.load is ", hostile)
@@ -255,7 +263,7 @@ class TestReplacedBeforeTheTest(unittest.TestCase):
                 self.round_trip(Net(), mode="weights_only_false")
 
             def test_foreign(self) -> None:
-                result = load(Checkpoint.from_bytes(ht.payload_checkpoint()), "default")
+                result = foreign_default_load()
                 self.assertFalse(result.loaded)
 
         with mock.patch.object(torch, "load", counting):
@@ -283,7 +291,7 @@ class TestReplacedBeforeTheLibraryRan(unittest.TestCase):
             capture_output=True,
             text=True,
             cwd=ROOT,
-            env=child_env(path_first=(ROOT,)),
+            env=child_env(WEIGHTS_ONLY_BARE_ENV, path_first=(ROOT,)),  # a bare load is weights-only, as since 2.6
             timeout=300,
         )
 

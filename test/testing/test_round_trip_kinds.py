@@ -19,6 +19,8 @@ from torch_serial_testing.errors import ConflictingEnvironmentError, RoundTripCo
 from torch_serial_testing.loading import pickle_round_trip
 from torch_serial_testing.outcomes import records
 
+from test.helpers.roundtrip_fixtures import REFUSES_BOTH_SWITCHES
+
 FORCE_WO, FORCE_NO_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
 
 
@@ -100,9 +102,10 @@ class TestFileRoundTrips(unittest.TestCase):
     def test_every_mode_through_a_path(self) -> None:
         result, out = _run(self.cls, "test_file_")
         self.assertTrue(result.wasSuccessful(), out)
-        self.assertEqual(result.testsRun - len(result.skipped), len(self.cls.seen), out)
+        self.assertEqual(result.testsRun, len(self.cls.seen), out)
+        skipped = {test.id() for test, _ in result.skipped}  # (the safe_globals mode, before torch 2.5)
         for test_id, recs in self.cls.seen.items():
-            self.assertEqual([r.kind for r in recs], ["torch.load(path)"], test_id)
+            self.assertEqual([r.kind for r in recs], [] if test_id in skipped else ["torch.load(path)"], test_id)
         self.assertIn("weights_only_false: loaded as expected", out)
 
     def test_mmap(self) -> None:
@@ -130,8 +133,10 @@ class TestPickleRoundTrips(unittest.TestCase):
         result, out = _run(cls, "test_pickle_")
         self.assertTrue(result.wasSuccessful(), out)
         self.assertGreater(len(cls.seen), 0)
-        for recs in cls.seen.values():
-            self.assertEqual([(r.kind, r.mode, r.loaded) for r in recs], [("pickle.loads", None, True)])
+        skipped = {test.id() for test, _ in result.skipped}  # (the safe_globals mode, before torch 2.5)
+        for test_id, recs in cls.seen.items():
+            expected = [] if test_id in skipped else [("pickle.loads", None, True)]
+            self.assertEqual([(r.kind, r.mode, r.loaded) for r in recs], expected, test_id)
         self.assertIn("pickle.loads: loaded as expected (its storages through torch.load: ", out)
 
     def test_switches_reach_pickle_loads(self) -> None:
@@ -146,8 +151,11 @@ class TestPickleRoundTrips(unittest.TestCase):
             self.assertIn(FORCE_WO, forced.summary)
             self.assertTrue(torch.equal(forced.value["t"], obj["t"]))
             with mock.patch.dict(os.environ, {FORCE_WO: "1", FORCE_NO_WO: "1"}):
-                with self.assertRaisesRegex(ConflictingEnvironmentError, "both set"):
-                    pickle_round_trip(obj)
+                if REFUSES_BOTH_SWITCHES:
+                    with self.assertRaisesRegex(ConflictingEnvironmentError, "both set"):
+                        pickle_round_trip(obj)
+                else:  # torch < 2.6 does not read the second switch: the first one forces weights_only
+                    self.assertTrue(pickle_round_trip(obj).weights_only)
                 # no storage, no torch.load: the conflict does not matter to pickle
                 self.assertEqual(pickle_round_trip({"a": 1}).value, {"a": 1})
 

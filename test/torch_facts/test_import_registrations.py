@@ -36,6 +36,7 @@ from torch_serial_testing import LeakedGlobalStateError, SerializationRoundTripT
 from torch_serial_testing.errors import qualified_name
 from torch_serial_testing.registry import registrar, restore_registry, snapshot_registry
 
+from test.helpers.roundtrip_fixtures import NO_TORCH_REGISTRATIONS
 from test.helpers.isolation_fixtures import run_tests
 from test.helpers.subprocess_env import child_env
 
@@ -300,6 +301,8 @@ class TestARealLazyTorchImport(unittest.TestCase):
     def test_torch_distributed_tensor_imported_during_a_test(self) -> None:
         if not torch.distributed.is_available():
             self.skipTest("torch.distributed is not available in this build")
+        if NO_TORCH_REGISTRATIONS:
+            self.skipTest(NO_TORCH_REGISTRATIONS)
         proc = subprocess.run(
             [sys.executable, "-c", LAZY_TORCH_IMPORT],
             capture_output=True,

@@ -108,7 +108,8 @@ class TestRegisteredByTorch(RegistryCase):
 
     def test_registered_before_any_test_judged_by_what_it_is(self) -> None:
         # Not seen by the recorder (registered at import torch, or at collection time).
-        njt = getattr(torch.nested._internal.nested_tensor, "NestedTensor", None) if hasattr(torch, "nested") else None
+        internal = getattr(getattr(torch, "nested", None), "_internal", None)  # (torch >= 2.5)
+        njt = getattr(internal.nested_tensor, "NestedTensor", None) if internal is not None else None
         owned = [torch.nn.Linear, ZeroDivisionError, traceback.StackSummary, collections.OrderedDict]
         owned += [njt] if njt is not None else []
         for entry in owned:

@@ -91,8 +91,6 @@ def verified_fix(
     kwargs = kwargs or {}
     if data is None or needs is None:
         return {"kind": "none", "snippet": None, "verified": False}
-    import torch
-
     if not needs:
         return {"kind": "none", "snippet": None, "verified": _trial(loader, data, args, kwargs, weights_only=True)}
     from ..policy.snippet import refusal_notes, safe_globals_snippet, suggestible
@@ -104,7 +102,9 @@ def verified_fix(
             objects = None
         ok = False
         if objects is not None:
-            with torch.serialization.safe_globals(objects):
+            from ...registry import allowlisted  # safe_globals, or add_safe_globals undone (torch < 2.5)
+
+            with allowlisted(objects):
                 ok = _trial(loader, data, args, kwargs, weights_only=True)
         return {"kind": "safe_globals", "snippet": safe_globals_snippet(needs), "verified": ok}
     if own_bytes:

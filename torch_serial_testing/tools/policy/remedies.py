@@ -29,7 +29,14 @@ NUMPY_SCALAR_SOURCE = (
 _GLOBAL_REMEDY = re.compile(r"add_safe_globals\(\[([A-Za-z0-9_.]+)\]\)")
 
 
-_BUILD_REMEDY = re.compile(r"allowlisted via `add_safe_globals`, but got <class '([A-Za-z0-9_.]+)'>")
+#: "... or classes allowlisted via `add_safe_globals`, but got <class 'X'>" (before 2.5: "Can only build
+#: Tensor, parameter or OrderedDict objects, but got <class 'X'>", and allowlisting X lets it BUILD as well)
+_BUILD_REMEDY = re.compile(r"Can only build .*, but got <class '([A-Za-z0-9_.]+)'>")
+
+
+#: torch before 2.5 prints the bare name in its remedy (``add_safe_globals([scalar])``); the refused
+#: global's whole name is in the sentence before it.
+_REFUSED_GLOBAL = re.compile(r"GLOBAL ([A-Za-z0-9_.]+) was not an allowed global")
 
 
 _known: dict[Any, dict[str, Any]] = {}
@@ -62,6 +69,9 @@ def numpy_scalar_remedy() -> dict[str, Any]:
             name = torch_key(obj)
             if name:
                 candidates[name] = obj
+    import _codecs  # protocol 2 pickles a scalar's bytes by _codecs.encode, which torch < 2.5 does not allow
+
+    candidates["_codecs.encode"] = _codecs.encode
     body = pickle.dumps(samples, protocol=2)
     remedy: dict[str, Any] = {}
     for _ in range(len(candidates) + 1):
@@ -71,8 +81,8 @@ def numpy_scalar_remedy() -> dict[str, Any]:
             _known[key] = remedy
             return remedy
         message = outcome.message
-        found = _GLOBAL_REMEDY.search(message) or _BUILD_REMEDY.search(message)
-        name = found.group(1) if found else None
+        found = (m.group(1) for r in (_GLOBAL_REMEDY, _BUILD_REMEDY, _REFUSED_GLOBAL) if (m := r.search(message)))
+        name = next((n for n in found if n in candidates), None)
         if not outcome.refused or name is None or name not in candidates or name in remedy:
             raise ProbeFailed(
                 f"torch's weights-only unpickler refused numpy scalars without naming a remedy the "

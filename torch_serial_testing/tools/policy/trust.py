@@ -113,8 +113,9 @@ def _denied(name: Optional[str]) -> Optional[str]:
 
 def _documented(name: str) -> Optional[Any]:
     """The object torch names as the remedy under *name* (numpy scalars' reconstructor, ``numpy.dtype``,
-    the dtype classes), or None.  Asked of torch only for ``numpy.`` names; imports numpy, nothing else."""
-    if not name.startswith("numpy."):
+    the dtype classes; before torch 2.5 also ``_codecs.encode``, which pickles their bytes), or None.  Asked
+    of torch only for those names; imports numpy, nothing else."""
+    if not name.startswith("numpy.") and name != "_codecs.encode":
         return None
     return numpy_scalar_remedy().get(name)
 
