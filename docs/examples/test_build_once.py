@@ -34,7 +34,8 @@ class TestObservers(SerializationRoundTripTestCase, unittest.TestCase):
             self.assertEqual(observer.calculate_qparams(), fresh.calculate_qparams())
 
         loaded = self.round_trip_each_mode(state, check, safe_globals=())
-        self.assertEqual(len(loaded), 3)  # a plain state_dict loads in every mode
+        # a plain state_dict loads in every mode that runs (before torch 2.5 the safe_globals mode skips)
+        self.assertEqual(len(loaded), 3 if hasattr(torch.serialization, "safe_globals") else 2)
 
     def test_fake_quant(self, device):
         fq = FakeQuantize(observer=MovingAverageMinMaxObserver)

@@ -11,12 +11,14 @@ import io
 import os
 import sys
 import unittest
+from unittest import mock
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
+from test.helpers.roundtrip_fixtures import WEIGHTS_ONLY_BARE_ENV  # noqa: E402
 from tools.differential import mark_cases  # noqa: E402
 from torch_serial_testing import CheckpointFormatError, predict, scan_checkpoint
 from torch_serial_testing.checkpoint import Checkpoint
@@ -53,8 +55,8 @@ class TestMarkFence(unittest.TestCase):
                 self.assertTrue(_weights_only_raises(data))
                 with self.assertRaisesRegex(CheckpointFormatError, "above the last MARK"):
                     scan_checkpoint(data)
-                with self.assertRaises(CheckpointFormatError):
-                    predict("default", Checkpoint.from_bytes(data), [])
+                with self.assertRaises(CheckpointFormatError), mock.patch.dict(os.environ, WEIGHTS_ONLY_BARE_ENV):
+                    predict("default", Checkpoint.from_bytes(data), [])  # (a weights-only default, as since 2.6)
 
     def test_values_above_the_mark_still_count(self):
         # MARK, one value, TUPLE1: the value is above the MARK; torch and the scan both take it.
