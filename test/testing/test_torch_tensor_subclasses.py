@@ -203,6 +203,7 @@ print(json.dumps({
     "skipped": len(result.skipped),
     "outcomes": here.outcomes(cls, "test_round_trip"),
     "added": sorted(here.registered_names() - before),
+    "registered": sorted(here.registered_names()),
 }))
 """
 
@@ -223,6 +224,12 @@ class TestFirstJaggedTensorOfAProcess(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         report = json.loads(proc.stdout.strip().splitlines()[-1])
         self.assertEqual(report["imported_before"], [], "not a fresh interpreter: nothing to show")
+        needed = {
+            "torch.nested._internal.nested_tensor.NestedTensor",
+            "torch.nested._internal.nested_tensor._rebuild_njt",
+        }
+        if not needed <= set(report["registered"]):  # (torch 2.15 registers them nowhere: the mixin asks for them)
+            self.skipTest(f"this torch does not register {sorted(needed - set(report['registered']))} itself")
         self.assertTrue(report["ok"], report["out"])
         self.assertEqual((report["ran"], report["skipped"]), (3, len(MODE_SKIPS)))
         # every mode loaded, the first test run (default) included: it made the first jagged tensor
