@@ -1,5 +1,5 @@
 """Process-wide state around a test: what it may change, captured and restored; the warnings it ignores.
-``catch_warnings``/``filterwarnings`` make Python forget which warnings it showed once, so ``ignore_warnings``
+Adding a filter through Python's warnings API makes it forget which warnings it showed once, so ``ignore_warnings``
 is one entry, matching only while a test ignoring the message runs, put at the front of ``warnings.filters``
 directly (which forgets nothing); a runner resetting the filters drops it, and the next such test puts it back."""
 

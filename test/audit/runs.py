@@ -9,6 +9,9 @@ import sys
 import tempfile
 from typing import Any, Optional
 
+import torch
+
+from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY
 from test.helpers.subprocess_env import child_env
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
@@ -89,18 +92,10 @@ def unittest_cmd(*modules: str) -> list[str]:
     return [sys.executable, "-W", "ignore", "-m", "unittest", *modules]
 
 
-def _before_the_default() -> Optional[str]:
-    from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY
-
-    if DEFAULT_WEIGHTS_ONLY:
-        return None
-    import torch
-
-    return (
-        f"a bare torch.load is a full load on torch {torch.__version__} (weights-only by default since 2.6): "
-        "the fixtures' bare loads need nothing, so there is nothing for the audit to find"
-    )
-
-
 #: Why the audits of the fixtures' bare loads cannot show anything on this torch, or None.
-BEFORE_THE_DEFAULT = _before_the_default()
+BEFORE_THE_DEFAULT = (
+    None
+    if DEFAULT_WEIGHTS_ONLY
+    else f"a bare torch.load is a full load on torch {torch.__version__} (weights-only by default since 2.6): "
+    "the fixtures' bare loads need nothing, so there is nothing for the audit to find"
+)

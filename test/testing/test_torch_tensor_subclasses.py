@@ -28,7 +28,7 @@ import torch
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
 from torch_serial_testing.errors import torch_key
 
-from test.helpers.roundtrip_fixtures import DEFAULT_REASON, DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, NO_TORCH_REGISTRATIONS
+from test.helpers.roundtrip_fixtures import DEFAULT_REASON, DEFAULT_WEIGHTS_ONLY, MODE_SKIPS
 from test.helpers.subprocess_env import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -210,8 +210,6 @@ print(json.dumps({
 
 class TestFirstJaggedTensorOfAProcess(unittest.TestCase):
     def test_the_test_that_imports_torchs_modules_passes(self) -> None:
-        if NO_TORCH_REGISTRATIONS:
-            self.skipTest(NO_TORCH_REGISTRATIONS)
         proc = subprocess.run(
             [sys.executable, "-c", FRESH],
             capture_output=True,
