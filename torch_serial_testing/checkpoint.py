@@ -125,6 +125,11 @@ class Checkpoint:
             self._info = small or _scan(self.rewound(), default_scan_limits(), self._read)
         return self._info
 
+    @property
+    def scan_key(self) -> Any:  # what info is a function of, cheaply: a small buffer's bytes until scanned, or the scan
+        small = self._info is None and isinstance(self._buffer, io.BytesIO) and self.nbytes <= _SMALL_CHECKPOINT
+        return self._buffer.getvalue() if small else self.info  # type: ignore[attr-defined]
+
     def _read(self, f: IO[bytes], nbytes: int, state: ScanState) -> str:
         """Walk what torch would unpickle from *f* into *state*; the format (a subclass reads more)."""
         return read_zip(f, nbytes, state)
@@ -147,11 +152,10 @@ class Checkpoint:
 
 
 # Scans of small checkpoints by content: a test file saves the same module once per load mode and engine,
-# byte-identical each time.  A scan depends on the bytes, the limits, this torch's rules and whether numpy is
-# imported; failed scans and scans without this torch's rules are not kept.  Keyed by the size and the last
-# 256 bytes (a zip's central directory: every record's CRC-32 and size); a hit needs equal bytes (a memcmp).
-_SMALL_CHECKPOINT, _SMALL_ENTRIES, _TAIL = 64 * 1024, 64, 256
-_small_infos: dict[tuple[Any, ...], tuple[bytes, ScanLimits, Any, CheckpointInfo]] = {}
+# byte-identical each time.  A scan depends on the bytes, the limits, this torch's rules, the reader and whether
+# numpy is imported; failed scans and scans without this torch's rules are not kept.
+_SMALL_CHECKPOINT, _SMALL_ENTRIES = 64 * 1024, 64
+_small_infos: dict[tuple[Any, ...], tuple[ScanLimits, Any, CheckpointInfo]] = {}
 _small_lock = threading.Lock()
 
 
@@ -160,19 +164,15 @@ def _small_checkpoint_info(buffer: IO[bytes], read: Any) -> Optional[CheckpointI
     if not isinstance(buffer, io.BytesIO) or len(buffer.getbuffer()) > _SMALL_CHECKPOINT:  # (a temporary view)
         return None
     limits, rules = default_scan_limits(), walk_rules()
-    data = buffer.getvalue()  # at most a memcpy; comparing bytes is a memcmp
-    # the reader too: the core's refuses what the tools' reads (TorchScript, legacy), on the same bytes
-    key = (len(data), data[-_TAIL:], id(limits), id(rules), getattr(read, "__func__", read), "numpy" in sys.modules)
-    known = _small_infos.get(key)
-    if known is not None and known[1] is limits and known[2] is rules and data == known[0]:
-        return known[3]
-    info = _scan(io.BytesIO(data), limits, read)
-    if rules.rules is not None:
-        with _small_lock:
-            if len(_small_infos) >= _SMALL_ENTRIES:
-                _small_infos.pop(next(iter(_small_infos)), None)
-            _small_infos[key] = (data, limits, rules, info)  # kept alive: their ids stay theirs
-    return info
+    key = (buffer.getvalue(), id(limits), id(rules), getattr(read, "__func__", read), "numpy" in sys.modules)
+    if (known := _small_infos.get(key)) is None or known[0] is not limits or known[1] is not rules:
+        known = (limits, rules, _scan(io.BytesIO(key[0]), limits, read))
+        if rules.rules is not None:
+            with _small_lock:
+                if len(_small_infos) >= _SMALL_ENTRIES:
+                    _small_infos.pop(next(iter(_small_infos)), None)
+                _small_infos[key] = known  # keeps them alive: their ids stay theirs
+    return known[2]
 
 
 def _require_binary_seekable(f: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import operator
 import sys
 import types
 from dataclasses import dataclass
@@ -171,7 +172,15 @@ def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None)
     if _returned.get(id(declared)) is declared:
         return declared  # type: ignore[return-value]  # this function's own result (the mixin's, every load)
     _check_declaration(declared)
-    for item in declared if label else ():
+    entries = (label, *declared)
+    try:  # the same entries read before, whose names still resolve to the same objects: the same result
+        hit: Any = _read.get(entries)
+    except TypeError:  # something unhashable declared: read every time
+        hit = False
+    if hit and all(map(operator.is_, hit[0], entries)) and all(map(_resolves, hit[2])):
+        return hit[1]  # type: ignore[no-any-return]
+    resolved: list[tuple[Any, Any]] = []
+    for item in entries[1:] if label else ():
         try:
             obj, name = split_entry(item)[:2]
         except RoundTripConfigError:
@@ -182,8 +191,9 @@ def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None)
                 f"{label} lists {local[0]}, which is not importable: " + local_class_message(local[0])
             )
     out: list[SafeGlobal] = []
-    for item in declared:
+    for item in entries[1:]:
         obj, name, explicit, unsafe = split_entry(item)
+        looked_up = obj is None or not explicit  # found in sys.modules (declaration_problem's check)
         if isinstance(obj, types.ModuleType):  # refused below, named even without a name of its own
             name = name or obj.__name__
         elif obj is None:  # a name the author wrote: imported to find the object
@@ -200,20 +210,36 @@ def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None)
             )
         if problem := declaration_problem(obj, name, explicit):  # type: ignore[arg-type]
             raise RoundTripConfigError(f"refusing to allowlist {show_name(name)}: {problem}")
+        resolved += [(name, obj)] if looked_up else []
         out.append(SafeGlobal(obj, name, explicit, unsafe))  # type: ignore[arg-type]
     names = [sg.name for sg in out]
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise RoundTripConfigError(f"safe global declared twice: {', '.join(map(show_name, dupes))}")
     if len(_returned) >= 256:
         _returned.clear()
+        _read.clear()
     result = tuple(out)
     _returned[id(result)] = result
+    if hit is not False:
+        _read[entries] = entries, result, resolved
     return result
+
+
+def _resolves(entry: tuple[str, Any]) -> bool:
+    module, _, attr = entry[0].rpartition(".")  # resolve_global's first try, its usual answer
+    if getattr(sys.modules.get(module), attr, None) is entry[1] is not None:
+        return True
+    try:
+        return resolve_global(entry[0]) is entry[1]
+    except RoundTripConfigError:
+        return False
 
 
 #: The tuples :func:`normalize_safe_globals` returned, by id (kept alive: an id stays its own).  Handed back,
 #: they are read already; anything else (a tuple the author wrote, entries made by hand) is read every time.
 _returned: dict[int, tuple[SafeGlobal, ...]] = {}
+#: Declarations read before (an author's tuple, given to every call): entries -> (them, the result, names resolved).
+_read: dict[tuple[Any, ...], Any] = {}
 
 
 as_safe_globals = normalize_safe_globals

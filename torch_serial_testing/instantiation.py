@@ -19,11 +19,8 @@ from .variants import FRAMEWORKS, case_test, class_dims, dtype_suffix, dtype_var
 _KEEP: Any = object()
 
 #: Attributes pytorch's decorators set that only pytorch's device-type test bases act on: never dropped silently.
-_ONLY_PYTORCH = {
-    "precision_overrides": "@precisionOverride",
-    "tolerance_overrides": "@toleranceOverride",
-    "num_required_devices": "@deviceCountAtLeast",
-}
+_ONLY_PYTORCH = {"precision_overrides": "@precisionOverride", "tolerance_overrides": "@toleranceOverride"}
+_ONLY_PYTORCH["num_required_devices"] = "@deviceCountAtLeast"
 
 _GENERATED: dict[str, dict[str, tuple[str, ...]]] = {}  # module -> generic class -> generated class names
 

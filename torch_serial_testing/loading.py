@@ -25,12 +25,8 @@ from .modes import FORCE_NO_WO, LoadMode, decide
 from .prediction import Expectation, _as_checkpoint, decided
 from .registry import registered_by_torch, registered_entries, registry_lock, restore_registry, snapshot_registry
 from .registry import safe_globals_context_missing
-from .serialization import FORCE_NO_NOTICE, TORCH_SERIALIZATION, Observation, genuine, raiser
+from .serialization import FORCE_NO_NOTICE, TORCH_SERIALIZATION, genuine, raiser
 from .serialization import observe_serialization_warnings, watch_stdout
-
-
-#: What a load without TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD in the environment observes: nothing.
-_UNOBSERVED = Observation()
 
 
 def mode_skip_reason(mode: LoadMode) -> Optional[str]:
@@ -105,11 +101,11 @@ def load(
         raise RoundTripConfigError("load() got the load mode first: the order is load(checkpoint, mode, ...)")
     mode = LoadMode.parse(mode)
     checkpoint = _as_checkpoint(checkpoint, "load")
-    if reason := mode_skip_reason(mode):
+    if mode is LoadMode.SAFE_GLOBALS and (reason := mode_skip_reason(mode)):
         raise unittest.SkipTest(reason)
     # The declaration is read (and judged) only where the mode uses it: inside torch's safe_globals context.
     safe_globals = as_safe_globals(safe_globals) if mode is LoadMode.SAFE_GLOBALS else ()
-    extra = load_kwargs(extra_kwargs)
+    extra = load_kwargs(extra_kwargs) if extra_kwargs else {}
     to_file = from_file or bool(extra.get("mmap"))
     with registry_lock, _private_file(checkpoint) if to_file else contextlib.nullcontext() as path:
         # The environment is read once per load; undecided, it is loaded all the same (see _verify).
@@ -140,19 +136,20 @@ def load(
         kwargs = extra if map_location is None else {"map_location": map_location, **extra}
         replaced = expectation.replaced_by is not None
         registered = registered_entries() if replaced else []
-        # torch warns only with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD set: else nothing to observe (a replaced loader is)
-        observing = replaced or (decision is not None and decision.force_no_set)
-        watch = observe_serialization_warnings() if observing else contextlib.nullcontext(_UNOBSERVED)
         # torch's safe_globals exit drops entries registered before it (a replaced loader may add its own): restored
         snapshot = snapshot_registry() if mode is LoadMode.SAFE_GLOBALS or replaced else None
+        warned = printed = False  # torch warns only with TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD set (a replacement may)
         try:
-            with watch as observed, watch_stdout(replaced and expectation.warns) as out:
+            if not (replaced or (decision is not None and decision.force_no_set)):  # nothing to observe
                 value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
+            else:
+                with observe_serialization_warnings() as observed, watch_stdout(replaced and expectation.warns) as out:
+                    value, error = _torch_load(checkpoint, mode, safe_globals, kwargs, expectation, path)
+                warned, printed = observed.seen, out is not None and bool(FORCE_NO_NOTICE.search(out.copy.getvalue()))
         finally:
             if snapshot is not None:
                 restore_registry(snapshot)
-    printed = bool(FORCE_NO_NOTICE.search(out.copy.getvalue())) if out is not None else False
-    result = _verify(expectation, value, error, observed.seen, printed, registered)
+    result = _verify(expectation, value, error, warned, printed, registered)
     _drop_tracebacks(error)
     return result
 

@@ -6,6 +6,7 @@ that fails is the rejection torch raises."""
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import torch
 from .checkpoint import Checkpoint, scan_checkpoint
 from .declarations import declared_entries
 from .errors import CheckpointFormatError, ProbeFailed, RoundTripConfigError, show_name, torch_key
-from .model import Check, build_failure, class_repr, container_refused, loaded_class
+from .model import Check, build_failure, class_repr, container_refused, default_scan_limits, loaded_class
 from .modes import Decision, LoadMode, decide
 from .registry import registered_globals, registry_lock, torch_allowed_type_names, torch_allowlist
 from .registry import torch_allowlist_table
@@ -110,25 +111,37 @@ def decided(
     except ProbeFailed as e:  # the call's argument, True for a bare call (foreign bytes are loaded weights-only)
         why, weights_only = "what torch.load decides here is unknown", mode.explicit_weights_only is not False
         return None, Expectation(mode, weights_only, False, False, (), why, torch_load_replacement(), unknown=str(e))
-    if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it
-        return decision, Expectation(mode, False, decision.warns, True, (), decision.reason, decision.replaced_by)
+    if len(_expected) >= 64:  # (forgotten all at once)
+        _expected.clear()
     reason, warns, replaced = decision.reason, decision.warns, decision.replaced_by
-    try:  # (the scan itself raises no ProbeFailed)
-        info = checkpoint.info
-        # read by the tools: torch 2.4 hands a TorchScript archive to torch.jit.load
-        if info.format == "torchscript" and any(c.kind == "jit" for c in info.checks):
-            reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
-            return decision, Expectation(mode, False, warns, True, (), reason, replaced)
-        rules = unpickler_rules()
-    except ProbeFailed as e:
-        return decision, Expectation(mode, True, warns, False, (), reason, replaced, unknown=str(e))
+    if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it (a decision: one mode's)
+        if (full := _expected.get(decision)) is None:
+            full = _expected[decision] = Expectation(mode, False, warns, True, (), reason, replaced)
+        return decision, full
+    declared = declared if mode is LoadMode.SAFE_GLOBALS else ()
     with registry_lock:  # no library round trip is inside its safe_globals context now
-        allowed = _allowed(declared if mode is LoadMode.SAFE_GLOBALS else (), rules)
-    # The same decision, scan, allowed set and rules (and no module imported since) make the same expectation.
-    inputs = (decision, info, allowed, rules)
-    key = (*map(id, inputs), len(sys.modules))
-    if (known := _expected.get(key)) is not None and all(a is b for a, b in zip(known[0], inputs)):
-        return decision, known[1]
+        try:  # what the expectation is a function of; a failed probe or something unhashable: not remembered
+            scan, table, rules = checkpoint.scan_key, torch_allowlist_table(), unpickler_rules()  # bytes, or a scan
+            small = scan if scan.__class__ is bytes else None  # a hit compares it whole: keyed by size and tail
+            kept = (table, rules, default_scan_limits(), None if small is not None else scan)
+            content = id(scan) if small is None else (len(small), small[-256:])
+            state = (tuple(torch.serialization.get_safe_globals()), declared, len(sys.modules), "numpy" in sys.modules)
+            key: Any = (decision, content, type(checkpoint), *state, *map(id, kept))
+            known = _expected.get(key)
+        except (ProbeFailed, TypeError):
+            key = known = None
+        if known is not None and all(map(operator.is_, known[0], kept)) and known[2] == small:
+            return decision, known[1]
+        try:  # (the scan itself raises no ProbeFailed)
+            info = checkpoint.info
+            # read by the tools: torch 2.4 hands a TorchScript archive to torch.jit.load
+            if info.format == "torchscript" and any(c.kind == "jit" for c in info.checks):
+                reason += "; this torch hands TorchScript archives to torch.jit.load whatever weights_only says"
+                return decision, Expectation(mode, False, warns, True, (), reason, replaced)
+            rules = unpickler_rules()
+        except ProbeFailed as e:
+            return decision, Expectation(mode, True, warns, False, (), reason, replaced, unknown=str(e))
+        allowed = _allowed(declared, rules)
     missing, rejection, build, unknown = _replay(info.checks, allowed, rules)
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.
     missing = tuple(sorted(set(missing) | {g for g in info.globals if g not in allowed.names}))
@@ -138,14 +151,14 @@ def decided(
     expectation = Expectation(
         mode, True, warns, loads, missing, reason, replaced, opcodes, blocker, rejection, raises, unknown
     )
-    if len(_expected) >= 64:
-        _expected.clear()
-    _expected[key] = (inputs, expectation)  # keeps the four alive: their ids stay theirs
+    if key is not None:
+        _expected[key] = (kept, expectation, small)  # keeps them alive: their ids stay theirs
     return decision, expectation
 
 
-#: (ids of a decision, a scan, an allowed set, the rules; how many modules are imported) -> (those, the expectation).
-_expected: dict[tuple[int, ...], tuple[tuple[Any, ...], Expectation]] = {}
+#: A full load's expectation by its decision; a weights-only one by all it is a function of -> (the objects
+#: whose ids are in the key, the expectation).  Keeps the decisions alive: a key's decision stays its own.
+_expected: dict[Any, Any] = {}
 
 
 @dataclass(eq=False)
@@ -212,22 +225,11 @@ def _replay(
     return tuple(dict.fromkeys(missing)), rejection, build, unknown if rejection is None else None
 
 
-#: key -> (torch's allowlist table it was computed from, the allowed set).
-_allowed_cache: dict[Any, tuple[Any, _Allowed]] = {}
-
-
 def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
-    """What torch accepts with *declared* added, remembered while its inputs are the same.  torch matches
-    types by object; the model matches them by their real ``module.qualname`` and any name they are allowed under."""
+    """What torch accepts with *declared* added (made for each new expectation).  torch matches types by
+    object; the model matches them by their real ``module.qualname`` and any name they are allowed under."""
     table, buildable = torch_allowlist_table(), rules.build.torch_types_buildable
     registry = torch.serialization.get_safe_globals()
-    try:
-        key: Any = (id(table), frozenset(registry) if registry else None, tuple(declared), buildable)
-        hit = _allowed_cache.get(key)
-    except TypeError:  # something unhashable registered or declared: compute every time
-        key, hit = None, None
-    if hit is not None and hit[0] is table:
-        return hit[1]
     user_names = set(registered_globals()) | {name for _obj, name in declared}
     allowlist = torch_allowlist()
     types = set(torch_allowed_type_names() | allowlist) if buildable else set()
@@ -241,12 +243,7 @@ def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _All
             if n:
                 types.add(n)
                 classes[n] = user[n] = obj
-    allowed = _Allowed(frozenset(allowlist | user_names), frozenset(types | user_names), classes, user)
-    if key is not None:
-        if len(_allowed_cache) > 64:
-            _allowed_cache.clear()
-        _allowed_cache[key] = (table, allowed)  # keeps the table alive: its id stays its own
-    return allowed
+    return _Allowed(frozenset(allowlist | user_names), frozenset(types | user_names), classes, user)
 
 
 _NOT_GIVEN: Any = object()

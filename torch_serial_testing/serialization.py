@@ -17,7 +17,7 @@ import types
 import warnings
 from contextlib import AbstractContextManager, contextmanager, nullcontext, redirect_stdout, suppress
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import AbstractSet, Any, Iterator, Optional
 
 import torch
 
@@ -166,11 +166,9 @@ def watch_stdout(active: bool) -> AbstractContextManager[Optional[_Tee]]:
 
 #: Modules whose whole namespace is state, and the names in each that are not the test's to restore:
 #: the safe-globals registry (:mod:`.registry` restores it) and the warnings module's bookkeeping.
-WATCHED_MODULES = {
-    "torch.serialization": {"__warningregistry__"},
-    "torch._weights_only_unpickler": {"__warningregistry__", "_marked_safe_globals_set", "_marked_safe_globals_list"},
-    "torch._utils": {"__warningregistry__"},
-}
+_WARNED = frozenset({"__warningregistry__"})
+_REGISTRY = _WARNED | {"_marked_safe_globals_set", "_marked_safe_globals_list"}
+WATCHED_MODULES = {"torch.serialization": _WARNED, "torch._weights_only_unpickler": _REGISTRY, "torch._utils": _WARNED}
 
 
 def _same(now: Any, then: Any) -> bool:
@@ -263,7 +261,7 @@ class SerializationState:
         return changes
 
 
-def _restore(target: Any, then: dict[str, Any], skip: set[str]) -> tuple[dict[str, Any], list[str], list[str]]:
+def _restore(target: Any, then: dict[str, Any], skip: AbstractSet[str]) -> tuple[dict[str, Any], list[str], list[str]]:
     """Put back *target*'s attributes but *skip*; returns (the replaced as found, the removed, the added), sorted."""
     now = vars(target)
     if now.keys() == then.keys() and all(map(operator.is_, now.values(), then.values())):

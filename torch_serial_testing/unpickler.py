@@ -85,22 +85,11 @@ def with_type(message: str, cls: type) -> str:
     return message[: -len(shown)]
 
 
-# The probes' classes: list and dict subclasses, a plain class, slotted ones, one recording its __setstate__.
-class ProbeList(list): ...  # type: ignore[type-arg]
-
-
-class ProbeDict(dict): ...  # type: ignore[type-arg]
-
-
-class ProbeOther: ...
-
-
-class ProbeSlotted:
-    __slots__ = ("a",)
-
-
-class ProbeSlotsAndDict:
-    __slots__ = ("a", "__dict__")
+# The probes' classes (of this module, by name): list and dict subclasses, a plain class, slotted ones, and
+# one recording its __setstate__.
+ProbeList, ProbeDict = type("ProbeList", (list,), {}), type("ProbeDict", (dict,), {})
+ProbeOther, ProbeSlotted = type("ProbeOther", (), {}), type("ProbeSlotted", (), {"__slots__": ("a",)})
+ProbeSlotsAndDict = type("ProbeSlotsAndDict", (), {"__slots__": ("a", "__dict__")})
 
 
 class ProbeWithSetstate:
@@ -189,11 +178,9 @@ def unpickler_rules() -> UnpicklerRules:
     """This torch's :class:`UnpicklerRules`, asked once per unpickler; the same ProbeFailed every time."""
     cls = getattr(wou, "Unpickler", None)
     key = (cls, getattr(cls, "load", None), getattr(wou, "_get_allowed_globals", None), torch.__version__)
-    known = _known.get(key)
-    if known is None:
+    if (known := _known.get(key)) is None:
         with registry_lock:
-            known = _known.get(key)
-            if known is None:
+            if (known := _known.get(key)) is None:
                 try:
                     known = _probe_rules()
                 except ProbeFailed as e:
@@ -214,21 +201,8 @@ def _probe_rules() -> UnpicklerRules:
         import_mapping, name_mapping = torch._utils.IMPORT_MAPPING, torch._utils.NAME_MAPPING
     except AttributeError as e:
         raise ProbeFailed(f"torch no longer has the table the library reads: {e}") from None
-    build_refusal, newobj_refusal, reduce_refusal = _refusal_prefixes()
-    return UnpicklerRules(
-        opcodes=_opcodes(template),
-        unsupported=template,
-        containers=_containers(),
-        persid=_persid(),
-        build=_build(),
-        build_refusal=build_refusal,
-        newobj_refusal=newobj_refusal,
-        reduce_refusal=reduce_refusal,
-        renames=_renames(),
-        import_mapping=dict(import_mapping),
-        name_mapping=dict(name_mapping),
-        blocked_modules=_blocked_modules(),
-    )
+    fields = (_opcodes(template), template, _containers(), _persid(), _build(), *_refusal_prefixes(), _renames())
+    return UnpicklerRules(*fields, dict(import_mapping), dict(name_mapping), _blocked_modules())  # (fields' order)
 
 
 def _refusal(outcome: Outcome, what: str) -> str:

@@ -38,9 +38,9 @@ TINY = normalize_safe_globals(TINY_SAFE_GLOBALS)  # TinyNet, and set where torch
 
 
 def forgotten_predictions():
-    """What the prediction remembers (the allowed sets) forgotten for a ``with`` block: a test that
-    replaces one of its inputs gets predictions made from the replacement."""
-    return mock.patch.dict(prediction._allowed_cache, clear=True)
+    """What the prediction remembers (its expectations) forgotten for a ``with`` block: a
+    test that replaces one of its inputs gets predictions made from the replacement."""
+    return mock.patch.dict(prediction._expected, clear=True)
 
 
 class TestLoadModeNames(unittest.TestCase):

@@ -105,7 +105,7 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
     def test_unchanged_inputs_give_the_same_prediction_object(self):
         # Remembered while nothing it depends on changed: the same decision and expectation objects.
         ckpt = Checkpoint.save(TinyNet())
-        with clean_env(**WEIGHTS_ONLY_BARE_ENV):  # a weights-only prediction (a full load's is not remembered)
+        with clean_env(**WEIGHTS_ONLY_BARE_ENV):  # a weights-only prediction (a full load's: by its decision)
             first, second = tst.predict("default", ckpt), tst.predict("default", ckpt)
             self.assertIs(first, second)
             self.assertIs(modes.decide(LoadMode.DEFAULT), modes.decide(LoadMode.DEFAULT))
@@ -127,6 +127,21 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
         self.assertIsNot(again, first)
         self.assertEqual(again, first)
 
+    def test_fresh_bytes_each_load_follow_the_registry(self):
+        # Each round trip saves anew (byte-identical): what is remembered for those bytes follows the registry.
+        with clean_env(**{WO: "1"}):
+            self.assertFalse(tst.round_trip(TinyNet(), "default").loaded)
+            with allowlisted(TINY_SAFE_GLOBALS):
+                self.assertTrue(tst.round_trip(TinyNet(), "default").loaded)
+            self.assertFalse(tst.round_trip(TinyNet(), "default").loaded)
+
+    def test_fresh_bytes_each_load_follow_the_scan_limits(self):
+        with clean_env(**{WO: "1"}):
+            self.assertFalse(tst.round_trip(TinyNet(), "default").loaded)
+            with tst.scan_limits(max_opcodes=5), self.assertRaisesRegex(tst.CheckpointFormatError, "max_opcodes"):
+                tst.round_trip(TinyNet(), "default")
+            self.assertFalse(tst.round_trip(TinyNet(), "default").loaded)
+
     def test_registry_changed_between_loads(self):
         ckpt = Checkpoint.save(TinyNet())
         with clean_env(**{WO: "1"}):
@@ -147,9 +162,10 @@ SYSTEM_REFUSED = f"refusing to allowlist {SYSTEM}: {SYSTEM} runs code or reaches
 
 
 class TestDeclarationsReadEveryLoad(unittest.TestCase):
-    """A declaration the author passes is read afresh on every load (a name resolves to what its module
-    holds now); only the very tuple normalize_safe_globals returned (the mixin's class attribute, read
-    when the class was created) is handed back as it is."""
+    """A declaration the author passes is read again on every load (a name resolves to what its module
+    holds now): remembered only while the same objects are declared and each name still resolves to the
+    same object; the very tuple normalize_safe_globals returned (the mixin's class attribute, read when
+    the class was created) is handed back as it is."""
 
     def test_its_own_result_is_handed_back(self):
         first = as_safe_globals((TinyNet, "collections.OrderedDict"))
@@ -196,6 +212,31 @@ class TestDeclarationsReadEveryLoad(unittest.TestCase):
         with mock.patch.object(sys.modules[__name__], "Rebound", other):
             self.assertEqual(as_safe_globals(declared), (SafeGlobal(other, f"{__name__}.Rebound"),))
         self.assertEqual(as_safe_globals(declared), (SafeGlobal(Rebound, f"{__name__}.Rebound"),))
+
+    def test_an_object_is_looked_up_again_on_every_load(self):
+        # Remembered entries are handed back only while each name still resolves to the declared object.
+        declared = (Rebound,)
+        self.assertEqual(as_safe_globals(declared), (SafeGlobal(Rebound, f"{__name__}.Rebound"),))
+        other = type("Rebound", (), {"__module__": __name__, "__qualname__": "Rebound"})
+        with mock.patch.object(sys.modules[__name__], "Rebound", other):
+            with self.assertRaisesRegex(RoundTripConfigError, "resolves to another object"):
+                as_safe_globals(declared)
+        self.assertEqual(as_safe_globals(declared), (SafeGlobal(Rebound, f"{__name__}.Rebound"),))
+
+    def test_equal_entries_of_other_objects_are_read_again(self):
+        # Entries equal to remembered ones but not the same objects are not handed the remembered result.
+        class Same(type):
+            def __eq__(cls, other):
+                return isinstance(other, Same)
+
+            __hash__ = type.__hash__
+
+        first = Same("Rebound", (), {"__module__": __name__, "__qualname__": "Rebound"})
+        second = Same("Rebound", (), {"__module__": __name__, "__qualname__": "Rebound"})
+        with mock.patch.object(sys.modules[__name__], "Rebound", first):
+            self.assertIs(as_safe_globals((first,))[0].obj, first)
+            with self.assertRaisesRegex(RoundTripConfigError, "resolves to another object"):
+                as_safe_globals((second,))
 
     def test_refused_tuple_refused_every_time(self):
         declared = (os.system,)
