@@ -151,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if "round_trip" in only:
         notes.append(
             "The round-trip rows repeat one module, so after the first round trip the library reuses its "
-            'scan of the identical bytes (as a test file\'s modes and engines do); the "first scan" row '
-            "clears that memory before every round trip (informational, no target)."
+            "scan of the identical bytes and the expectation made from it (as a test file's modes and engines "
+            'reuse the scan); the "first scan" row clears both before every round trip (informational, no target).'
         )
     if "scanners" in only:
         scan_rounds = max(3, rounds // 2)

@@ -45,6 +45,8 @@ class Pair(NamedTuple):
     library: Measurement
     plain: Measurement
     cpu_ratio: Optional[float]  # user+system time ratio (whole processes only)
+    #: In process: the median of each round's own time ratio (library median / plain median of that round).
+    round_ratio: Optional[float] = None
 
 
 # -- in-process: round trips --------------------------------------------------------------------
@@ -103,10 +105,12 @@ def library_round_trip(obj: Any, mode: str, declared: tuple[Any, ...]) -> Any:
 
 
 def forget_scans() -> None:
-    """Drop the library's memory of checkpoints it has scanned (its one scan cache, of small checkpoints)."""
-    from torch_serial_testing import checkpoint
+    """Drop the library's memory of checkpoints: its scans of small checkpoints, and the expectations made from
+    them (remembered by the bytes too: a repeated round trip would otherwise never look for a scan)."""
+    from torch_serial_testing import checkpoint, prediction
 
     checkpoint._small_infos.clear()
+    prediction._expected.clear()
 
 
 def library_round_trip_first_scan(obj: Any, mode: str, declared: tuple[Any, ...]) -> Any:
@@ -160,9 +164,10 @@ def time_round_trips(
             order = (LIBRARY, PLAIN) if r % 2 == 0 else (PLAIN, LIBRARY)
             for who in order:
                 runs[who].append(timers[who].blocked_autorange(min_run_time=min_run_time))
+        per_round = [a.median / b.median for a, b in zip(runs[LIBRARY], runs[PLAIN])]
         (lib,) = Measurement.merge(runs[LIBRARY])
         (plain,) = Measurement.merge(runs[PLAIN])
-        pairs.append(Pair(lib, plain, None))
+        pairs.append(Pair(lib, plain, None, _median(per_round)))
     return pairs
 
 

@@ -226,9 +226,6 @@ def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None)
 
 
 def _resolves(entry: tuple[str, Any]) -> bool:
-    module, _, attr = entry[0].rpartition(".")  # resolve_global's first try, its usual answer
-    if getattr(sys.modules.get(module), attr, None) is entry[1] is not None:
-        return True
     try:
         return resolve_global(entry[0]) is entry[1]
     except RoundTripConfigError:

@@ -19,8 +19,7 @@ from .declarations import declared_entries
 from .errors import CheckpointFormatError, ProbeFailed, RoundTripConfigError, show_name, torch_key
 from .model import Check, build_failure, class_repr, container_refused, default_scan_limits, loaded_class
 from .modes import Decision, LoadMode, decide
-from .registry import registered_globals, registry_lock, torch_allowed_type_names, torch_allowlist
-from .registry import torch_allowlist_table
+from .registry import registered_globals, registry_lock, torch_allowlist, torch_allowlist_table, torch_allowlist_view
 from .serialization import torch_load_replacement
 from .unpickler import UnpicklerRules, global_refusal, unpickler_rules
 
@@ -124,9 +123,8 @@ def decided(
             scan, table, rules = checkpoint.scan_key, torch_allowlist_table(), unpickler_rules()  # bytes, or a scan
             small = scan if scan.__class__ is bytes else None  # a hit compares it whole: keyed by size and tail
             kept = (table, rules, default_scan_limits(), None if small is not None else scan)
-            content = id(scan) if small is None else (len(small), small[-256:])
             state = (tuple(torch.serialization.get_safe_globals()), declared, len(sys.modules), "numpy" in sys.modules)
-            key: Any = (decision, content, type(checkpoint), *state, *map(id, kept))
+            key: Any = (decision, small and (len(small), small[-256:]), type(checkpoint), *state, *map(id, kept))
             known = _expected.get(key)
         except (ProbeFailed, TypeError):
             key = known = None
@@ -156,8 +154,7 @@ def decided(
     return decision, expectation
 
 
-#: A full load's expectation by its decision; a weights-only one by all it is a function of -> (the objects
-#: whose ids are in the key, the expectation).  Keeps the decisions alive: a key's decision stays its own.
+#: A full load's expectation by its decision; a weights-only one by all it is a function of (see decided).
 _expected: dict[Any, Any] = {}
 
 
@@ -226,17 +223,13 @@ def _replay(
 
 
 def _allowed(declared: Sequence[tuple[Any, str]], rules: UnpicklerRules) -> _Allowed:
-    """What torch accepts with *declared* added (made for each new expectation).  torch matches types by
-    object; the model matches them by their real ``module.qualname`` and any name they are allowed under."""
-    table, buildable = torch_allowlist_table(), rules.build.torch_types_buildable
-    registry = torch.serialization.get_safe_globals()
+    """What torch accepts with *declared* added; torch matches types by object, the model by any of their names."""
+    allowlist, torch_types, torch_classes = torch_allowlist_view()
+    buildable, registry = rules.build.torch_types_buildable, torch.serialization.get_safe_globals()
     user_names = set(registered_globals()) | {name for _obj, name in declared}
-    allowlist = torch_allowlist()
-    types = set(torch_allowed_type_names() | allowlist) if buildable else set()
-    classes: dict[str, Any] = {}
+    types = set(torch_types | allowlist) if buildable else set()
+    classes: dict[str, Any] = dict(torch_classes) if buildable else {}
     user: dict[str, Any] = {}
-    for name, obj in table.items() if buildable else ():
-        classes[name] = classes[torch_key(obj) or name] = obj
     for entry in [*registry, *((o, n) for o, n in declared if o is not None)]:
         obj, entry_name = entry if isinstance(entry, tuple) else (entry, None)
         for n in (torch_key(obj), entry_name):
@@ -286,5 +279,5 @@ def needed_globals(info: Any, allowed: Any = None) -> list[str]:
     # BUILD's types count too (numpy's Float64DType is no GLOBAL); torch's own where its BUILD refuses them (2.4, 2.5)
     types = set(info.type_checks)
     if types and unpickler_rules().build.torch_types_buildable:
-        types -= set(allowed) | torch_allowed_type_names()
+        types -= set(allowed) | torch_allowlist_view()[1]
     return sorted(needed | types)

@@ -27,12 +27,22 @@ def torch_allowlist_table() -> Any:
 
 def torch_allowlist() -> frozenset[str]:
     """Names torch's weights-only unpickler accepts without any registration."""
-    return frozenset(wou._get_allowed_globals())
+    return torch_allowlist_view()[0]
 
 
-def torch_allowed_type_names() -> frozenset[str]:
-    """Real ``module.qualname`` of every value on torch's own allowlist (BUILD accepts instances of those types)."""
-    return frozenset(n for n in map(torch_key, wou._get_allowed_globals().values()) if n)
+def torch_allowlist_view() -> tuple[frozenset[str], frozenset[str], dict[str, Any]]:
+    """torch's allowlist: (its names, the real names of its values: BUILD's types, each name -> object), per table."""
+    table = wou._get_allowed_globals()
+    if not (_view and _view[0] is table and _view[1] == len(table)):
+        classes: dict[str, Any] = {}
+        for name, obj in table.items():
+            classes[name] = classes[torch_key(obj) or name] = obj
+        view = (frozenset(table), frozenset(filter(None, map(torch_key, table.values()))), classes)
+        _view[:] = [table, len(table), view]
+    return _view[2]  # type: ignore[no-any-return]
+
+
+_view: list[Any] = []
 
 
 def snapshot_registry() -> list[Any]:

@@ -220,7 +220,7 @@ class TestRealTorchAgrees(unittest.TestCase):
         refusal = "Unsupported global: GLOBAL {} was not an allowed global by default.".format
         with (
             clean_env(**WEIGHTS_ONLY_BARE_ENV),
-            mock.patch.object(prediction, "torch_allowlist", lambda: frozenset()),
+            mock.patch.object(prediction, "torch_allowlist_view", lambda: (frozenset(), frozenset(), {})),
             mock.patch.object(prediction, "global_refusal", refusal),
             forgotten_predictions(),
         ):
