@@ -52,7 +52,6 @@ class LoadMode(enum.Enum):
 _EXPLICIT = {"weights_only_false": False, "safe_globals": True, "default": None}
 _BY_SPELLING = {**{m.value: m for m in LoadMode}, **{m.name: m for m in LoadMode}}
 FORCE_WO, FORCE_NO_WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"
-_SWITCH_KEYS = tuple(map(getattr(os.environ, "encodekey", str), (FORCE_WO, FORCE_NO_WO)))  # as os.environ keys them
 
 
 class Canary:
@@ -131,9 +130,6 @@ def torch_default_weights_only() -> tuple[bool, str]:
 
 
 def switch_values(environ: Optional[Mapping[str, str]] = None) -> tuple[Optional[str], Optional[str]]:
-    if environ is None and os.environ.__class__ is os._Environ:  # read on every load: not a KeyError per unset switch
-        wo, no = map(os.environ._data.get, _SWITCH_KEYS)  # type: ignore[attr-defined]
-        return wo if wo is None else os.environ.decodevalue(wo), no if no is None else os.environ.decodevalue(no)
     env = os.environ if environ is None else environ
     return env.get(FORCE_WO), env.get(FORCE_NO_WO)
 
