@@ -126,8 +126,8 @@ class Checkpoint:
         return self._info
 
     @property
-    def scan_key(self) -> Any:  # what info is a function of, cheaply: a small buffer's bytes until scanned, or the scan
-        small = self._info is None and isinstance(self._buffer, io.BytesIO) and self.nbytes <= _SMALL_CHECKPOINT
+    def scan_key(self) -> Any:  # what info is a function of, cheaply and stably: a small buffer's bytes, or the scan
+        small = isinstance(self._buffer, io.BytesIO) and self.nbytes <= _SMALL_CHECKPOINT
         return self._buffer.getvalue() if small else self.info  # type: ignore[attr-defined]
 
     def _read(self, f: IO[bytes], nbytes: int, state: ScanState) -> str:

@@ -110,8 +110,6 @@ def decided(
     except ProbeFailed as e:  # the call's argument, True for a bare call (foreign bytes are loaded weights-only)
         why, weights_only = "what torch.load decides here is unknown", mode.explicit_weights_only is not False
         return None, Expectation(mode, weights_only, False, False, (), why, torch_load_replacement(), unknown=str(e))
-    if len(_expected) >= 64:  # (forgotten all at once)
-        _expected.clear()
     reason, warns, replaced = decision.reason, decision.warns, decision.replaced_by
     if not decision.weights_only:  # a full load: nothing the checkpoint names can stop it (a decision: one mode's)
         if (full := _expected.get(decision)) is None:
@@ -130,6 +128,8 @@ def decided(
             key = known = None
         if known is not None and all(map(operator.is_, known[0], kept)) and known[2] == small:
             return decision, known[1]
+        if len(_expected) >= 64:  # forgotten all at once, never between a look-up and its hit
+            _expected.clear()
         try:  # (the scan itself raises no ProbeFailed)
             info = checkpoint.info
             # read by the tools: torch 2.4 hands a TorchScript archive to torch.jit.load

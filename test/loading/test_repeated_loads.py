@@ -113,6 +113,18 @@ class TestDecisionFollowsTheEnvironment(unittest.TestCase):
             self.assertIsNot(tst.predict("default", ckpt), first)
             self.assertFalse(tst.predict("default", ckpt).weights_only)
 
+    def test_a_full_memory_is_not_forgotten_before_a_hit(self):
+        # The expectations are forgotten all at once when many are remembered: never between a look-up and its
+        # hit, so a prediction just made is found again whatever the fill level (each level in turn).
+        from torch_serial_testing import prediction
+
+        ckpt = Checkpoint.save(TinyNet())
+        with clean_env(**WEIGHTS_ONLY_BARE_ENV):
+            for filled in range(56, 72):
+                with self.subTest(filled=filled), mock.patch.dict(prediction._expected, clear=True):
+                    prediction._expected.update({("filler", i): None for i in range(filled)})
+                    self.assertIs(tst.predict("default", ckpt), tst.predict("default", ckpt))
+
     def test_a_module_imported_between_loads_is_predicted_anew(self):
         # The expectation depends on which classes are imported (container targets): any import forgets it.
         ckpt = Checkpoint.save(TinyNet())
