@@ -141,7 +141,8 @@ def decided(
             return decision, Expectation(mode, True, warns, False, (), reason, replaced, unknown=str(e))
         akey = key and ("allowed", *key[3:5], *key[7:9])  # by the registry, the declaration, the table, the rules
         if akey is None or (hit := _expected.get(akey)) is None or not all(map(operator.is_, hit[0], kept[:2])):
-            hit = _expected[akey] = (kept[:2] if akey else None, _allowed(declared, rules))  # (under None: never read)
+            hit = (kept[:2] if akey else None, _allowed(declared, rules))
+            _expected.update({akey: hit} if akey else {})
         allowed = hit[1]
     missing, rejection, build, unknown = _replay(info.checks, allowed, rules)
     # Globals past the point where torch stops (an unsupported opcode...) are still reported.

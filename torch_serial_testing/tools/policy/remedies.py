@@ -83,7 +83,7 @@ def numpy_scalar_remedy() -> dict[str, Any]:
         message = outcome.message
         found = (m.group(1) for r in (_GLOBAL_REMEDY, _BUILD_REMEDY, _REFUSED_GLOBAL) if (m := r.search(message)))
         name = next((n for n in found if n in candidates), None)
-        if not outcome.refused or name is None or name not in candidates or name in remedy:
+        if not outcome.refused or name is None or name in remedy:
             raise ProbeFailed(
                 f"torch's weights-only unpickler refused numpy scalars without naming a remedy the "
                 f"library can verify ({type(outcome.error).__name__}: {message[:300]!r})"
