@@ -8,12 +8,13 @@ import os
 import tempfile
 import unittest
 from typing import Any
+from unittest import mock
 
 import torch
 
 from torch_serial_testing.registry import torch_allowlist
-from torch_serial_testing.tools.audit import observe
-from torch_serial_testing.tools.audit.analysis import needs_of, verified_fix
+from torch_serial_testing.tools.audit import analysis, observe
+from torch_serial_testing.tools.audit.analysis import digest, needs_of, verified_fix
 from torch_serial_testing.tools.audit.summary import verdict
 
 from .runs import BEFORE_THE_DEFAULT
@@ -25,15 +26,26 @@ def saved(obj: Any) -> bytes:
     return buf.getvalue()
 
 
-class RecordingLoader:
-    """torch.load, remembering the weights_only of every call."""
+class RecordingTrials:
+    """The audit's trial loads (always torch's own loader), remembering the weights_only of each."""
 
     def __init__(self) -> None:
         self.calls: list[Any] = []
+        self._patch = mock.patch.object(analysis, "trial", side_effect=self._trial)
 
-    def __call__(self, f: Any, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append(kwargs.get("weights_only"))
-        return torch.load(f, *args, **kwargs)
+    def _trial(self, data: bytes, weights_only: bool, *args: Any, **kwargs: Any) -> bool:
+        self.calls.append(weights_only)
+        return TRIAL(data, weights_only, *args, **kwargs)
+
+    def __enter__(self) -> RecordingTrials:
+        self._patch.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._patch.stop()
+
+
+TRIAL = analysis.trial
 
 
 class TestVerifiedFix(unittest.TestCase):
@@ -42,8 +54,8 @@ class TestVerifiedFix(unittest.TestCase):
         needs = needs_of(data)
         unlisted_set = [] if "builtins.set" in torch_allowlist() else ["builtins.set"]  # (torch < 2.5 lists no set)
         self.assertEqual(needs, [*unlisted_set, "torch.nn.modules.linear.Linear"])
-        loader = RecordingLoader()
-        fix = verified_fix(loader, data, needs, own_bytes=False)
+        with RecordingTrials() as loader:
+            fix = verified_fix(data, needs)
         self.assertEqual((fix["kind"], fix["verified"]), ("safe_globals", True))
         self.assertEqual(loader.calls, [True])
         self.assertNotIn(torch.nn.Linear, torch.serialization.get_safe_globals())  # the trial's allowlist is gone
@@ -52,7 +64,7 @@ class TestVerifiedFix(unittest.TestCase):
         data = saved(torch.nn.Sequential(torch.nn.Linear(2, 2)))
         needs = needs_of(data) or []
         self.assertGreater(len(needs), 1, needs)
-        fix = verified_fix(RecordingLoader(), data, needs[:1], own_bytes=False)
+        fix = verified_fix(data, needs[:1])
         self.assertEqual((fix["kind"], fix["verified"]), ("safe_globals", False))
 
     def test_foreign_bytes_needing_a_callable_are_never_loaded_in_full(self) -> None:
@@ -62,14 +74,14 @@ class TestVerifiedFix(unittest.TestCase):
         data = saved({"x": np.arange(3.0)})
         needs = needs_of(data) or []
         self.assertTrue(any(n.endswith("multiarray._reconstruct") for n in needs), needs)
-        loader = RecordingLoader()
-        foreign = verified_fix(loader, data, needs, own_bytes=False)
-        self.assertEqual((foreign["kind"], foreign["verified"]), ("none", False))
-        self.assertTrue(foreign["snippet"].startswith("# no safe fix: "), foreign["snippet"])
-        self.assertEqual(loader.calls, [])
-        own = verified_fix(loader, data, needs, own_bytes=True)
-        self.assertEqual((own["kind"], own["verified"]), ("weights_only_false", True))
-        self.assertEqual(loader.calls, [False])
+        with RecordingTrials() as loader:
+            foreign = verified_fix(data, needs)
+            self.assertEqual((foreign["kind"], foreign["verified"]), ("none", False))
+            self.assertTrue(foreign["snippet"].startswith("# no safe fix: "), foreign["snippet"])
+            self.assertEqual(loader.calls, [])
+            own = verified_fix(data, needs, own_digest=digest(data))
+            self.assertEqual((own["kind"], own["verified"]), ("weights_only_false", True))
+            self.assertEqual(loader.calls, [False])
 
     def test_numpy_scalars_get_the_remedy_torch_documents_verified(self) -> None:
         import numpy as np
@@ -78,8 +90,8 @@ class TestVerifiedFix(unittest.TestCase):
         data = saved({"x": np.float64(1.0)})
         needs = needs_of(data) or []
         self.assertTrue(any(n.endswith("multiarray.scalar") for n in needs), needs)
-        loader = RecordingLoader()
-        fix = verified_fix(loader, data, needs, own_bytes=False)
+        with RecordingTrials() as loader:
+            fix = verified_fix(data, needs)
         self.assertEqual((fix["kind"], fix["verified"]), ("safe_globals", True))
         # (torch < 2.5: no safe_globals context, and _codecs.encode is not on torch's allowlist)
         form = "safe_globals" if hasattr(torch.serialization, "safe_globals") else "add_safe_globals"
@@ -89,9 +101,7 @@ class TestVerifiedFix(unittest.TestCase):
 
     def test_unreadable_bytes_get_no_fix(self) -> None:
         self.assertIsNone(needs_of(b"not a checkpoint"))
-        self.assertEqual(
-            verified_fix(RecordingLoader(), b"x", None, True), {"kind": "none", "snippet": None, "verified": False}
-        )
+        self.assertEqual(verified_fix(b"x", None, digest(b"x")), {"kind": "none", "snippet": None, "verified": False})
 
 
 class TestObserverInProcess(unittest.TestCase):
@@ -132,8 +142,8 @@ class TestObserverInProcess(unittest.TestCase):
         self.assertTrue(loads[0]["site"].endswith(f"test_analysis.py:{_line('torch.load(io.BytesIO(data))')}"))
 
     def test_the_librarys_saves_by_torchs_own_function_are_observed(self) -> None:
-        from torch_serial_testing.tools.audit.analysis import digest
         from torch_serial_testing.checkpoint import Checkpoint
+        from torch_serial_testing.tools.audit.analysis import digest
 
         checkpoint = Checkpoint.save({"w": torch.ones(2)})  # torch's genuine save: the torch.save wrapper never sees it
         data = checkpoint.rewound().read()

@@ -1,12 +1,18 @@
 """One observed ``torch.load``'s record: what it needed, where its bytes came from, a verified fix.
 
 ``needs`` is the library's static scan (:func:`~..loading.required.required_globals`, dtype classes
-included), never an unpickling.  The ``fix`` is checked by a trial load of the *same bytes* through the
-same loader: ``safe_globals`` when every needed global passes the trust policy, verified by
-``weights_only=True`` inside ``torch.serialization.safe_globals`` of exactly those globals;
-``weights_only_false`` only when the bytes are ones the same test saved in this process (matched by
-their sha256), verified by a full load of those bytes; otherwise ``none`` with the policy's reasons.
-Foreign bytes are never loaded in full.
+included), never an unpickling.  Every trial load goes through torch's own ``torch.serialization.load``
+(:func:`~...serialization.genuine`: known by identity, never the ``torch.load`` a test or a shim
+installed), on a fresh buffer of the *same bytes*, with the call's ``map_location``:
+
+* a call that loaded weights-only needs nothing when torch's own weights-only load of those bytes, with
+  the globals the test allows at that moment, loads them (the fix: nothing to change);
+* ``safe_globals`` when every needed global passes the trust policy, verified by ``weights_only=True``
+  inside ``torch.serialization.safe_globals`` of exactly those globals;
+* ``weights_only_false`` only when the bytes are exactly the bytes one ``torch.save`` of the same test
+  wrote (the save's sha256 covers the range it wrote, nothing before or after), verified by a full
+  load after the digest of the bytes to load is checked once more against that save's;
+* otherwise ``none`` with the policy's reasons.  Foreign bytes are never loaded in full.
 """
 
 from __future__ import annotations
@@ -16,13 +22,15 @@ import io
 import os
 import re
 import sys
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ...modes import FORCE_NO_WO, FORCE_WO, LoadMode, decide, switch_values
 
-__all__ = ["digest", "load_record", "needs_of", "verified_fix", "resolve_names"]
+__all__ = ["digest", "load_record", "needs_of", "verified_fix", "resolve_names", "trial"]
 
 _MODES = {None: LoadMode.DEFAULT, True: LoadMode.SAFE_GLOBALS, False: LoadMode.WEIGHTS_ONLY_FALSE}
+#: The fix of a call that loaded weights-only and needs nothing more (verified by torch's own loader).
+NOTHING_TO_CHANGE = {"kind": "none", "snippet": None, "verified": True}
 
 
 def digest(data: bytes) -> str:
@@ -67,32 +75,36 @@ def resolve_names(names: Sequence[str]) -> list[Any]:
     return found
 
 
-def _trial(
-    loader: Callable[..., Any], data: bytes, args: tuple[Any, ...], kwargs: Mapping[str, Any], **how: Any
+def trial(
+    data: bytes, weights_only: bool, args: tuple[Any, ...] = (), kwargs: Optional[Mapping[str, Any]] = None
 ) -> bool:
-    """Whether *loader* loads *data* with the call's own arguments and *how* (weights_only=...)."""
-    extra = {k: v for k, v in kwargs.items() if k not in ("weights_only", "pickle_module")}
+    """Whether torch's own ``torch.serialization.load`` loads *data* with *weights_only* and the call's
+    ``map_location`` (positional or keyword); False when it raises, or when torch's own function cannot be
+    found (:class:`~...errors.ProbeFailed`: replaced in place)."""
+    from ...serialization import genuine
+
+    kwargs = kwargs or {}
+    where = {"map_location": kwargs["map_location"]} if "map_location" in kwargs else {}
     try:
-        loader(io.BytesIO(data), *args[:1], **extra, **how)
+        genuine("load")(io.BytesIO(data), *args[:1], weights_only=weights_only, **where)
     except Exception:
         return False
     return True
 
 
 def verified_fix(
-    loader: Callable[..., Any],
     data: Optional[bytes],
     needs: Optional[list[str]],
-    own_bytes: bool,
+    own_digest: Optional[str] = None,
     args: tuple[Any, ...] = (),
     kwargs: Optional[Mapping[str, Any]] = None,
 ) -> dict[str, Any]:
-    """``{"kind", "snippet", "verified"}`` for a load of *data* (*own_bytes*: this test saved them)."""
-    kwargs = kwargs or {}
+    """``{"kind", "snippet", "verified"}`` for a load of *data* (*own_digest*: the sha256 of the bytes one
+    ``torch.save`` of this test wrote, when the bytes loaded are those)."""
     if data is None or needs is None:
         return {"kind": "none", "snippet": None, "verified": False}
     if not needs:
-        return {"kind": "none", "snippet": None, "verified": _trial(loader, data, args, kwargs, weights_only=True)}
+        return {"kind": "none", "snippet": None, "verified": trial(data, True, args, kwargs)}
     from ..policy.snippet import refusal_notes, safe_globals_snippet, suggestible
 
     if sorted(suggestible(needs)) == sorted(needs):
@@ -105,13 +117,13 @@ def verified_fix(
             from ...registry import allowlisted  # safe_globals, or add_safe_globals undone (torch < 2.5)
 
             with allowlisted(objects):
-                ok = _trial(loader, data, args, kwargs, weights_only=True)
+                ok = trial(data, True, args, kwargs)
         return {"kind": "safe_globals", "snippet": safe_globals_snippet(needs), "verified": ok}
-    if own_bytes:
+    if own_digest is not None and digest(data) == own_digest:  # checked again right before the full load
         return {
             "kind": "weights_only_false",
             "snippet": "obj = torch.load(f, weights_only=False)  # only for bytes this test saved itself",
-            "verified": _trial(loader, data, args, kwargs, weights_only=False),
+            "verified": trial(data, False, args, kwargs),
         }
     notes = "; ".join(refusal_notes(needs)) or "the trust policy vouches for none of " + ", ".join(needs)
     return {"kind": "none", "snippet": f"# no safe fix: {notes}", "verified": False}
@@ -120,7 +132,8 @@ def verified_fix(
 def provenance(
     data: Optional[bytes], path: Optional[str], saved: Mapping[str, tuple[Optional[str], Optional[str]]]
 ) -> dict[str, Any]:
-    """Where the loaded bytes came from: a ``torch.save`` of this process, a repository file, unknown."""
+    """Where the loaded bytes came from: exactly the bytes one ``torch.save`` of this process wrote, a
+    repository file, or unknown."""
     if data is not None:
         hit = saved.get(digest(data))
         if hit is not None:
@@ -134,7 +147,6 @@ def provenance(
 
 
 def load_record(
-    loader: Callable[..., Any],
     test: Optional[str],
     site: Optional[str],
     data: Optional[bytes],
@@ -152,9 +164,14 @@ def load_record(
         effective: Optional[bool] = decide(_MODES[arg]).weights_only
     except Exception:  # both switches set: torch raises on every load; or torch cannot be asked
         effective = None
+    data = None if data is None else bytes(data)
     where = provenance(data, path, saved)
-    own = where["kind"] == "saved_in_process" and where.get("test") == test
+    own = digest(data) if data is not None and where["kind"] == "saved_in_process" and where["test"] == test else None
     needs = needs_of(data)
+    if error is None and effective is True and data is not None and trial(data, True, args, kwargs):
+        fix = dict(NOTHING_TO_CHANGE)  # loaded weights-only: the globals it needs, the test already allows
+    else:
+        fix = verified_fix(data, needs, own, args, kwargs)
     return {
         "event": "load",
         "test": test,
@@ -166,7 +183,7 @@ def load_record(
         "error": None if error is None else first_line(error),
         "needs": needs,
         "provenance": where,
-        "fix": verified_fix(loader, data, needs, own, args, kwargs),
+        "fix": fix,
     }
 
 

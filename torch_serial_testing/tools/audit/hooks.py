@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from . import observe
 
-__all__ = ["start"]
+__all__ = ["start", "finder"]
 
 
 def _after_torch(module: Any) -> None:
@@ -57,6 +57,11 @@ class _Finder(importlib.abc.MetaPathFinder):
                     spec.loader = _Loader(spec.loader, fullname)
                 return spec
         return None
+
+
+def finder() -> _Finder:
+    """The finder :func:`start` installed (a new one when it has not)."""
+    return next((f for f in sys.meta_path if isinstance(f, _Finder)), None) or _Finder()
 
 
 def start(report: str) -> None:

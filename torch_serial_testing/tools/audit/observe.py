@@ -6,7 +6,10 @@ stored there now, so a loader installed later (torch_npu replaces ``torch.load``
 as the call the test made, and assigning stores the new function as before.  Every call goes through to
 the stored function with the same arguments; its result or exception is the caller's, unchanged.  The
 record is written after the call (:mod:`.analysis` builds it), as one ``os.write`` to a file opened with
-``O_APPEND``, so several processes (xdist workers) can share one report.
+``O_APPEND``, so several processes (xdist workers) can share one report, and ``O_NOFOLLOW``: the audit
+never writes through a symbolic link (:func:`write_file`).  A save is remembered by the sha256 of exactly
+the bytes it wrote (its stream's position before and after it), never of what a reused buffer held beyond.
+The wrappers are hidden from pytest's tracebacks (``__tracebackhide__``).
 """
 
 from __future__ import annotations
@@ -20,7 +23,16 @@ import threading
 import types
 from typing import Any, Callable, Optional
 
-__all__ = ["enable", "enabled", "current_test", "call_site", "write_record", "install_unittest_hook"]
+__all__ = [
+    "enable",
+    "enabled",
+    "current_test",
+    "call_site",
+    "write_record",
+    "write_file",
+    "ReportPathError",
+    "install_unittest_hook",
+]
 
 #: Checkpoints bigger than this are observed, not read a second time for the analysis.
 MAX_ANALYSED_BYTES = 512 * 1024 * 1024
@@ -53,14 +65,41 @@ def enable(report: str) -> None:
 
 def write_record(record: dict[str, Any]) -> None:
     """Append *record* to the report as one line, in one write (safe across processes)."""
-    if _State.report is None:
-        return
-    line = (json.dumps(record, default=str) + "\n").encode("utf-8")
-    fd = os.open(_State.report, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    if _State.report is not None:
+        write_file(_State.report, json.dumps(record, default=str) + "\n", append=True)
+
+
+def write_file(path: str, text: str, append: bool = False) -> None:
+    """Write *text* to *path* (created if missing, emptied first unless *append*) as one ``os.write``,
+    never through a symbolic link: opened with ``O_NOFOLLOW``, a link there is refused, not followed
+    (a committed ``serial-audit.jsonl -> ~/.bashrc`` would otherwise be emptied by the run)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC) | getattr(os, "O_NOFOLLOW", 0)
+    if not hasattr(os, "O_NOFOLLOW") and os.path.islink(path):
+        raise ReportPathError(path)
     try:
-        os.write(fd, line)
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if os.path.islink(path):
+            raise ReportPathError(path) from e
+        raise
+    try:
+        os.write(fd, text.encode("utf-8"))
     finally:
         os.close(fd)
+
+
+class ReportPathError(OSError):
+    """The audit's report or Markdown file is a symbolic link: refused, never written through."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            target = f" (to {os.readlink(path)!r})"
+        except OSError:
+            target = ""
+        super().__init__(
+            f"{path!r} is a symbolic link{target}: the audit writes its files only where no link leads "
+            "elsewhere; remove the link, or name another file"
+        )
 
 
 def current_test() -> Optional[str]:
@@ -131,27 +170,32 @@ def _read_source(f: Any) -> tuple[Optional[bytes], Optional[str]]:
     return None, None
 
 
-def _saved_bytes(f: Any, start: Optional[int]) -> Optional[bytes]:
-    """The bytes a finished ``torch.save`` wrote to *f* (from offset *start* of a buffer)."""
+def _saved_bytes(f: Any, start: Optional[int], end: Optional[int]) -> Optional[bytes]:
+    """Exactly the bytes a finished ``torch.save`` wrote to *f*: offsets *start* to *end* (its position
+    before and after the save), never what lay beyond them (a reused buffer keeps its old tail)."""
     try:
-        if isinstance(f, (str, os.PathLike)):
+        if isinstance(f, (str, os.PathLike)):  # torch.save opened it "wb": the whole file is the save's
             with open(f, "rb") as fh:
-                return fh.read(MAX_ANALYSED_BYTES)
+                data = fh.read(MAX_ANALYSED_BYTES + 1)
+            return data if len(data) <= MAX_ANALYSED_BYTES else None
+        if start is None or end is None or not 0 <= end - start <= MAX_ANALYSED_BYTES:
+            return None
         if isinstance(f, io.BytesIO):
-            return f.getbuffer()[start or 0 :].tobytes()
-        if start is not None and getattr(f, "readable", lambda: False)() and f.seekable():
-            end = f.tell()
+            return f.getbuffer()[start:end].tobytes()
+        if getattr(f, "readable", lambda: False)() and f.seekable():
             try:
                 f.seek(start)
-                return f.read(min(end - start, MAX_ANALYSED_BYTES))
+                data = f.read(end - start)
             finally:
                 f.seek(end)
+            return data if isinstance(data, bytes) and len(data) == end - start else None
         name = getattr(f, "name", None)
         if isinstance(name, str) and os.path.isfile(name) and hasattr(f, "flush"):
             f.flush()
             with open(name, "rb") as fh:
-                fh.seek(start or 0)
-                return fh.read(MAX_ANALYSED_BYTES)
+                fh.seek(start)
+                data = fh.read(end - start)
+            return data if len(data) == end - start else None
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     return None
@@ -160,6 +204,7 @@ def _saved_bytes(f: Any, start: Optional[int]) -> Optional[bytes]:
 def _audited_load(inner: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(inner)
     def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # pytest: a failing load's traceback shows the test's call, then torch's
         if _busy() or _State.report is None:
             return inner(f, *args, **kwargs)
         with _Busy():
@@ -168,9 +213,9 @@ def _audited_load(inner: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = inner(f, *args, **kwargs)
         except BaseException as e:
-            _record_load(inner, test, site, data, path, args, kwargs, e)
+            _record_load(test, site, data, path, args, kwargs, e)
             raise
-        _record_load(inner, test, site, data, path, args, kwargs, None)
+        _record_load(test, site, data, path, args, kwargs, None)
         return result
 
     load._tst_audited = inner  # type: ignore[attr-defined]
@@ -178,7 +223,6 @@ def _audited_load(inner: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _record_load(
-    inner: Callable[..., Any],
     test: Optional[str],
     site: Optional[str],
     data: Optional[bytes],
@@ -192,28 +236,33 @@ def _record_load(
     from .analysis import load_record
 
     with _Busy():
-        record = load_record(inner, test, site, data, path, args, kwargs, error, _State.saved)
+        record = load_record(test, site, data, path, args, kwargs, error, _State.saved)
         write_record(record)
 
 
 def _audited_save(inner: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(inner)
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
         if _busy() or _State.report is None:
             return inner(obj, f, *args, **kwargs)
         with _Busy():
             test, site = current_test(), call_site()
-            try:
-                start: Optional[int] = None if isinstance(f, (str, os.PathLike)) else f.tell()
-            except (OSError, ValueError, AttributeError):
-                start = None
+            start = _position(f)
         result = inner(obj, f, *args, **kwargs)
         with _Busy():
-            _record_save(_saved_bytes(f, start), test, site)
+            _record_save(_saved_bytes(f, start, _position(f)), test, site)
         return result
 
     save._tst_audited = inner  # type: ignore[attr-defined]
     return save
+
+
+def _position(f: Any) -> Optional[int]:
+    try:
+        return None if isinstance(f, (str, os.PathLike)) else int(f.tell())
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def _record_save(data: Optional[bytes], test: Optional[str], site: Optional[str]) -> None:
@@ -258,10 +307,18 @@ def _audited_module_class(base: type) -> type:
 
 def install_torch(torch: Any) -> None:
     """Make ``torch.load``/``torch.save`` audited properties, and observe this package's own saves
-    (:func:`~..scan.checkpoint.add_save_listener`: they call torch's genuine ``save``) (idempotent)."""
+    (:func:`~..scan.checkpoint.add_save_listener`: they call torch's genuine ``save``) (idempotent).  torch's
+    own ``load`` is known from here on (:func:`~...serialization.genuine`), before any test can replace it:
+    the analysis's trial loads call only it."""
     from ...checkpoint import add_save_listener
+    from ...errors import ProbeFailed
+    from ...serialization import genuine
 
     add_save_listener(_library_saved)
+    try:
+        genuine("load")
+    except ProbeFailed:  # replaced before torch finished importing: every trial load says "not verified"
+        pass
     if type(torch).__name__ != "AuditedTorchModule":
         torch.__class__ = _audited_module_class(type(torch))
 

@@ -35,15 +35,16 @@ def pytest_addoption(parser: Any) -> None:
         const=DEFAULT_REPORT,
         default=None,
         metavar="FILE",
-        help=f"record every torch.load/torch.save of the run as JSONL in FILE (default {DEFAULT_REPORT}) "
-        "with the globals it needs and a verified fix, and print a summary per test",
+        help=f"record every torch.load/torch.save of the run as JSONL in FILE (default {DEFAULT_REPORT}; "
+        "a symbolic link there is refused) with the globals it needs and a verified fix, and print a summary "
+        "per test",
     )
     group.addoption(
         "--serial-audit-markdown",
         dest="serial_audit_markdown",
         default=None,
         metavar="FILE",
-        help="with --serial-audit: also write an issue-ready Markdown table to FILE",
+        help="with --serial-audit: also write an issue-ready Markdown table to FILE (a symbolic link is refused)",
     )
 
 
@@ -77,9 +78,14 @@ class _Audit:
         for line in format_text(records, self.report).splitlines():
             terminalreporter.write_line(line)
         if self.markdown:
-            with open(self.markdown, "w", encoding="utf-8") as f:
-                f.write(format_markdown(records))
-            terminalreporter.write_line(f"Markdown table: {self.markdown}")
+            from .observe import ReportPathError, write_file
+
+            try:
+                write_file(self.markdown, format_markdown(records))
+            except ReportPathError as e:
+                terminalreporter.write_line(f"Markdown table NOT written: {e}", red=True)
+            else:
+                terminalreporter.write_line(f"Markdown table: {self.markdown}")
 
 
 def pytest_configure(config: Any) -> None:
@@ -89,13 +95,20 @@ def pytest_configure(config: Any) -> None:
         return
     controller = not hasattr(config, "workerinput")
     from .hooks import start
+    from .observe import ReportPathError, write_file
 
     if wanted is None:  # under `audit -- pytest ...`: the bootstrap observes; add the outcomes
         report = os.path.abspath(str(inherited))
     else:
         report = os.path.abspath(wanted) if controller else str(config.workerinput.get("serial_audit_report", wanted))
         if controller:
-            open(report, "w").close()
+            markdown = config.getoption("serial_audit_markdown", None)
+            try:
+                if markdown and os.path.islink(markdown):
+                    raise ReportPathError(markdown)
+                write_file(report, "")  # emptied, never through a link
+            except ReportPathError as e:
+                raise pytest.UsageError(f"--serial-audit: {e}") from None
             os.environ[REPORT_ENV] = report  # subprocesses of the tests inherit it (with the bootstrap, observed)
         start(report)
     config.pluginmanager.register(

@@ -26,8 +26,9 @@ _DESCRIPTION = (
 _EPILOG = """\
 exit status: COMMAND's own; 1 when COMMAND exited 0 but a load matched --fail-on; 3 usage error.
 --fail-on choices: default (fails only because of the weights_only default), force-no (passes only
-  because of TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD), weights-only (any weights-only rejection or switch
-  dependence), full-load (an explicit weights_only=False that needs globals), error, any.
+  because of TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD), weights-only (any weights-only rejection, or a load that
+  passes only by a switch, an older torch's default or a replaced torch.load), full-load (an explicit
+  weights_only=False that needs globals), error, any.
 record keys: event (load|save|test), test, site, weights_only_arg, effective_weights_only, switches,
   loaded, error, needs, provenance{kind: saved_in_process|repository_file|unknown, ...},
   fix{kind: safe_globals|weights_only_false|none, snippet, verified}
@@ -39,8 +40,12 @@ def add_parser(command: Callable[..., argparse.ArgumentParser]) -> argparse.Argu
 
     aud = command("audit", "run any test command and report every torch.load, with a verified fix", _DESCRIPTION)
     aud.epilog = _EPILOG
-    aud.add_argument("--report", metavar="FILE.jsonl", help="keep the JSONL records here (truncated first)")
-    aud.add_argument("--markdown", metavar="FILE", help="also write an issue-ready Markdown table here")
+    aud.add_argument(
+        "--report", metavar="FILE.jsonl", help="keep the JSONL records here (emptied first; a symbolic link is refused)"
+    )
+    aud.add_argument(
+        "--markdown", metavar="FILE", help="also write an issue-ready Markdown table here (a symbolic link is refused)"
+    )
     aud.add_argument(
         "--fail-on",
         metavar="WHAT",
@@ -69,6 +74,7 @@ def child_environment(report: str, environ: Any = None) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..audit.observe import ReportPathError, write_file
     from ..audit.summary import format_markdown, format_text, matches, read_report
     from .contract import EXIT_USAGE
 
@@ -80,7 +86,13 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     with tempfile.TemporaryDirectory(prefix="tst-audit-") as tmp:
         report = args.report or os.path.join(tmp, "audit.jsonl")
-        open(report, "w").close()
+        try:
+            if args.markdown and os.path.islink(args.markdown):
+                raise ReportPathError(args.markdown)
+            write_file(report, "")  # emptied, never through a link
+        except ReportPathError as e:
+            sys.stderr.write(f"audit: {e}\n")
+            return EXIT_USAGE
         try:
             code = subprocess.call(cmd, env=child_environment(report))
         except FileNotFoundError as e:
@@ -88,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         records = read_report(report)
         if args.markdown:
-            with open(args.markdown, "w", encoding="utf-8") as f:
-                f.write(format_markdown(records))
+            try:
+                write_file(args.markdown, format_markdown(records))
+            except ReportPathError as e:  # a link made while COMMAND ran
+                sys.stderr.write(f"audit: Markdown table NOT written: {e}\n")
         if not args.quiet:
             sys.stderr.write(format_text(records, args.report) + "\n")
     if code < 0:  # killed by a signal: the status a shell reports
