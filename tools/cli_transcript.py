@@ -65,6 +65,11 @@ COMMANDS: list[tuple[str, dict[str, str], str | None]] = [
     ("python -m torch_serial_testing inspect mynet.pt --import mymodels", {}, None),
     ("python -m torch_serial_testing inspect scalars.pt", {}, "numpy scalars: a function the pickle calls"),
     (f"python -m torch_serial_testing inspect scalars.pt --safe-global {NP_SCALAR}", {}, None),
+    (
+        "python -m torch_serial_testing inspect seed.pt mynet.pt scalars.pt",
+        {},
+        "several checkpoints in one call: a line each, the worst exit code",
+    ),
     ("python -m torch_serial_testing inspect seed.pt --import no_such_module", {}, None),
     ("python -m torch_serial_testing inspect seed.pt", {"TORCH_FORCE_WEIGHTS_ONLY_LOAD": "1"}, None),
     (

@@ -88,6 +88,7 @@ DOCTOR_KEYS = {
     "environment",
     "backend_entry_points",
     "safe_globals",
+    "safe_globals_torch_own",
     "quantized_engines",
     "devices",
 }
@@ -126,8 +127,9 @@ EXPECTED_EXIT_CODES = {
     },
     EXIT_ATTENTION: {
         "inspect": "needs action first: allowlisting the listed classes, an explicit UnsafeCallable opt-in "
-        "for a needed global that is not a class, --import of the module of an UNVERIFIED class, or "
-        "(TorchScript, legacy .tar) a loader only for trusted files",
+        "for a needed global that is not a class, --import of the module of an UNVERIFIED class, "
+        "(TorchScript, legacy .tar) a loader only for trusted files, or a link leading out of a folder (not "
+        "followed); for several checkpoints, the worst code of theirs",
         "doctor": "attention: a TORCH_FORCE_* switch is active or set to a spelling torch ignores, a "
         "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
         "not weights-only, or backend autoload is off for installed backends or set to "
@@ -140,7 +142,8 @@ EXPECTED_EXIT_CODES = {
         "switches set (every torch.load fails), or this torch cannot be asked what torch.load does",
         "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError), or this "
         "torch cannot be asked what torch.load does",
-        "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
+        "vendor": "not a pytorch checkout, the flagship or aggregator is missing, or a symlink (or anything but a "
+        "regular file or folder) where vendor would write or remove: refused, nothing written",
     },
     EXIT_USAGE: {"all": "usage error (bad arguments, unknown subcommand)"},
 }

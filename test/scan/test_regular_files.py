@@ -60,7 +60,19 @@ class TestNotRegularFiles(unittest.TestCase):
         self.assertRefused(fifo, r"a FIFO \(named pipe\)")
 
     def test_directory(self):
-        self.assertRefused(self.dir, "a directory")
+        # The scan refuses a directory; inspect takes a folder as its files (test/cli/test_inspect_many.py),
+        # and a folder holding none is unreadable, in one line.
+        with self.assertRaisesRegex(CheckpointFormatError, "is a directory, not a regular file"):
+            scan_checkpoint(self.dir)
+        with self.assertRaisesRegex(CheckpointFormatError, "not a regular file"):
+            FileCheckpoint.from_path(self.dir)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            code = main(["inspect", "--jsonl", self.dir])
+        report = json.loads(out.getvalue())
+        self.assertEqual((code, report["status"], report["exit_code"]), (2, "unreadable", 2))
+        self.assertRegex(report["error"], "a folder holding no file")
+        self.assertEqual(len(report["error"].splitlines()), 1)
 
     def test_socket(self):
         path = os.path.join(self.dir, "s")

@@ -85,6 +85,13 @@ def _device_modules(modules: frozenset[str]) -> list[str]:
     return found
 
 
+def fresh_interpreter() -> list[str]:
+    """The command of a fresh interpreter for a probe: never with the caller's folder first on ``sys.path``
+    (a ``json.py`` or ``torch.py`` there would be imported in torch's place): ``-P`` (Python >= 3.11),
+    and the probe runs in an empty folder, so the ``''`` an older Python puts first holds nothing."""
+    return [sys.executable, "-P"] if sys.version_info >= (3, 11) else [sys.executable]
+
+
 _own: dict[frozenset[str], frozenset[str]] = {}
 
 
@@ -100,6 +107,7 @@ def torch_own_registrations() -> frozenset[str]:
         return known
     import json
     import subprocess
+    import tempfile
 
     env = {
         k: v
@@ -107,16 +115,20 @@ def torch_own_registrations() -> frozenset[str]:
         if k not in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
     }
     env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+    if env.get("PYTHONPATH"):  # the caller's named folders, as the caller means them ('' would be the cwd)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep) if p)
     env[FRESH_PROBE_ENV] = "own_registrations"
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, json.dumps(_device_modules(modules)), json.dumps(sorted(modules))],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            stdin=subprocess.DEVNULL,
-        )
+        with tempfile.TemporaryDirectory(prefix="tst-probe-") as empty:  # not the caller's folder
+            proc = subprocess.run(
+                [*fresh_interpreter(), "-c", _CHILD, json.dumps(_device_modules(modules)), json.dumps(sorted(modules))],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=300,
+                stdin=subprocess.DEVNULL,
+                cwd=empty,
+            )
         lines = proc.stdout.strip().splitlines()
         if not lines:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]

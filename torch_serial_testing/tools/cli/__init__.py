@@ -18,7 +18,7 @@ import textwrap
 from typing import Callable, NoReturn, Optional, Sequence
 
 from ...errors import escape_text
-from .contract import EXIT_USAGE, exit_codes_help
+from .contract import EXIT_OK, EXIT_USAGE, exit_codes_help
 from .terminal import terminal_width
 
 __all__ = ["main", "build_parser"]
@@ -29,20 +29,21 @@ _DOCTOR_JSON_HELP = (
     "default_weights_only{value,reason,warns,torch_default,torch_default_reason}, "
     "environment{TORCH_FORCE_WEIGHTS_ONLY_LOAD, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD, "
     "TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD: {raw,value,effect}}, "
-    "backend_entry_points, safe_globals, quantized_engines{supported,current}, "
+    "backend_entry_points, safe_globals, safe_globals_torch_own (null: unknown), quantized_engines{supported,current}, "
     "devices{available,privateuse1_backend}"
 )
 
 _INSPECT_JSON_HELP = (
     "--json keys (schema 1): schema, command, status (loads | needs_allowlist | needs_opt_in | "
     "needs_trusted_loader | unverified | dangerous | unloadable | unreadable | import_failed | "
-    "environment_error), "
+    "environment_error | skipped: a link in a folder, not followed), "
     "exit_code, checkpoint, nbytes, format, error, globals, required_globals, dangerous[{name,reason}], "
     "malformed[{name,reason}], unknown[{name,reason}], unverified[{name,reason,module}], "
     "needs_opt_in[{name,reason}], notes, safe_globals{given,unused}, imported, "
     "modes{weights_only_false,safe_globals,default: "
     "{weights_only, outcome (loads | rejected | unsafe | error), missing, summary}}, snippet, "
     "torch{version,cuda,hip,git_version,debug}, torch_load_replaced_by\n\n"
+    "--jsonl: one such object a line per checkpoint.\n\n"
     "Never unpickles the input and never calls torch.load on it."
 )
 
@@ -118,7 +119,13 @@ def build_parser() -> argparse.ArgumentParser:
         "ready-to-paste safe_globals snippet.",
         _INSPECT_JSON_HELP,
     )
-    ins.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file, or - to read stdin")
+    ins.add_argument(
+        "checkpoints",
+        metavar="CHECKPOINT",
+        nargs="+",
+        help="a checkpoint file, a folder (every file in it, links leading out of it not followed), or - "
+        "for stdin; several: a line per file and the worst exit code",
+    )
     ins.add_argument(
         "--safe-global",
         dest="safe_globals",
@@ -137,7 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
         "what you name is imported, never what the checkpoint names; a failed import exits 2",
     )
     ins.add_argument("-v", "--verbose", action="store_true", help="every reason, torch's error text and note")
-    ins.add_argument("--json", action="store_true", help="print one JSON object (keys below)")
+    as_json = ins.add_mutually_exclusive_group()
+    as_json.add_argument("--json", action="store_true", help="print one JSON object (keys below): one checkpoint only")
+    as_json.add_argument(
+        "--jsonl", action="store_true", help="print one such JSON object a line per checkpoint (JSON Lines, for CI)"
+    )
     from .vendor import AGGREGATOR, FLAGSHIP
 
     ven = command(
@@ -182,9 +193,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         report, text = doctor_report(), format_doctor
     else:
+        targets = args.checkpoints
+        if targets.count("-") > 1:
+            return _usage(parser, "inspect: - (stdin) can be given once")
+        if args.jsonl or len(targets) > 1 or any(t != "-" and os.path.isdir(t) for t in targets):
+            if args.json:
+                return _usage(parser, "inspect: --json prints one object for one checkpoint; for several, use --jsonl")
+            return _inspect_many(parser.prog, args)
         from .inspection import format_inspect, inspect_report
 
-        report = inspect_report(args.checkpoint, args.safe_globals, imports=args.imports)
+        report = inspect_report(targets[0], args.safe_globals, imports=args.imports)
         text = functools.partial(format_inspect, verbose=args.verbose)
     try:
         if args.json:
@@ -199,3 +217,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:  # `... | head`
         pass
     return int(report["exit_code"])
+
+
+def _usage(parser: argparse.ArgumentParser, message: str) -> int:
+    parser.print_usage(sys.stderr)
+    sys.stderr.write(f"{parser.prog}: error: {message}\n")
+    return EXIT_USAGE
+
+
+def _inspect_many(prog: str, args: argparse.Namespace) -> int:
+    """``inspect`` of several checkpoints or folders: a line (``--jsonl``: an object) per file as it is
+    done, then the totals; the exit code is the worst of them."""
+    from .inspect_text import format_inspect, summary_line, totals_line
+    from .inspection import inspect_many
+
+    worst, statuses = EXIT_OK, []
+    try:
+        for report in inspect_many(args.checkpoints, args.safe_globals, args.imports):
+            worst = max(worst, int(report["exit_code"]))
+            if report["status"] == "import_failed":
+                sys.stderr.write(f"{prog} inspect: {escape_text(report['error'])}\n")
+                return worst
+            statuses.append(report["status"])
+            if args.jsonl:
+                out = json.dumps(report)
+            else:
+                out = format_inspect(report, verbose=True) + "\n" if args.verbose else summary_line(report)
+            sys.stdout.write(out + "\n")
+            sys.stdout.flush()
+        if not args.jsonl:
+            sys.stdout.write(totals_line(statuses, worst) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... | head`
+        pass
+    return worst

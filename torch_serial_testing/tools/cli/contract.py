@@ -12,24 +12,29 @@ doctor: ``status`` "ok" | "attention" | "error"; ``problems`` (why not "ok"); ``
 TORCH_AUTOGRAD_SHUTDOWN_WAIT_LIMIT, TORCH_DEVICE_BACKEND_AUTOLOAD: {``raw``, ``value`` torch uses
 (bool; the wait limit in seconds, or "inf"/"nan"), ``effect``}); ``backend_entry_points`` ("name =
 target" of group ``torch.backends``); ``safe_globals`` (registered process-wide, sorted);
+``safe_globals_torch_own`` (those of them torch's own modules register themselves, as a fresh
+interpreter importing the same ``torch.*`` modules reports; null when it cannot be asked);
 ``quantized_engines`` ({``supported``, ``current``}); ``devices`` ({``available``, ``privateuse1_backend``}).
 
 inspect: ``status`` "loads" | "needs_allowlist" | "needs_opt_in" | "needs_trusted_loader" | "unverified"
-| "dangerous" | "unloadable" | "unreadable" | "import_failed" | "environment_error"; ``checkpoint`` (the
-argument); ``nbytes``;
+| "dangerous" | "unloadable" | "unreadable" | "import_failed" | "environment_error" | "skipped" (in a
+folder, a link not followed: exit 1 when it leads out of the folder, 0 to a folder inside it);
+``checkpoint`` (the argument, or the path found in a folder); ``nbytes``;
 ``format`` ("zip" | "torchscript" | "legacy" | "tar" | null); ``error`` (why it is unreadable, every
 load fails, or torch.load cannot be predicted here: status "environment_error", outcome "error");
 ``globals`` (all the pickle names); ``required_globals`` (beyond torch's allowlist); ``dangerous``
 (denylisted, or the policy cannot tell), ``malformed`` (not a dotted name), ``unknown`` (absent here),
 ``needs_opt_in`` (verified, not a class): lists of {``name``, ``reason``}; ``unverified`` (its module is
 not imported here, so it cannot be judged -- not a verdict of danger: {``name``, ``reason``, ``module``
-to pass to ``--import``}); ``imported`` (the ``--import`` modules, imported before judging; a failed
-one: status "import_failed", exit 2, ``error`` its one line); ``notes`` (a line per global
-the snippet leaves out); ``safe_globals`` ({``given``, ``unused``}); ``modes`` (per weights_only_false,
+as the file spells it: data, never a command -- pass ``--import`` only a module you know}); ``imported``
+(the ``--import`` modules, imported before judging; a failed one: status "import_failed", exit 2,
+``error`` its one line); ``notes`` (a line per global the snippet leaves out); ``safe_globals``
+({``given``, ``unused``}); ``modes`` (per weights_only_false,
 safe_globals, default: {``weights_only`` (bool or null), ``outcome`` "loads" | "rejected" | "unsafe" |
 "error", ``missing``, ``summary`` (the text line)}); ``snippet`` (string or null: printed only when it
 holds every global the file needs, so that it loads it -- verified classes and the functions named with
-``--safe-global``).
+``--safe-global``).  ``--jsonl``: one such object a line per checkpoint (files, and every file of a
+folder), the exit code the worst of theirs.
 
 Exit code of "unverified": 1 (needs action first: ``--import``), not 2: a name this process cannot
 judge is not known to be dangerous.  It was 2 (DANGEROUS) before ``--import`` existed; a script that
@@ -68,8 +73,9 @@ EXIT_CODES: dict[int, dict[str, str]] = {
     },
     EXIT_ATTENTION: {
         "inspect": "needs action first: allowlisting the listed classes, an explicit UnsafeCallable opt-in "
-        "for a needed global that is not a class, --import of the module of an UNVERIFIED class, or "
-        "(TorchScript, legacy .tar) a loader only for trusted files",
+        "for a needed global that is not a class, --import of the module of an UNVERIFIED class, "
+        "(TorchScript, legacy .tar) a loader only for trusted files, or a link leading out of a folder (not "
+        "followed); for several checkpoints, the worst code of theirs",
         "doctor": "attention: a TORCH_FORCE_* switch is active or set to a spelling torch ignores, a "
         "variable is named almost like a switch, torch.load is replaced, a bare torch.load is "
         "not weights-only, or backend autoload is off for installed backends or set to "
@@ -82,7 +88,8 @@ EXIT_CODES: dict[int, dict[str, str]] = {
         "switches set (every torch.load fails), or this torch cannot be asked what torch.load does",
         "doctor": "error: both TORCH_FORCE_* switches set (every torch.load raises RuntimeError), or this "
         "torch cannot be asked what torch.load does",
-        "vendor": "not a pytorch checkout, or the flagship or aggregator is missing",
+        "vendor": "not a pytorch checkout, the flagship or aggregator is missing, or a symlink (or anything but a "
+        "regular file or folder) where vendor would write or remove: refused, nothing written",
     },
     EXIT_USAGE: {"all": "usage error (bad arguments, unknown subcommand)"},
 }

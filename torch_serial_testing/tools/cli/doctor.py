@@ -154,6 +154,21 @@ def _replaced_loader_explanation(replaced: str, safe: list[str]) -> str:
     )
 
 
+def _torch_own(entries: Any) -> tuple[Optional[list[str]], list[str]]:
+    """(the names of the registrations torch's own modules make themselves -- a fresh interpreter importing
+    the same ``torch.*`` modules makes them too, :func:`..facts.torch_registers_itself` -- or None when
+    that cannot be asked; the names registered both so and by another entry), sorted."""
+    from ..facts import torch_registers_itself
+
+    name = {id(e): torch_key(e) or f"<unnamed {type(e).__name__}>" for e in entries}
+    try:
+        own = {id(e) for e in entries if torch_registers_itself(e)}
+    except ProbeFailed:
+        return None, []
+    mine = {name[i] for i in own}
+    return sorted(mine), sorted(mine & {name[id(e)] for e in entries if id(e) not in own})
+
+
 def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """The facts ``doctor`` prints, as the documented JSON object."""
     import torch
@@ -214,6 +229,12 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
 
     replaced = torch_load_replacement()
     safe = sorted(registered_globals())
+    own, twice = _torch_own(torch.serialization.get_safe_globals())
+    problems += [
+        f"safe global {show_name(n)} is registered by torch and again by another entry of the same name "
+        "(another object under torch's name): torch.load resolves the name to one of them"
+        for n in twice
+    ]
     if replaced:
         problems.append(_replaced_loader_explanation(replaced, safe))
 
@@ -239,9 +260,26 @@ def doctor_report(environ: Optional[dict[str, str]] = None) -> dict[str, Any]:
         "environment": environment,
         "backend_entry_points": eps,
         "safe_globals": safe,
+        "safe_globals_torch_own": own,
         "quantized_engines": {"supported": list(supported_qengines()), "current": torch.backends.quantized.engine},
         "devices": {"available": list(available_device_types()), "privateuse1_backend": privateuse1_backend()},
     }
+
+
+def _registrations(safe: list[str], own: Optional[list[str]]) -> list[str]:
+    """The registered safe globals, torch's own apart from the others (which this process added)."""
+    if not safe:
+        return ["safe globals registered process-wide: none"]
+    if own is None:
+        listed = ", ".join(map(show_name, safe))
+        return [f"safe globals registered process-wide (which are torch's own is unknown): {listed}"]
+    others = [n for n in safe if n not in own]
+    return [
+        "safe globals registered process-wide:",
+        f"  torch's own: {', '.join(map(show_name, own)) or 'none'}",
+        f"  not torch's (added in this process: a backend, sitecustomize, your code): "
+        f"{', '.join(map(show_name, others)) or 'none'}",
+    ]
 
 
 def format_doctor(r: dict[str, Any]) -> str:
@@ -275,7 +313,7 @@ def format_doctor(r: dict[str, Any]) -> str:
         lines += [f"  {name}={'unset' if e['raw'] is None else repr(e['raw'])}", f"      {e['effect']}"]
     q, d = r["quantized_engines"], r["devices"]
     lines += [
-        f"safe globals registered process-wide: {', '.join(map(show_name, r['safe_globals'])) or 'none'}",
+        *_registrations(r["safe_globals"], r["safe_globals_torch_own"]),
         f"quantized engines: {', '.join(q['supported']) or 'none'} (current: {q['current']})",
         f"devices: {', '.join(d['available'])}; privateuse1 backend: {d['privateuse1_backend'] or 'none registered'}",
         f"status: {r['status'].upper()} (exit {r['exit_code']})",

@@ -11,7 +11,7 @@ from typing import Any, Optional
 from ...errors import escape_text, show_name
 from .terminal import Line, plain, terminal_width, wrap_lines
 
-__all__ = ["format_inspect"]
+__all__ = ["format_inspect", "summary_line", "totals_line"]
 
 MODES = ("weights_only_false", "safe_globals", "default")
 _MODE_HANG = 22  # where a mode's summary starts: continuation lines line up with it
@@ -24,6 +24,40 @@ def format_inspect(r: dict[str, Any], verbose: bool = False, width: Optional[int
         text, hang = (line, -1) if isinstance(line, str) else line
         lines.append((escape_text(text), hang))
     return "\n".join(wrap_lines(lines, terminal_width(width)))
+
+
+_STATUS_WIDTH = len("NEEDS_TRUSTED_LOADER")
+#: At most this many names on a summary line; the rest are counted.
+_NAMES_SHOWN = 3
+
+
+def summary_line(r: dict[str, Any], width: Optional[int] = None) -> str:
+    """One line for the report *r* when many checkpoints are inspected: status, file, and why."""
+    where = escape_text(r["checkpoint"])
+
+    def names(key: str, what: str) -> str:
+        found = [d["name"] if isinstance(d, dict) else d for d in r[key]]
+        shown = ", ".join(show_name(n) for n in found[:_NAMES_SHOWN])
+        more = f" and {len(found) - _NAMES_SHOWN} more" if len(found) > _NAMES_SHOWN else ""
+        return f"{len(found)} {what}: {shown}{more}"
+
+    why = {
+        "needs_allowlist": lambda: names("required_globals", "global(s) beyond torch's allowlist"),
+        "needs_opt_in": lambda: names("needs_opt_in", "global(s) not a class, the pickle calls"),
+        "unverified": lambda: names("unverified", "class(es) whose module is not imported here"),
+        "dangerous": lambda: names("dangerous", "DANGEROUS") if r["dangerous"] else names("malformed", "MALFORMED"),
+        "needs_trusted_loader": lambda: f"format {r['format']}: a loader for trusted files only",
+        "unloadable": lambda: names("unknown", "global(s) absent here") if r["unknown"] else plain(r["error"] or ""),
+    }.get(r["status"], lambda: plain(r["error"] or ""))()
+    text = f"{r['status'].upper():<{_STATUS_WIDTH}} {where}" + (f": {why}" if why else "")
+    return "\n".join(wrap_lines([(escape_text(text), _STATUS_WIDTH + 3)], terminal_width(width)))
+
+
+def totals_line(statuses: list[str], worst: int) -> str:
+    """The last line of a many-checkpoint report: the count per status and the exit code (the worst)."""
+    counts = {s: statuses.count(s) for s in dict.fromkeys(statuses)}
+    listed = ", ".join(f"{n} {s.upper()}" for s, n in counts.items()) or "none"
+    return f"{len(statuses)} file(s): {listed}; exit {worst} (the worst of them)"
 
 
 def _short_summary(summary: str, missing: list[str], required: list[str]) -> str:
@@ -66,7 +100,7 @@ def _inspect_lines(r: dict[str, Any], verbose: bool) -> list[Line]:
         for d in r.get(key, []):
             reason = d["reason"]
             if key == "unverified" and not verbose:
-                reason = f"its module is not imported here; if you trust it: --import {d['module']}"
+                reason = "its module is not imported here, so it cannot be judged (not a verdict of danger)"
             elif key == "needs_opt_in" and not verbose:
                 reason = "the pickle calls it with arguments of its choosing"
             flagged[d["name"]] = f"{label}: {reason}"
@@ -128,14 +162,13 @@ def _inspect_lines(r: dict[str, Any], verbose: bool) -> list[Line]:
                 4,
             )
         )
-    if r.get("unverified"):
-        modules = list(dict.fromkeys(d["module"] for d in r["unverified"]))
+    if r.get("unverified"):  # no command is built from a name the file chose (idlelib.idle runs IDLE)
         lines.append(
             (
-                "  - UNVERIFIED (not a verdict of danger): judging never imports what a checkpoint names; "
-                "only if you trust that code, run again with "
-                + " ".join(f"--import {escape_text(m)}" for m in modules)
-                + "; until then, do not load this file with weights_only=False",
+                "  - UNVERIFIED (not a verdict of danger): judging never imports what a checkpoint names. "
+                "If you know and trust the code that defines these classes, run again with --import MODULE, "
+                "naming its module yourself (this report never names one for you: the file chose its names); "
+                "until then, do not load this file with weights_only=False",
                 4,
             )
         )

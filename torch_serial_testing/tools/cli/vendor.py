@@ -5,6 +5,11 @@ so the package is copied byte for byte to ``test/torch_serial_testing/``; ``--wi
 the flagship and the aggregator lines (replacing its by-name import, which a device filter breaks).
 Idempotent (identical files untouched, files the package lost removed); ``--check`` writes nothing.
 Only the standard library is used: torch is not imported.
+
+Links are never followed: a symlink (or anything but a regular file or folder) at ``test/``, at
+``test/torch_serial_testing`` or anywhere inside it, or at a path ``--with-flagship`` writes, is
+refused before anything is written or removed, so no write or removal lands outside the checkout;
+a file is written beside its place and renamed over it, never written through the old name.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,9 +134,8 @@ def vendor(checkout: os.PathLike[str] | str, *, with_flagship: bool = False, che
     report = VendorReport(checkout)
     src = package_dir()
     dest = test / PACKAGE
-    plan: dict[Path, bytes] = {}
-    for path in core_files(src):
-        plan[dest / path.name] = path.read_bytes()
+    sources = {dest / path.name: path for path in core_files(src)}
+    aggregator = test / AGGREGATOR
     if with_flagship:
         flagship = flagship_source()
         if flagship is None:
@@ -138,28 +143,29 @@ def vendor(checkout: os.PathLike[str] | str, *, with_flagship: bool = False, che
                 f"--with-flagship: {FLAGSHIP} is not next to {src} (an installed wheel does not ship it); "
                 "run the command from a checkout of torch_serial_testing"
             )
-        plan[test / FLAGSHIP] = flagship.read_bytes()
-        aggregator = test / AGGREGATOR
+        sources[test / FLAGSHIP] = flagship
+    # Before anything is read or written: no link on the way to a path written, at it, or in dest.
+    found = _tree_files(dest, checkout)
+    for path in [*sources, *([aggregator] if with_flagship else [])]:
+        between = list(path.relative_to(test).parents)[:-1]  # the folders from test/ down to it
+        for folder in reversed(between):
+            _require_real(test / folder, checkout, folder=True)
+        _require_real(path, checkout, folder=False)
+    plan = {path: source.read_bytes() for path, source in sources.items()}
+    if with_flagship:
         if not aggregator.is_file():
             raise VendorError(
                 f"--with-flagship: {aggregator} does not exist; pytorch's checkout has it (the ao.sparsity "
                 "aggregator). Create it or vendor without --with-flagship"
             )
         plan[aggregator] = _aggregator_text(aggregator.read_text(encoding="utf-8")).encode("utf-8")
-    if dest.exists() and not dest.is_dir():
-        raise VendorError(f"{dest} exists and is not a folder; move it away first")
-    stale_files = (
-        sorted(
-            p
-            for p in dest.rglob("*")
-            if p.is_file()
-            and p not in plan
-            and not p.name.endswith(_SKIP_SUFFIXES)
-            and not _SKIP_DIRS.intersection(p.relative_to(dest).parts)
-        )
-        if dest.is_dir()
-        else []
-    )
+    stale_files = [
+        p
+        for p in found
+        if p not in plan
+        and not p.name.endswith(_SKIP_SUFFIXES)
+        and not _SKIP_DIRS.intersection(p.relative_to(dest).parts)
+    ]
 
     def rel(path: Path) -> str:  # paths as seen from the checkout's root
         return path.relative_to(checkout).as_posix()
@@ -172,7 +178,7 @@ def vendor(checkout: os.PathLike[str] | str, *, with_flagship: bool = False, che
         report.stale.append(f"{rel(path)} ({'missing' if current is None else 'differs'})")
         if not check:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+            _replace(path, data)
             report.written.append(rel(path))
     for path in stale_files:
         report.stale.append(f"{rel(path)} (not in the package)")
@@ -180,6 +186,59 @@ def vendor(checkout: os.PathLike[str] | str, *, with_flagship: bool = False, che
             path.unlink()
             report.removed.append(rel(path))
     return report
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """*path* replaced by a new file holding *data*: written beside it, then renamed over it, so what
+    the old name pointed to (a hard link's other names, a link made since the check) is never written."""
+    new = path.with_name(f".{path.name}.vendor-{os.getpid()}")
+    fd = os.open(new, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(new, path)
+    except BaseException:
+        new.unlink(missing_ok=True)
+        raise
+
+
+def _require_real(path: Path, checkout: Path, folder: bool) -> None:
+    """*path* is absent, or a real folder (*folder*) or regular file: never a link, a device or a FIFO."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode) if folder else stat.S_ISREG(mode):
+        return
+    what = "a symlink" if stat.S_ISLNK(mode) else "not a regular file" if not folder else "not a folder"
+    target = f" (to {os.readlink(path)})" if stat.S_ISLNK(mode) else ""
+    raise VendorError(
+        f"{path.relative_to(checkout).as_posix()} is {what}{target}: vendor writes only real "
+        f"{'folders' if folder else 'files'} inside the checkout and never follows a link; remove it "
+        "(nothing was written or removed)"
+    )
+
+
+def _tree_files(dest: Path, checkout: Path) -> list[Path]:
+    """The files under *dest* (a real folder, or absent), found without following a link: a link or
+    anything but a folder or regular file anywhere in it raises :class:`VendorError`."""
+    _require_real(dest.parent, checkout, folder=True)
+    _require_real(dest, checkout, folder=True)
+    files: list[Path] = []
+    folders = [dest] if dest.is_dir() else []
+    while folders:
+        with os.scandir(folders.pop()) as entries:
+            for entry in entries:
+                path = Path(entry.path)
+                if entry.is_dir(follow_symlinks=False):
+                    folders.append(path)
+                    continue
+                _require_real(path, checkout, folder=False)
+                files.append(path)
+    return sorted(files)
 
 
 def run(args: argparse.Namespace) -> int:
