@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """What a static scan costs at its worst under the default ScanLimits, and on large checkpoints.
 
-``bounds``  per hostile family (issue 27.5), the largest input the default caps let through (or
-            the first they refuse): wall and CPU time of ``scan_checkpoint`` in this process.
+``bounds``  per hostile family (issue 27.5, and ``FLOODS`` of ``test/helpers/hostile_checkpoints.py``:
+            BUILD, SETITEMS and APPENDS on objects shared through the memo, long text integers, EXT
+            codes), the first input the default caps refuse (just over ``max_opcodes``, or less
+            when a family is refused sooner): wall and CPU time of ``scan_checkpoint`` in this
+            process, and the opcode units it counted.
+``inspect`` the same inputs deflated into zip files (a few kB each), each ``inspect --json``'d
+            by a whole process: CPU time (user + system, ``os.wait4``) next to ``import torch``.
 ``report``  ``inspect`` (text and ``--json``) of a checkpoint naming 9,000 flagged globals
             (under ScanLimits.max_globals).
 ``size``    ``python -m torch_serial_testing inspect --json`` on a 2 KiB and a 256 MiB state_dict
@@ -11,7 +16,7 @@
             installed: ``pip install picklescan``) on the same files.  Files are generated into a
             temporary directory and deleted after.
 
-    python bench/scan_bounds.py [bounds] [report] [size]
+    python bench/scan_bounds.py [bounds] [inspect] [report] [size]
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from typing import Any, Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,9 +44,8 @@ from torch_serial_testing.tools import scan_checkpoint  # noqa: E402
 
 
 def _families() -> dict[str, Callable[[int], bytes]]:
-    obj = H.glob("mymod", "Y") + b")\x81q\x00}q\x010"
     return {
-        "BINGET+BUILD": lambda n: b"\x80\x02" + obj + b"h\x01b" * (n // 2) + b".",
+        **H.FLOODS,
         "GLOBAL+POP, one name": lambda n: b"\x80\x02" + (H.glob("a", "b") + b"0") * (n // 5) + b"N.",
         "GLOBAL+POP, distinct names": lambda n: (
             b"\x80\x02" + b"".join(H.glob(f"m{i}", "n") + b"0" for i in range(n // 5)) + b"N."
@@ -63,13 +68,43 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, float, str]:
     return time.perf_counter() - w, time.process_time() - c, outcome
 
 
-def bounds() -> list[str]:
+def _inputs() -> dict[str, bytes]:
+    """Each family's data.pkl, just over the opcode cap (the INT family: 50,000 integers, 215 MB)."""
     limit = default_scan_limits().max_opcodes
+    return {name: make(50_000 if name.startswith("INT") else limit + 10_000) for name, make in _families().items()}
+
+
+def bounds() -> list[str]:
     rows = []
-    for name, make in _families().items():
-        data = H.torch_zip(make(limit + 10_000))  # just over the opcode cap
+    for name, body in _inputs().items():
+        data = H.torch_zip(body)
         wall, cpu, outcome = _timed(lambda data=data: scan_checkpoint(data))
-        rows.append(f"{name:<28} {len(data) / 1e6:7.1f} MB zip  {wall:6.2f} s wall  {cpu:6.2f} s CPU  {outcome}")
+        rows.append(f"{name:<34} {len(data) / 1e6:7.1f} MB zip  {wall:6.2f} s wall  {cpu:6.2f} s CPU  {outcome}")
+        del data
+    return rows
+
+
+def _child_cpu(cmd: list[str]) -> tuple[float, int]:
+    """CPU seconds (user + system) and exit code of a child process, by os.wait4."""
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime, proc.returncode
+
+
+def inspect_processes() -> list[str]:
+    py = sys.executable
+    rows = [f"{'python -c import torch (floor)':<34} {'':>10}  {_child_cpu([py, '-c', 'import torch'])[0]:6.2f} s CPU"]
+    with tempfile.TemporaryDirectory() as d:
+        for name, body in _inputs().items():
+            path = os.path.join(d, "flood.pt")
+            with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+                z.writestr("archive/data.pkl", body)
+                z.writestr("archive/byteorder", b"little")
+                z.writestr("archive/version", b"3\n")
+            cpu, code = _child_cpu([py, "-m", "torch_serial_testing", "inspect", "--json", path])
+            rows.append(f"{name:<34} {os.path.getsize(path) / 1e3:7.1f} kB  {cpu:6.2f} s CPU  exit {code}")
     return rows
 
 
@@ -141,8 +176,8 @@ def size() -> list[str]:
 
 
 if __name__ == "__main__":
-    chosen = sys.argv[1:] or ["bounds", "report", "size"]
+    chosen = sys.argv[1:] or ["bounds", "inspect", "report", "size"]
     for part in chosen:
         print(f"-- {part}", flush=True)
-        for row in {"bounds": bounds, "report": report, "size": size}[part]():
+        for row in {"bounds": bounds, "inspect": inspect_processes, "report": report, "size": size}[part]():
             print(row, flush=True)

@@ -18,10 +18,10 @@ from .errors import CheckpointFormatError
 from .model import Check, ScanLimits, ScanState, default_scan_limits
 from .serialization import genuine
 from .unpickler import is_torchscript, walk_rules, zip_reader
-from .stream import check_budget
+from .stream import check_budget, over_limit
 from .walker import scan_pickle
 
-#: Told the bytes of every :meth:`Checkpoint.save` (an observer such as the audit's): a copy, after the save.
+#: Told the bytes of every :meth:`Checkpoint.save` (an observer such as the audit's), after the save.
 _SAVE_LISTENERS: list[Callable[[bytes], None]] = []
 BufferLike = Union[bytes, bytearray, memoryview, IO[bytes], "Checkpoint"]
 ZIP_MAGIC = b"PK\x03\x04"
@@ -66,8 +66,8 @@ class Checkpoint:
 
     __slots__ = ("_buffer", "_owned", "_info")
 
-    def __init__(self, buffer: IO[bytes], *, _owned: bool = False) -> None:
-        self._buffer, self._owned = buffer, _owned
+    def __init__(self, buffer: Union[bytes, IO[bytes]], *, _owned: bool = False) -> None:
+        self._buffer, self._owned = buffer.getvalue() if isinstance(buffer, io.BytesIO) else buffer, _owned
         self._info: Optional[CheckpointInfo] = None
 
     @classmethod
@@ -77,7 +77,7 @@ class Checkpoint:
         buffer = io.BytesIO()
         genuine("save")(obj, buffer)
         for listener in tuple(_SAVE_LISTENERS):
-            listener(buffer.getvalue())
+            listener(buffer.getvalue())  # the very bytes object the checkpoint keeps (never copied)
         return cls(buffer, _owned=True)
 
     @classmethod
@@ -88,7 +88,7 @@ class Checkpoint:
                 f"Checkpoint.from_bytes expects bytes, got {type(data).__name__}; "
                 "use Checkpoint.from_buffer for file objects"
             )
-        return cls(io.BytesIO(bytes(data)))
+        return cls(bytes(data))
 
     @classmethod
     def from_buffer(cls, f: BufferLike) -> Checkpoint:
@@ -105,7 +105,7 @@ class Checkpoint:
         _require_binary_seekable(f)
         start, data = f.tell(), f.read()
         f.seek(start)
-        return cls(io.BytesIO(data))
+        return cls(data)
 
     @property
     def owned(self) -> bool:
@@ -113,9 +113,7 @@ class Checkpoint:
 
     @property
     def nbytes(self) -> int:
-        if isinstance(self._buffer, io.BytesIO):
-            return self._buffer.getbuffer().nbytes
-        return os.fstat(self._buffer.fileno()).st_size
+        return len(self._buffer) if isinstance(self._buffer, bytes) else os.fstat(self._buffer.fileno()).st_size
 
     @property
     def info(self) -> CheckpointInfo:
@@ -127,8 +125,8 @@ class Checkpoint:
 
     @property
     def scan_key(self) -> Any:  # what info is a function of, cheaply and stably: a small buffer's bytes, or the scan
-        small = isinstance(self._buffer, io.BytesIO) and self.nbytes <= _SMALL_CHECKPOINT
-        return self._buffer.getvalue() if small else self.info  # type: ignore[attr-defined]
+        small = isinstance(self._buffer, bytes) and len(self._buffer) <= _SMALL_CHECKPOINT
+        return self._buffer if small else self.info
 
     def _read(self, f: IO[bytes], nbytes: int, state: ScanState) -> str:
         """Walk what torch would unpickle from *f* into *state*; the format (a subclass reads more)."""
@@ -138,12 +136,14 @@ class Checkpoint:
     def format(self) -> str:
         """``zip`` or ``torchscript`` (``legacy``, ``tar``: the tools).  Known without a scan for a zip
         archive :meth:`save` wrote (``torch.save`` writes no ``constants.pkl``): a full load needs no scan."""
-        if self._info is None and self._owned and isinstance(self._buffer, io.BytesIO):
-            if self._buffer.getbuffer()[:4] == ZIP_MAGIC:  # (a temporary view: released at once)
-                return "zip"
+        if self._info is None and self._owned and isinstance(self._buffer, bytes) and self._buffer[:4] == ZIP_MAGIC:
+            return "zip"
         return self.info.format
 
     def rewound(self) -> IO[bytes]:
+        """A new ``io.BytesIO`` over the immutable bytes each call (what :meth:`save` wrote stays); a file: rewound."""
+        if isinstance(self._buffer, bytes):
+            return io.BytesIO(self._buffer)  # shares the bytes until written to
         self._buffer.seek(0)
         return self._buffer
 
@@ -159,12 +159,12 @@ _small_infos: dict[tuple[Any, ...], tuple[ScanLimits, Any, CheckpointInfo]] = {}
 _small_lock = threading.Lock()
 
 
-def _small_checkpoint_info(buffer: IO[bytes], read: Any) -> Optional[CheckpointInfo]:
+def _small_checkpoint_info(buffer: Union[bytes, IO[bytes]], read: Any) -> Optional[CheckpointInfo]:
     """The scan of a checkpoint of at most 64 KiB, remembered by content; None for larger ones (and files)."""
-    if not isinstance(buffer, io.BytesIO) or len(buffer.getbuffer()) > _SMALL_CHECKPOINT:  # (a temporary view)
+    if not isinstance(buffer, bytes) or len(buffer) > _SMALL_CHECKPOINT:
         return None
     limits, rules = default_scan_limits(), walk_rules()
-    key = (buffer.getvalue(), id(limits), id(rules), getattr(read, "__func__", read), "numpy" in sys.modules)
+    key = (buffer, id(limits), id(rules), getattr(read, "__func__", read), "numpy" in sys.modules)
     if (known := _small_infos.get(key)) is None or known[0] is not limits or known[1] is not rules:
         known = (limits, rules, _scan(io.BytesIO(key[0]), limits, read))
         if rules.rules is not None:
@@ -258,18 +258,38 @@ def read_zip(f: IO[bytes], nbytes: int, state: ScanState, torchscript: Optional[
                     "read it with torch_serial_testing.tools.scan_checkpoint"
                 )
             return torchscript(state)
+        # What torch.load checks before it unpickles, in its order (torch 2.13, asked by crafted archives).
+        for name, valid in (("byteorder", (b"little", b"big").__contains__), (".storage_alignment", _int_literal)):
+            if reader.has_record(name) and not valid(raw := _record(reader, name, state)):
+                raise CheckpointFormatError(
+                    f"torch.load raises on this archive in every mode, before it unpickles anything: its {name} "
+                    f"record is {raw[:40]!r}, not {'little or big' if name == 'byteorder' else 'an integer'}; "
+                    "re-save the checkpoint"
+                )
         if not reader.has_record("data.pkl"):
             raise CheckpointFormatError(
                 "the zip archive has no data.pkl record (torch.load would fail): not a torch.save checkpoint"
             )
-        if (size_of := getattr(reader, "get_record_size", None)) is not None:
-            _cap(size_of("data.pkl"), "data.pkl", state)
-        data = reader.get_record("data.pkl")
+        data = _record(reader, "data.pkl", state)
     except RuntimeError as e:
         raise CheckpointFormatError(f"torch cannot read the zip archive: {_one_line(e)}") from None
-    _cap(len(data), "data.pkl", state)
     scan_pickle(data, 0, state, zip_format=True)
     return "zip"
+
+
+def _record(reader: Any, name: str, state: ScanState) -> bytes:  # its size capped before it is decompressed
+    if (size_of := getattr(reader, "get_record_size", None)) is not None:
+        _cap(size_of(name), name, state)
+    data: bytes = reader.get_record(name)
+    _cap(len(data), name, state)
+    return data
+
+
+def _int_literal(raw: bytes) -> bool:  # torch reads .storage_alignment with int()
+    try:
+        return int(raw) is not None
+    except ValueError:
+        return False
 
 
 def _one_line(e: BaseException) -> str:
@@ -282,12 +302,6 @@ def _one_line(e: BaseException) -> str:
 def _cap(size: int, what: str, state: ScanState) -> None:
     limits = state.limits
     if size > limits.max_pickle_bytes:
-        raise CheckpointFormatError(
-            f"{what} is {size} bytes, over ScanLimits.max_pickle_bytes={limits.max_pickle_bytes}; "
-            "raise it with scan_limits(max_pickle_bytes=...) if the checkpoint is trusted to be that large"
-        )
+        raise over_limit(limits, "max_pickle_bytes", f"{what} is {size} bytes, over {{}}")
     if state.bytes_scanned + size > limits.max_scan_bytes:
-        raise CheckpointFormatError(
-            f"the checkpoint's pickles exceed ScanLimits.max_scan_bytes={limits.max_scan_bytes}; "
-            "raise it with scan_limits(max_scan_bytes=...)"
-        )
+        raise over_limit(limits, "max_scan_bytes", "the checkpoint's pickles exceed {}")

@@ -210,11 +210,11 @@ class ScanState:
     #: The formats torch may read these bytes as, depending on the source it is given (a polyglot: two).
     readings: tuple[str, ...] = ()
 
-    def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> None:
-        key = (kind, name, message, shape)
-        if key not in self.seen:
+    def check(self, kind: str, name: str = "", message: str = "", shape: Any = None) -> bool:  # True: a new one
+        if new := (key := (kind, name, message, shape)) not in self.seen:
             self.seen.add(key)
             self.checks.append(Check(kind, name, message, shape))
+        return new
 
 
 def loaded_class(name: str) -> Optional[type]:
@@ -250,8 +250,7 @@ def _target_kinds(opcode: str, type_name: str, user_classes: Optional[dict[str, 
         return (f"allowlisted_{sub}",) if isinstance(obj, type) and issubclass(obj, base) else ("allowlisted_other",)
     cls = loaded_class(type_name)
     is_sub = None if cls is None else issubclass(cls, base)
-    kinds = (sub,) if is_sub else ("other",) if is_sub is False else (sub, "other")
-    # a prediction knows the type is not allowlisted; a scan does not know the allowlist
+    kinds = (sub,) if is_sub else ("other",) if is_sub is False else (sub, "other")  # a scan: allowlisted or not
     return kinds if user_classes is not None else kinds + tuple(f"allowlisted_{kind}" for kind in kinds)
 
 
@@ -385,8 +384,7 @@ def build_failure(cls: Any, shape: tuple[Any, ...], rules: BuildRules) -> Option
     standins = _standins(shape)
     if not standins:
         return None
-    # Python's message for inst.__dict__ of a slotted class, from a bare stand-in of that name.
-    no_dict = f"'{cls.__name__}' object has no attribute '__dict__'"
+    no_dict = f"'{cls.__name__}' object has no attribute '__dict__'"  # Python's, for a slotted class (asked below)
     try:
         object.__new__(type(cls.__name__, (), {"__slots__": ()})).__dict__  # noqa: B018 - the error is the point
     except AttributeError as e:

@@ -4,13 +4,15 @@ stream -- the part of the walk (:mod:`.walker`) that knows nothing of torch."""
 from __future__ import annotations
 
 import pickletools
+import re
 from pickletools import TAKEN_FROM_ARGUMENT1, TAKEN_FROM_ARGUMENT4, TAKEN_FROM_ARGUMENT4U, TAKEN_FROM_ARGUMENT8U
 from typing import Any
 
 from .errors import CheckpointFormatError
-from .model import BOOL, ScanLimits
+from .model import BOOL, INT, ScanLimits
 
 _FIXED, _COUNTED, _LINE, _TWO_LINES = range(4)
+_DIGITS = re.compile(rb"\s*[+-]?\d+(?:_\d+)*\s*")  # what int() reads in base 10
 _WIDTHS = {TAKEN_FROM_ARGUMENT1: 1, TAKEN_FROM_ARGUMENT4: 4, TAKEN_FROM_ARGUMENT4U: 4, TAKEN_FROM_ARGUMENT8U: 8}
 
 
@@ -50,10 +52,10 @@ def underflow(k: int, at: int) -> CheckpointFormatError:
 
 
 def over_limit(limits: ScanLimits, name: str, what: str, trusted_to: str = "be that large") -> CheckpointFormatError:
-    """*what* (``{}``: where the limit is named) went over ``ScanLimits.<name>``: the error says how to raise it."""
-    limit = f"ScanLimits.{name}={getattr(limits, name)}"
+    """*what* (its last ``{}`` names the limit; file text may precede it) went over it; says how to raise it."""
+    what = f"ScanLimits.{name}={getattr(limits, name)}".join(what.rsplit("{}", 1))
     return CheckpointFormatError(
-        f"{what.format(limit)}; raise it with scan_limits({name}=...) if the checkpoint is trusted to {trusted_to}"
+        f"{what}; raise it with scan_limits({name}=...) if the checkpoint is trusted to {trusted_to}"
     )
 
 
@@ -66,9 +68,7 @@ def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits)
     if n > budget:
         raise over_limit(limits, "max_opcodes", "the pickle has more than {} opcodes")
     if depth > limits.max_stack_depth:
-        raise CheckpointFormatError(
-            f"the pickle stack grew past ScanLimits.max_stack_depth={limits.max_stack_depth} entries"
-        )
+        raise over_limit(limits, "max_stack_depth", "the pickle stack grew past {} entries")
     if memo > limits.max_memo_entries:
         raise memo_error(limits)
     return n
@@ -77,16 +77,12 @@ def check_budget(n: int, budget: int, depth: int, memo: int, limits: ScanLimits)
 def text_int(raw: bytes, code: int, at: int, limits: ScanLimits) -> Any:  # INT, LONG (protocol 0/1)
     text = raw[:-1] if code == 0x4C and raw.endswith(b"L") else raw
     if len(text) > limits.max_int_digits:
-        raise CheckpointFormatError(
-            f"an integer of {len(text)} digits at byte {at} exceeds ScanLimits.max_int_digits="
-            f"{limits.max_int_digits} (Python refuses to read it too)"
-        )
+        raise over_limit(limits, "max_int_digits", f"an integer of {len(text)} digits at byte {at} exceeds {{}}")
     if code == 0x49 and text in (b"00", b"01"):
         return BOOL
-    try:
-        return int(text)
-    except ValueError:
-        raise damaged("an integer that is not a number", at) from None
+    if _DIGITS.fullmatch(text) is None:
+        raise damaged("an integer that is not a number", at)
+    return int(text) if len(text) <= 40 else INT  # int() takes time quadratic in the digits: not worth it
 
 
 def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimits, at: int) -> tuple[Any, int]:
@@ -125,13 +121,10 @@ def read_argument(data: bytes, pos: int, spec: tuple[int, int], limits: ScanLimi
     return arg, pos
 
 
-def checked_global_name(module: str, name: str, at: int, max_name: int) -> None:
+def checked_global_name(module: str, name: str, at: int, limits: ScanLimits) -> None:
     """Refuse a global name no module can have, or longer than the limits allow."""
-    if len(module) + len(name) + 1 > max_name:
-        raise CheckpointFormatError(
-            f"a global name of {len(module) + len(name) + 1} characters at byte {at} exceeds "
-            f"ScanLimits.max_name_length={max_name}; raise it with scan_limits(max_name_length=...)"
-        )
+    if (length := len(module) + len(name) + 1) > limits.max_name_length:
+        raise over_limit(limits, "max_name_length", f"a global name of {length} characters at byte {at} exceeds {{}}")
     try:
         (module + name).encode("utf-8")
     except UnicodeEncodeError:
@@ -156,11 +149,10 @@ def stream_error(e: Exception, pos: int, end: int, at: int) -> CheckpointFormatE
     return damaged(f"{type(e).__name__}: {e}", at)
 
 
-def memo_index(arg: bytes, opcode: str, at: int) -> int:  # PUT, GET
-    try:
-        return int(arg)
-    except ValueError:
-        raise damaged(f"{opcode} with a non-integer index", at) from None
+def memo_index(arg: bytes, opcode: str, at: int) -> int:  # PUT, GET: pickle's C unpickler reads 19 digits at most
+    if len(arg) > 24 or _DIGITS.fullmatch(arg) is None:
+        raise damaged(f"{opcode} with an index that is not an integer of at most 19 digits", at)
+    return int(arg)
 
 
 def text_value(code: int, arg: Any, data: bytes, max_name: int) -> Any:

@@ -375,21 +375,18 @@ class WalkRules:
         self.storage_names = frozenset(getattr(torch.storage, "_storage_type_to_dtype_map", dict)())
 
 
-_walk_rules: list[tuple[Any, WalkRules]] = []
+_walk_rules: list[WalkRules] = []
 
 
 def walk_rules() -> WalkRules:
     """This torch's rules for a walk, made once per probed :class:`UnpicklerRules`."""
     try:
-        rules: Optional[UnpicklerRules] = unpickler_rules()
-        failure = None
+        rules = unpickler_rules()
     except ProbeFailed as e:
-        rules, failure = None, str(e)
-    if _walk_rules and _walk_rules[0][0] is rules and rules is not None:
-        return _walk_rules[0][1]
-    made = WalkRules(rules, failure)
-    _walk_rules[:] = [(rules, made)]
-    return made
+        return WalkRules(None, str(e))
+    if not _walk_rules or _walk_rules[0].rules is not rules:
+        _walk_rules[:] = [WalkRules(rules, None)]
+    return _walk_rules[0]
 
 
 def zip_reader(f: IO[bytes]) -> Any:

@@ -58,18 +58,21 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
         return items
 
     def add_global(module: str, name: str, via: str) -> tuple[str, str]:  # -> its weights-only spelling
-        checked_global_name(module, name, at, max_name)
+        checked_global_name(module, name, at, limits)
         if not renames_always and proto != 2:  # torch 2.4 renames nothing outside protocol 2
             wo_module, wo_name = module, name
         elif (module, name) in name_map:
             wo_module, wo_name = name_map[(module, name)]
         else:
             wo_module, wo_name = import_map.get(module, module), name
-        globals_.add(f"{wo_module}.{wo_name}")
+        record(f"{wo_module}.{wo_name}", full_load_name(module, name, proto, zip_format, storage_names), via)
+        return wo_module, wo_name
+
+    def record(wo_name: str, full_name: str, via: str) -> None:  # every name counts toward max_globals
+        globals_.add(wo_name)
         if len(globals_) > limits.max_globals:
             raise over_limit(limits, "max_globals", "the checkpoint names more than {} distinct globals", "need them")
-        full.setdefault(full_load_name(module, name, proto, zip_format, storage_names), via)
-        return wo_module, wo_name
+        full.setdefault(full_name, via)
 
     def refuse(message: str, name: str = "") -> None:
         nonlocal wo
@@ -201,15 +204,15 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                 elif wo:
                     check("global", wo_name, wo_attr)
                 push(Obj(wo_name) if code == 0x69 else Global(wo_name))
-            elif code == 0x93:  # STACK_GLOBAL
+            elif code == 0x93:  # STACK_GLOBAL (counts 4, as a GLOBAL: its name is judged every time)
+                n += 3
                 need(stack, 2, at, floor)
                 module, name = stack[-2], stack[-1]
                 del stack[-2:]
                 if isinstance(module, str) and isinstance(name, str):
                     push(Global(".".join(add_global(module, name, "STACK_GLOBAL"))))
                 else:
-                    globals_.add(UNRESOLVED)
-                    full[UNRESOLVED] = "STACK_GLOBAL"
+                    record(UNRESOLVED, UNRESOLVED, "STACK_GLOBAL")
                     push(UNKNOWN)
             elif code == 0x81 or code == 0x92:  # NEWOBJ, NEWOBJ_EX
                 need(stack, 3 if code == 0x92 else 2, at, floor)
@@ -227,7 +230,9 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                         refuse(torch_rules.build_refusal + (class_repr(t) if t else "<class ?>"))
                     elif t is not None and t not in BUILD_FREE:
                         check("type", t)
-                        check("build", t, "", state_shape(build))
+                        # Counted as the work it is: a tuple described item by item, a new state one more check kept
+                        shape = state_shape(build)
+                        n += (5 * len(shape[1]) if shape[0] == "tuple" else 0) + 16 * check("build", t, "", shape)
             elif code == 0x61 or code == 0x65 or code == 0x73 or code == 0x75:  # APPEND(S), SETITEM(S)
                 if code == 0x61:
                     need(stack, 2, at, floor)
@@ -312,15 +317,12 @@ def scan_pickle(data: bytes, pos: int, state: ScanState, *, zip_format: bool) ->
                 push(stack[-1])
             elif code in (0x82, 0x83, 0x84):  # EXT1, EXT2, EXT4
                 ext = f"<extension registry code {unpack(arg, 'little')}>"
-                globals_.add(ext)
-                full[ext] = NAMES[code]
+                record(ext, ext, NAMES[code])
                 push(UNKNOWN)
             else:  # pragma: no cover - every opcode of pickletools.opcodes is handled above
                 raise damaged(f"opcode {NAMES.get(code, code)} not modelled", at)
             if len(stack) > max_stack:
-                raise CheckpointFormatError(
-                    f"the pickle stack grew past ScanLimits.max_stack_depth={max_stack} entries at byte {at}"
-                )
+                raise over_limit(limits, "max_stack_depth", f"the pickle stack grew past {{}} entries at byte {at}")
     except CheckpointFormatError:
         raise
     except (IndexError, KeyError, ValueError, TypeError, OverflowError) as e:  # UnicodeDecodeError is a ValueError

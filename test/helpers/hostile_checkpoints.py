@@ -23,6 +23,7 @@ for each payload (``"<unresolved STACK_GLOBAL>"`` for one built at unpickling ti
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import pickle
 import shlex
@@ -32,7 +33,7 @@ import tarfile
 import zipfile
 from typing import Any, Callable
 
-__all__ = ["build_all", "DANGEROUS_GLOBALS", "LEGACY_MAGIC", "torch_zip", "legacy_stream", "legacy_tar"]
+__all__ = ["build_all", "DANGEROUS_GLOBALS", "FLOODS", "LEGACY_MAGIC", "torch_zip", "legacy_stream", "legacy_tar"]
 
 #: torch.serialization.MAGIC_NUMBER: the first pickle of a legacy (non-zip) checkpoint.
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -276,6 +277,71 @@ def build_all(sentinel: str) -> dict[str, bytes]:
 
     assert set(out) == set(DANGEROUS_GLOBALS), sorted(set(out) ^ set(DANGEROUS_GLOBALS))
     return out
+
+
+# -- floods: pickles that make a scan work hard (bench/scan_bounds.py, test/scan/test_bounded_work.py) ------
+#
+# Each takes *n*, the opcodes to write (about), and returns a data.pkl body; none runs code if unpickled.
+# A value made once and fetched from the memo again and again (BINGET) costs the pickle 2 bytes per use:
+# whatever the scan does per use beyond one opcode's work must be counted, or the bound does not hold.
+
+
+def _obj(memo: int) -> bytes:
+    """An instance of the unimportable ``mymod.Y`` (NEWOBJ), left on the stack and in memo *memo*."""
+    return glob("mymod", "Y") + EMPTY_TUPLE + b"\x81" + b"q" + bytes([memo])
+
+
+def _long_get(i: int) -> bytes:
+    return b"j" + i.to_bytes(4, "little")
+
+
+def _nested_state() -> bytes:
+    """Memo 1: a 4-tuple of 4-tuples of one 1,000-character string (a BUILD state of 21 values)."""
+    inner = MARK + ustr("a" * 1000) + b"q\x02" + b"h\x02" * 3 + b"t" + b"q\x03"
+    return inner + MARK + b"h\x03" * 4 + b"t" + b"q\x01"
+
+
+def _distinct_states(n: int) -> bytes:
+    """*n* BUILDs onto one object, each with another state: 3-tuples of (int, int) pairs from the memo."""
+    head = b"".join(b"K" + bytes([i]) + b"r" + i.to_bytes(4, "little") for i in range(64))
+    pairs = [64 + a * 16 + b for a in range(64) for b in range(16)]
+    head += b"".join(
+        _long_get(a) + _long_get(b) + TUPLE2 + b"r" + (64 + a * 16 + b).to_bytes(4, "little")
+        for a in range(64)
+        for b in range(16)
+    )
+    body = bytearray()
+    for k, p in enumerate(itertools.combinations(pairs, 3)):
+        if k >= n:
+            break
+        body += MARK + b"".join(_long_get(q) for q in p) + b"tb"
+    return head + _obj(0) + bytes(body)
+
+
+#: name -> n -> data.pkl body (protocol 2 or 4), about *n* opcodes.
+FLOODS: dict[str, Callable[[int], bytes]] = {
+    # BUILD after BUILD onto one object, its state fetched from the memo each time.
+    "BINGET+BUILD, dict state": lambda n: proto(2) + EMPTY_DICT + b"q\x01" + _obj(0) + b"h\x01b" * (n // 2) + STOP,
+    "BINGET+BUILD, nested tuple state": lambda n: proto(2) + _nested_state() + _obj(0) + b"h\x01b" * (n // 2) + STOP,
+    "BUILD, a new state each": lambda n: proto(2) + _distinct_states(n // 6) + STOP,
+    # MARK, items fetched from the memo, SETITEMS/APPENDS onto one shared container.
+    "BINGET+SETITEMS, shared dict": lambda n: (
+        proto(2) + ustr("k" * 1000) + b"q\x01" + EMPTY_DICT + (MARK + b"h\x01h\x01" * 500 + b"u") * (n // 1002) + STOP
+    ),
+    "BINGET+APPENDS, shared list": lambda n: (
+        proto(2) + ustr("k" * 1000) + b"q\x01" + EMPTY_LIST + (MARK + b"h\x01" * 1000 + b"e") * (n // 1002) + STOP
+    ),
+    # Text integers of 4,300 digits (int() takes quadratic time in the digits): protocol 0's INT.
+    "INT of 4,300 digits": lambda n: proto(2) + MARK + (b"I" + b"9" * 4300 + b"\n") * n + b"t" + STOP,
+    # Every EXT4 code is another name: a report listing each.
+    "EXT4, distinct codes": lambda n: (
+        proto(2) + b"".join(b"\x84" + i.to_bytes(4, "little") + b"0" for i in range(n // 2)) + b"N" + STOP
+    ),
+    # STACK_GLOBAL of two 500-character strings from the memo, popped.
+    "STACK_GLOBAL of long names": lambda n: (
+        proto(4) + ustr("m" * 500) + b"q\x01" + ustr("n" * 500) + b"q\x02" + b"h\x01h\x02\x930" * (n // 4) + b"N" + STOP
+    ),
+}
 
 
 def _state_dict_with_payload(payload: _Reduce) -> bytes:
