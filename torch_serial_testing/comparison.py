@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections import namedtuple
 from typing import Any, Optional
 
@@ -38,9 +39,10 @@ def assert_round_trip_equal(
 ) -> None:
     """Raise :class:`RoundTripMismatch` at the first difference between *expected* and *actual*, naming its path.
 
-    Exact by default: exact types (a ``Parameter`` is not a ``Tensor``); for tensors dtype, device, layout, shape,
-    ``requires_grad`` and values (NaN equal to NaN); quantized ones by qscheme, integer representation, scale(s),
-    zero point(s) and axis (pytorch's ``assertEqual`` compares dequantized values).  Each knob, named as in
+    Exact by default: exact types (a ``Parameter`` is not a ``Tensor``); tensors by dtype, device, layout, shape,
+    ``requires_grad``, values (NaN equal to NaN), ``__getstate__()``; quantized ones by qscheme, int_repr, scale(s),
+    zero point(s), axis (pytorch's ``assertEqual``: dequantized values); sparse ones by coalesced-ness, indices and
+    values; ``TwoTensor``-like and nested by part; numpy values by type, dtype, shape, values.  Each knob, named as in
     ``torch.testing.assert_close``, relaxes one property (``check_dtype=False``: values compared after promotion,
     ``check_device=False``: on the CPU, ``check_layout=False``: sparse compared dense, ``allow_subclasses``: related
     types match); shapes, quantization parameters and container keys/lengths are always compared."""
@@ -61,8 +63,14 @@ def _compare(e: Any, a: Any, path: str, checks: _Checks) -> None:
         raise RoundTripMismatch(path, f"type {type(a).__name__} != expected {type(e).__name__} ({a!r} vs {e!r})")
     elif isinstance(e, torch.nn.Module):
         _compare(e.state_dict(), a.state_dict(), f"{path}.state_dict()", checks)
-    elif isinstance(e, torch.ScriptObject):
-        # a TorchScript class's own __getstate__ (torch's stubs declare none on ScriptObject)
+    elif (np := sys.modules.get("numpy")) is not None and isinstance(e, (np.ndarray, np.generic)):
+        x, y = np.asarray(e), np.asarray(a)
+        for attr in ("dtype", "shape")[0 if checks.check_dtype else 1 :]:
+            if getattr(x, attr) != getattr(y, attr):
+                raise RoundTripMismatch(path, f"{attr} {getattr(y, attr)} != expected {getattr(x, attr)}")
+        if x.tobytes() != y.tobytes():  # the same bytes are equal (NaNs too); else value by value, exactly
+            _compare(x.tolist(), y.tolist(), f"{path}.tolist()", checks)
+    elif isinstance(e, torch.ScriptObject):  # a TorchScript class's own __getstate__ (not in torch's stubs)
         _compare(e.__getstate__(), a.__getstate__(), f"{path}.__getstate__()", checks)  # type: ignore[attr-defined]
     elif isinstance(e, dict):
         missing, extra = [k for k in e if k not in a], [k for k in a if k not in e]
@@ -86,8 +94,8 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
     if not _same_type(e, a, checks):
         why = "allow_subclasses=True accepts related classes such as Parameter vs Tensor"
         raise RoundTripMismatch(path, f"tensor class {type(a).__name__} != expected {type(e).__name__} ({why})")
-    for attr in ("dtype", "device", "layout", "shape", "requires_grad"):
-        strict = getattr(checks, f"check_{attr}", None)  # None: the shape, always compared
+    for attr in ("dtype", "device", "layout", *(() if e.is_nested else ("shape",)), "requires_grad"):
+        strict = getattr(checks, f"check_{attr}", None)  # None: the shape, always compared (a nested one by its parts)
         x, y = getattr(e, attr), getattr(a, attr)
         if strict is not False and x != y:
             hint = "" if strict is None else f" (check_{attr}=False ignores it)"
@@ -104,9 +112,21 @@ def _compare_tensors(e: Any, a: Any, path: str, checks: _Checks) -> None:
             _compare_tensors(getattr(e, attr)(), getattr(a, attr)(), f"{path}.{attr}()", _EXACT)
         _compare_tensors(e.int_repr().cpu(), a.int_repr().cpu(), f"{path}.int_repr()", _EXACT)
         return
+    if hasattr(e, "__tensor_flatten__") and hasattr(a, "__tensor_flatten__"):  # TwoTensor, a jagged nested tensor
+        _compare(flat := e.__tensor_flatten__(), a.__tensor_flatten__(), f"{path}.__tensor_flatten__()", checks)
+        for name in flat[0]:  # the inner tensors' names, then (above) the context
+            _compare_tensors(getattr(e, name), getattr(a, name), f"{path}.{name}", checks)
+        return
+    if type(e) is type(a):  # what pickling keeps beside the data (None: nothing); a related class has its own
+        x, y = ({} if s is None else s for s in [getattr(t, "__getstate__", lambda t=t: t.__dict__)() for t in (e, a)])
+        _compare(x, y, f"{path}.__getstate__()", checks)
+    if e.is_nested:  # a strided nested tensor: component by component
+        return _compare(list(e.unbind()), list(a.unbind()), f"{path}.unbind()", checks)
     if e.device != a.device:  # only reached with check_device=False
         e, a = e.cpu(), a.cpu()
-    e, a = ((t if t.layout == torch.strided else t.to_dense()).detach() for t in (e, a))
+    if e.layout == a.layout == torch.sparse_coo and e.is_coalesced() != a.is_coalesced():  # exact_is_coalesced
+        raise RoundTripMismatch(path, f"is_coalesced() {a.is_coalesced()} != expected {e.is_coalesced()}")
+    e, a = ((t if e.layout == a.layout or t.layout == torch.strided else t.to_dense()).detach() for t in (e, a))
     if e.dtype != a.dtype:  # only reached with check_dtype=False
         common = torch.promote_types(e.dtype, a.dtype)
         e, a = e.to(common), a.to(common)

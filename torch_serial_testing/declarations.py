@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import operator
 import sys
 import types
 from dataclasses import dataclass
@@ -102,12 +101,9 @@ def split_entry(item: Any) -> tuple[Any, Optional[str], bool, Optional[str]]:
     return item, torch_key(item), False, None
 
 
-_name_problem = functools.lru_cache(maxsize=1024)(name_problem)  # a function of the string alone
-
-
 def resolve_global(name: str) -> Any:
     """Import ``module.attr[.attr]`` (longest importable module prefix) of an author's declaration."""
-    if problem := _name_problem(name):
+    if problem := name_problem(name):
         raise RoundTripConfigError(
             f"safe global {quote_name(name)} is not a dotted Python name ({problem}); write 'package.module.Name'"
         )
@@ -129,7 +125,6 @@ def resolve_global(name: str) -> Any:
     )
 
 
-@functools.lru_cache(maxsize=1024)  # a function of the name alone; a test file declares the same few names
 def _code_running(name: Optional[str]) -> bool:
     parts = (name or "").split(".")[:-1]  # the module and each package above it
     return name in CODE_RUNNING or any(".".join(parts[:i]) in CODE_RUNNING_MODULES for i in range(1, len(parts) + 1))
@@ -172,14 +167,7 @@ def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None)
     if _returned.get(id(declared)) is declared:
         return declared  # type: ignore[return-value]  # this function's own result (the mixin's, every load)
     _check_declaration(declared)
-    entries = (label, *declared)
-    try:  # the same entries read before, whose names still resolve to the same objects: the same result
-        hit: Any = _read.get(entries)
-    except TypeError:  # something unhashable declared: read every time
-        hit = False
-    if hit and all(map(operator.is_, hit[0], entries)) and all(map(_resolves, hit[2])):
-        return hit[1]  # type: ignore[no-any-return]
-    resolved: list[tuple[Any, Any]] = []
+    entries = (label, *declared)  # read every time: a name resolves to what its module holds now
     for item in entries[1:] if label else ():
         try:
             obj, name = split_entry(item)[:2]
@@ -193,7 +181,6 @@ def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None)
     out: list[SafeGlobal] = []
     for item in entries[1:]:
         obj, name, explicit, unsafe = split_entry(item)
-        looked_up = obj is None or not explicit  # found in sys.modules (declaration_problem's check)
         if isinstance(obj, types.ModuleType):  # refused below, named even without a name of its own
             name = name or obj.__name__
         elif obj is None:  # a name the author wrote: imported to find the object
@@ -210,33 +197,20 @@ def normalize_safe_globals(declared: Iterable[Any], label: Optional[str] = None)
             )
         if problem := declaration_problem(obj, name, explicit):  # type: ignore[arg-type]
             raise RoundTripConfigError(f"refusing to allowlist {show_name(name)}: {problem}")
-        resolved += [(name, obj)] if looked_up else []
         out.append(SafeGlobal(obj, name, explicit, unsafe))  # type: ignore[arg-type]
     names = [sg.name for sg in out]
     if dupes := sorted({n for n in names if names.count(n) > 1}):
         raise RoundTripConfigError(f"safe global declared twice: {', '.join(map(show_name, dupes))}")
     if len(_returned) >= 256:
         _returned.clear()
-        _read.clear()
     result = tuple(out)
     _returned[id(result)] = result
-    if hit is not False:
-        _read[entries] = entries, result, resolved
     return result
-
-
-def _resolves(entry: tuple[str, Any]) -> bool:
-    try:
-        return resolve_global(entry[0]) is entry[1]
-    except RoundTripConfigError:
-        return False
 
 
 #: The tuples :func:`normalize_safe_globals` returned, by id (kept alive: an id stays its own).  Handed back,
 #: they are read already; anything else (a tuple the author wrote, entries made by hand) is read every time.
 _returned: dict[int, tuple[SafeGlobal, ...]] = {}
-#: Declarations read before (an author's tuple, given to every call): entries -> (them, the result, names resolved).
-_read: dict[tuple[Any, ...], Any] = {}
 
 
 as_safe_globals = normalize_safe_globals
@@ -279,7 +253,11 @@ def paste_parts(names: Sequence[str]) -> tuple[list[str], list[str]]:
             n += 1
             local = f"{head}_{n}"
         imports.add(f"from {module} import {head}" + (f" as {local}" if local != head else ""))
-        refs.append(".".join([local, *rest]))
+        ref, found = ".".join([local, *rest]), sys.modules.get(module)
+        for part in parts[cut:]:  # looked up, never imported (a module's __getattr__ is not called)
+            found = vars(found).get(part) if hasattr(found, "__dict__") else None
+        # torch keys an object by its own module.qualname: another spelling (numpy 1's) needs (object, 'name')
+        refs.append(ref if torch_key(found) == name else f"({ref}, {name!r})")
     return sorted(imports), refs
 
 

@@ -133,12 +133,14 @@ class TestEverySnippetLoads(unittest.TestCase):
         self.assertEqual([(d["name"], d["module"]) for d in r["unverified"]], [("usermodels.MyNet", "usermodels")])
         self.assertEqual(r["dangerous"], [])
         self.assertIsNone(r["snippet"])
-        # a numpy array without the opt-in for the function that rebuilds it (_reconstruct, which torch
-        # names as no remedy): no (incomplete) snippet
+        # a numpy array needs the function that rebuilds it (_reconstruct, which torch names as no remedy):
+        # still an opt-in, but the numpy recipe (issue 41): the same snippet as with it named, marked
         code, r = self.inspect("np_mixed.pt")
-        self.assertEqual((code, r["status"], r["snippet"]), (EXIT_ATTENTION, "needs_opt_in", None))
+        self.assertEqual((code, r["status"]), (EXIT_ATTENTION, "needs_opt_in"))
         reconstruct = f"{self.numpy_module}.multiarray._reconstruct"
         self.assertIn(reconstruct, [d["name"] for d in r["needs_opt_in"]])
+        self.assertIn("the numpy recipe", r["snippet"])
+        self.assertEqual(r["snippet"], self.inspect("np_mixed.pt", "--safe-global", reconstruct)[1]["snippet"])
         # numpy scalars need no opt-in: their reconstructor is the remedy torch documents, so the same
         # snippet is printed as when it is named with --safe-global (which test_printed_snippets_load_their_files runs)
         code, r = self.inspect("np_scalars.pt")

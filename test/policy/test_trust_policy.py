@@ -255,13 +255,18 @@ class TestClassesOnly(unittest.TestCase):
         codecs_needed = "_codecs.encode" not in torch_allowlist_table()
         self.assertEqual("_codecs.encode" in needed, codecs_needed)
         self.assertEqual([d["name"] for d in r["needs_opt_in"]], [RECONSTRUCT_NAME])
-        # no snippet without the opt-in: one of the classes alone would not load the file
-        self.assertIsNone(r["snippet"])
+        # the numpy recipe: a snippet without --safe-global, numpy's reconstructor marked in it (issue 41),
+        # and pasted, it makes torch load the file
+        self.assertIn(f"import {RECONSTRUCT_NAME.rpartition('.')[2]}  # not a class", r["snippet"])
+        self.assertIn("the numpy recipe", r["snippet"])
+        pasted: dict = {"f": io.BytesIO(data)}
+        exec(r["snippet"], pasted)
+        self.assertEqual(pasted["obj"]["stats"].tolist(), [0.0, 1.0, 2.0])
         self.assertIn(f"UnsafeCallable('{RECONSTRUCT_NAME}'", "\n".join(r["notes"]))
         text = format_inspect(r)
         self.assertIn("NOT A CLASS", text)
         self.assertIn("status: NEEDS_OPT_IN (exit 1)", text)
-        self.assertIn("no snippet: loading it also needs", text)
+        self.assertNotIn("no snippet: loading it also needs", text)
         # named with --safe-global, the functions join the snippet, marked; classes still verified ones
         opted = [d["name"] for d in r["needs_opt_in"]]
         r = inspect_report("np.pt", opted, data=data)

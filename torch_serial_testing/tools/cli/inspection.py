@@ -5,12 +5,19 @@ shown escaped, and suggested in a snippet only when verified classes.  A name wh
 imported is *unverified* (not dangerous): ``--import MODULE`` imports what the user names, never what
 the checkpoint names.  A snippet is printed only when it holds everything the file needs (so it
 loads it); the text form is :mod:`.inspect_text`.
+
+Many checkpoints in one call (:func:`inspect_many`): files, ``-`` and folders, in one process (one
+``import torch``).  A folder is walked without following links out of it: a link to a file inside
+the folder is inspected, a link to a folder is never walked, and a link leading out of the folder is
+reported ``skipped`` (exit 1; name it to inspect what it points to).  Every file keeps the checks of
+a single one (regular files only).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from ...errors import show_name
 from .contract import EXIT_ATTENTION, EXIT_DANGEROUS, EXIT_OK, SCHEMA_VERSION, torch_info
@@ -19,7 +26,7 @@ MODES = ("weights_only_false", "safe_globals", "default")
 #: loading.prediction.undecided's reason: torch could not be asked what weights_only the call gets.
 _UNDECIDED = "what torch.load decides here is unknown"
 
-__all__ = ["inspect_report", "format_inspect", "import_modules"]
+__all__ = ["inspect_report", "inspect_many", "format_inspect", "import_modules"]
 
 
 def import_modules(modules: Sequence[str]) -> Optional[str]:
@@ -46,19 +53,20 @@ def inspect_report(
 ) -> dict[str, Any]:
     """The facts ``inspect`` prints, as the documented JSON object (never unpickles *data*).
     *imports*: modules to import first (``--import``), so that their classes can be verified."""
-    from ..formats import FileCheckpoint as Checkpoint
-    from ...declarations import SafeGlobal
-    from ...errors import CheckpointFormatError, ConflictingEnvironmentError
-    from ...loading import mode_skip_reason
-    from ...modes import LoadMode
-    from ...prediction import needed_globals, predict
-    from ...registry import torch_allowlist
-    from ...serialization import torch_load_replacement
-    from ..policy.snippet import refusal_notes, safe_globals_snippet
-    from ..policy.trust import judge_name
-
     given = list(dict.fromkeys(safe_globals))
-    report: dict[str, Any] = {
+    report = _blank_report(checkpoint, given, imports)
+    failed = import_modules(report["imported"])
+    if failed:
+        report.update(status="import_failed", error=failed)
+        return report
+    return _inspect_into(report, checkpoint, given, data, environ)
+
+
+def _blank_report(checkpoint: str, given: list[str], imports: Sequence[str]) -> dict[str, Any]:
+    """The report of *checkpoint* before it is read: status "unreadable" (exit 2) until it is."""
+    from ...serialization import torch_load_replacement
+
+    return {
         "schema": SCHEMA_VERSION,
         "command": "inspect",
         "status": "unreadable",
@@ -82,10 +90,21 @@ def inspect_report(
         "torch": torch_info(),
         "torch_load_replaced_by": torch_load_replacement(),
     }
-    failed = import_modules(report["imported"])
-    if failed:
-        report.update(status="import_failed", error=failed)
-        return report
+
+
+def _inspect_into(
+    report: dict[str, Any], checkpoint: str, given: list[str], data: Optional[bytes], environ: Optional[dict[str, str]]
+) -> dict[str, Any]:
+    from ..formats import FileCheckpoint as Checkpoint
+    from ...declarations import SafeGlobal
+    from ...errors import CheckpointFormatError, ConflictingEnvironmentError
+    from ...loading import mode_skip_reason
+    from ...modes import LoadMode
+    from ...prediction import needed_globals, predict
+    from ...registry import torch_allowlist
+    from ..policy.snippet import numpy_recipe, refusal_notes, safe_globals_snippet
+    from ..policy.trust import judge_name
+
     try:  # foreign bytes, only ever scanned here; a file is read by record, never whole
         if data is not None:
             ckpt = Checkpoint.from_bytes(data)
@@ -211,12 +230,82 @@ def inspect_report(
     }.get(status, EXIT_DANGEROUS)
     suggest = [g for g, v in verdicts.items() if v.suggestible]
     # A snippet only when it holds every needed global, so that it loads the file: verified classes,
-    # and the verified functions the user named with --safe-global (never suggested otherwise).
-    complete = all(v.suggestible or g in callable_given for g, v in verdicts.items())
-    if status in ("needs_allowlist", "loads", "needs_opt_in") and (suggest or callable_given) and complete:
-        report["snippet"] = safe_globals_snippet(suggest, opt_in=callable_given)
+    # the verified functions the user named with --safe-global, and numpy's array reconstructor (the
+    # numpy recipe, marked in the snippet); no other function is ever suggested.
+    opt = callable_given + [n for n in numpy_recipe(list(verdicts)) if n not in callable_given]
+    complete = all(v.suggestible or g in opt for g, v in verdicts.items())
+    if status in ("needs_allowlist", "loads", "needs_opt_in") and (suggest or opt) and complete:
+        report["snippet"] = safe_globals_snippet(suggest, opt_in=opt)
     report["notes"] = refusal_notes(required, allowed) if required else []
     return report
+
+
+def inspect_many(
+    targets: Sequence[str],
+    safe_globals: Sequence[str] = (),
+    imports: Sequence[str] = (),
+    environ: Optional[dict[str, str]] = None,
+) -> Iterator[dict[str, Any]]:
+    """A report per checkpoint of *targets* (files, ``-``, folders walked as the module docstring says),
+    in order, in this one process.  The *imports* are imported first, once: a failure is the one report
+    (status "import_failed")."""
+    given = list(dict.fromkeys(safe_globals))
+    failed = import_modules(list(dict.fromkeys(imports)))
+    if failed:
+        yield dict(_blank_report(targets[0] if targets else "", given, imports), status="import_failed", error=failed)
+        return
+    for target in targets:
+        if target == "-" or not os.path.isdir(target):
+            yield _inspect_into(_blank_report(target, given, imports), target, given, None, environ)
+            continue
+        found = False
+        for path, skipped in _walk(target):
+            found = True
+            report = _blank_report(path, given, imports)
+            if skipped is None:
+                yield _inspect_into(report, path, given, None, environ)
+            else:
+                code, why = skipped
+                yield dict(
+                    report, status="skipped" if code < EXIT_DANGEROUS else "unreadable", exit_code=code, error=why
+                )
+        if not found:
+            yield dict(
+                _blank_report(target, given, imports),
+                error=f"{target!r} is a folder holding no file: nothing to inspect",
+            )
+
+
+def _walk(top: str) -> Iterator[tuple[str, Optional[tuple[int, str]]]]:
+    """(path, None) for each file under *top* to inspect, or (path, (exit code, why)) for a link not followed;
+    sorted, folder by folder; a link is never walked into, a folder that cannot be listed is reported."""
+    root = os.path.realpath(top)
+    errors: list[OSError] = []
+    for folder, dirs, files in os.walk(top, followlinks=False, onerror=errors.append):
+        dirs.sort()
+        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]):
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                yield path, None
+                continue
+            target = os.path.realpath(path)
+            inside = os.path.commonpath([root, target]) == root
+            if inside and not os.path.isdir(target):
+                yield path, None  # a file of this folder, under another name: read as named
+            elif inside:
+                yield path, (EXIT_OK, f"a link to the folder {target!r} inside the one walked: walked there, not here")
+            else:
+                yield (
+                    path,
+                    (
+                        EXIT_ATTENTION,
+                        f"a link leading out of the folder walked (to {target!r}): not followed; name it to inspect "
+                        "what it points to",
+                    ),
+                )
+        while errors:
+            e = errors.pop(0)
+            yield (e.filename or top), (EXIT_DANGEROUS, f"cannot list this folder: {e.strerror or e}")
 
 
 def _outcome(mode: str, exp: Any, fmt: str, refused_given: list[str], callable_given: list[str]) -> tuple[str, str]:

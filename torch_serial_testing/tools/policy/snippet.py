@@ -12,12 +12,23 @@ from typing import Optional, Sequence
 from ...errors import imported_prefix, show_name
 from .trust import Verdict, judge_name
 
-__all__ = ["safe_globals_snippet", "snippet_parts", "refusal_notes", "suggestible"]
+__all__ = ["safe_globals_snippet", "snippet_parts", "refusal_notes", "suggestible", "numpy_recipe"]
+
+#: numpy's array reconstructor: a function (so never suggested on its own), which every checkpoint holding a
+#: numpy array calls, and which torch names no remedy for.  The numpy recipe opts in to it, saying so.
+NUMPY_RECONSTRUCT = ("numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct")
 
 
 def suggestible(names: Sequence[str], allowed: Optional[frozenset[str]] = None) -> list[str]:
     """The names among *names* a snippet may contain: verified classes only, sorted."""
     return sorted({n for n in names if judge_name(n, allowed).suggestible})
+
+
+def numpy_recipe(names: Sequence[str]) -> list[str]:
+    """The opt-ins of the numpy recipe among *names*: numpy's array reconstructor, where the policy finds it a
+    plain function (``callable``), for a caller to pass as *opt_in* -- a numpy checkpoint then gets a snippet
+    without ``--safe-global``, the reconstructor marked in it."""
+    return sorted(n for n in set(names) if n in NUMPY_RECONSTRUCT and judge_name(n).kind == "callable")
 
 
 def snippet_parts(names: Sequence[str], opt_in: Sequence[str] = ()) -> tuple[list[str], list[str]]:
@@ -30,7 +41,8 @@ def snippet_parts(names: Sequence[str], opt_in: Sequence[str] = ()) -> tuple[lis
     # builtins first, so that no import can shadow the bare names they are referred to by
     chosen = {n for n in opt_in if judge_name(n).kind == "callable"}
     ordered = sorted(set(suggestible(names)) | chosen, key=lambda n: (not n.startswith("builtins."), n))
-    for name in ordered:
+    for written in ordered:
+        name = judge_name(written).moved or written  # a numpy 1 name: imported as numpy 2 has it
         if name.startswith("torch.") and name.count(".") == 1:
             refs.append(name)  # torch.ScriptObject, torch.Size: reachable as torch.<attr>
             continue
@@ -49,9 +61,10 @@ def snippet_parts(names: Sequence[str], opt_in: Sequence[str] = ()) -> tuple[lis
             imports.append(
                 f"from {module} import {head}"
                 + (f" as {local}" if local != head else "")
-                + ("  # not a class: the pickle calls it (you named it)" if name in chosen else "")
+                + (f"  # not a class: the pickle calls it ({_why_opted(written)})" if written in chosen else "")
             )
-        refs.append(local + (f".{rest}" if rest else ""))
+        ref = local + (f".{rest}" if rest else "")
+        refs.append(ref if name == written else f"({ref}, {written!r})")
     return sorted(imports), refs
 
 
@@ -80,12 +93,16 @@ def refusal_notes(names: Sequence[str], allowed: Optional[frozenset[str]] = None
         if verdict.suggestible or verdict.kind == "allowlisted":
             continue
         line = f"{show_name(name)}: NOT suggested ({verdict.kind}): {verdict.reason}"
-        if verdict.kind == "callable":
+        if verdict.kind == "callable" and "UnsafeCallable(" not in verdict.reason:  # said once
             line += f"; only if you trust it, declare UnsafeCallable('{name}', reason='...')"
         elif verdict.kind in ("dangerous", "malformed"):
             line += "; never allowlist it"
         notes.append(line)
     return notes
+
+
+def _why_opted(name: str) -> str:
+    return "numpy arrays need it: the numpy recipe" if name in NUMPY_RECONSTRUCT else "you named it"
 
 
 def _split_module(name: str) -> tuple[str, str]:

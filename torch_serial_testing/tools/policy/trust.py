@@ -63,6 +63,8 @@ class Verdict:
     #: ``dangerous`` only because a module it names is not imported here (judging never imports one):
     #: whoever trusts that module may import it and judge again.
     not_imported: bool = False
+    #: A numpy 1 name judged by what numpy 2 forwards it to (that name): allowed only as ``(obj, name)``.
+    moved: Optional[str] = None
 
     @property
     def suggestible(self) -> bool:
@@ -218,6 +220,18 @@ def _resolve_static(name: str) -> Any:
     return obj
 
 
+NUMPY1_NAME = (
+    "a numpy 1 name: numpy 2 forwards numpy.core to numpy._core, so a full unpickle gets {new}; torch "
+    "matches the name as written, so the allowlist needs the form (obj, name)"
+)
+
+
+def _numpy2() -> bool:
+    """numpy 2 or newer is imported here (judging never imports numpy)."""
+    version = getattr(sys.modules.get("numpy"), "__version__", "0")
+    return isinstance(version, str) and version.split(".")[0].isdigit() and int(version.split(".")[0]) >= 2
+
+
 def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
     """The verdict on a name read from a checkpoint (*allowed*: torch's own allowlist, None: asked)."""
     if is_marker(name):
@@ -240,6 +254,15 @@ def judge_name(name: Any, allowed: Optional[Any] = None) -> Verdict:
     why = denylist_reason(name)
     if why:
         return Verdict(name, "dangerous", _callable_refusal(_resolve_static(name), why))
+    if name.startswith("numpy.core.") and _numpy2():
+        # numpy 2 keeps numpy.core as a module whose __getattr__ forwards to numpy._core: judge what it
+        # forwards to; torch matches the name as written, so only an (object, name) form allows it
+        moved = judge_name("numpy._core." + name[len("numpy.core.") :], allowed)
+        if moved.kind in ("dangerous", "absent", "malformed"):
+            return Verdict(name, moved.kind, f"numpy 2 forwards it to {show_name(moved.name)}: {moved.reason}")
+        return Verdict(
+            name, moved.kind, f"{NUMPY1_NAME.format(new=show_name(moved.name))}; {moved.reason}", moved=moved.name
+        )
     worst: Optional[Verdict] = None
     untold = []  # per dangerous form: only because a module is not imported?
     for form in pickle_forms(name):
