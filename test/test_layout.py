@@ -6,8 +6,12 @@ Read from the package's own files (a test may read source; the package never doe
 * The **core** is the package's top-level modules (what ``vendor`` copies into pytorch's ``test/``):
   at most :data:`CORE_LINES` lines in at most :data:`CORE_MODULES` modules.  The **tools** are
   ``torch_serial_testing.tools`` and ``__main__``.
-* The core never imports the tools; nothing imports ``__main__``; no module imports itself back
-  through any chain of imports.
+* The **paths** (``torch_serial_testing.paths``) are the serialization paths beyond an in-process
+  ``torch.save``/``torch.load``: loads in a fresh interpreter, TorchScript, ``torch.export``, ranks on
+  ``torch.distributed``.  They build on the core and are not vendored; they never import the tools nor
+  pytorch's test helpers (``torch.testing._internal``).
+* The core never imports the tools nor the paths; nothing imports ``__main__``; no module imports
+  itself back through any chain of imports.
 * torch's private API only in the modules that ask torch facts (:data:`TORCH_FACTS`); no source
   reading; the warnings filters are never touched.
 """
@@ -24,6 +28,7 @@ import torch_serial_testing
 PACKAGE = os.path.dirname(os.path.abspath(torch_serial_testing.__file__))
 NAME = "torch_serial_testing"
 TOOLS = f"{NAME}.tools"
+PATHS = f"{NAME}.paths"
 #: The issue's bound on the vendored core (issue 37): lines, and modules.
 CORE_LINES = 5000
 CORE_MODULES = 21
@@ -49,8 +54,12 @@ def is_tools(module: str) -> bool:
     return module == TOOLS or module.startswith(TOOLS + ".") or module == f"{NAME}.__main__"
 
 
+def is_paths(module: str) -> bool:
+    return module == PATHS or module.startswith(PATHS + ".")
+
+
 def core_modules() -> list[tuple[str, str]]:
-    return [(m, p) for m, p in modules() if not is_tools(m)]
+    return [(m, p) for m, p in modules() if not is_tools(m) and not is_paths(m)]
 
 
 def imported(module: str, path: str) -> Iterator[tuple[str, int]]:
@@ -142,6 +151,18 @@ def torch_private_uses(path: str) -> Iterator[tuple[int, str]]:
                     yield node.lineno, f"import {alias.name}"
 
 
+INTERNAL = "torch.testing._internal"  #: pytorch's test helpers: for tests, not for the paths
+
+
+def torch_imports(path: str) -> Iterator[tuple[int, str]]:
+    """(line, module) of every ``import torch...`` and ``from torch... import x`` (as ``torch....x``) in *path*."""
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "torch")
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "torch":
+            yield from ((node.lineno, f"{node.module}.{a.name}") for a in node.names)
+
+
 def lines(path: str) -> int:
     with open(path, encoding="utf-8") as fh:
         return sum(1 for _ in fh)
@@ -164,9 +185,32 @@ class TestCoreAndTools(unittest.TestCase):
             f"{module}:{line} imports {target}"
             for module, path in core_modules()
             for target, line in imported(module, path)
+            if is_tools(target) or is_paths(target)
+        ]
+        self.assertEqual(wrong, [])
+
+    def test_the_paths_never_import_the_tools(self) -> None:
+        wrong = [
+            f"{module}:{line} imports {target}"
+            for module, path in modules()
+            if is_paths(module)
+            for target, line in imported(module, path)
             if is_tools(target)
         ]
         self.assertEqual(wrong, [])
+
+    def test_the_paths_never_import_pytorchs_test_helpers(self) -> None:
+        wrong = [
+            f"{module}:{line} imports {name}"
+            for module, path in modules()
+            if is_paths(module)
+            for line, name in torch_imports(path)
+            if name == INTERNAL or name.startswith(INTERNAL + ".")
+        ]
+        self.assertEqual(wrong, [])
+        # and the check sees what it looks for: the core asks pytorch's device filter (dimensions)
+        core = [name for m, path in core_modules() for _l, name in torch_imports(path)]
+        self.assertIn(f"{INTERNAL}.common_device_type", core)
 
     def test_nothing_imports_main(self) -> None:
         wrong = [f"{m}" for m, deps in import_graph().items() if f"{NAME}.__main__" in deps]

@@ -1,0 +1,92 @@
+# Owner(s): ["module: serialization"]
+"""Ports of the import-dependent loads, made in a fresh interpreter (:mod:`torch_serial_testing.paths.fresh`).
+
+* pytorch's ``test_load_njt_weights_only`` (test/test_serialization.py): a jagged nested tensor loads weights-only
+  only where ``torch._dynamo`` was imported (it registers ``_DimRange``); upstream runs ``python -c`` per case.
+* A torchao-style subclass (:mod:`test.paths.aolike`): its package allowlists it at import, so a checkpoint
+  holding one loads weights-only only where the package was imported.
+
+What each load does is derived here from the load mode and the ``TORCH_FORCE_*`` switches alone."""
+
+import os
+
+import torch
+from torch.testing._internal.common_utils import TestCase, parametrize, run_tests
+
+from test.paths.aolike import ScaledTensor
+from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
+from torch_serial_testing.paths.fresh import FreshImportError, FreshInterpreterLoads
+
+
+def weights_only(mode: str) -> bool:
+    """torch.load's precedence (torch >= 2.6): the force-on switch, the argument, the force-off switch, the default."""
+    if os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") not in (None, "", "0"):
+        return True
+    if mode == "weights_only_false":
+        return False
+    if mode == "safe_globals":
+        return True
+    return os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") in (None, "", "0")
+
+
+def jagged():
+    return torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged)
+
+
+class TestFreshLoadNJT(FreshInterpreterLoads, SerializationRoundTripTestCase, TestCase):
+    load_modes = ("weights_only_false", "safe_globals", "default")
+
+    def assertSameJagged(self, expected, loaded):  # noqa: N802
+        self.assertIs(type(loaded), type(expected))
+        self.assertIs(loaded.layout, torch.jagged)
+        for a, b in zip(expected.unbind(), loaded.unbind(), strict=True):
+            self.assertRoundTripEqual(a, b)
+
+    @parametrize("should_import", [True, False])
+    def test_load_njt_weights_only(self, device, should_import):
+        nt = jagged()
+        imports = ("torch", "torch._dynamo") if should_import else ("torch",)
+        if should_import or not weights_only(self.load_mode.value):
+            self.assertSameJagged(nt, self.round_trip_fresh(nt, imports=imports))
+            return
+        # loads here (this process imported torch._dynamo), refused where only torch is imported
+        with self.assertRaisesRegex(FreshImportError, r"_DimRange is allowed in this process because it imported "
+                                    r"torch\._dynamo, which registers it") as caught:  # fmt: skip
+            self.round_trip_fresh(nt, imports=imports)
+        self.assertIn("imports=('torch', 'torch._dynamo')", str(caught.exception))
+        # and what torch itself said there, as upstream asserts it
+        self.assertIn("``torch.nested`` and ``torch._dynamo`` must be imported to load nested jagged tensors (NJTs)",
+                      str(caught.exception))  # fmt: skip
+        self.assertSameJagged(nt, self.round_trip(nt))
+
+
+class TestFreshLoadPackageSubclass(FreshInterpreterLoads, SerializationRoundTripTestCase, TestCase):
+    load_modes = ("weights_only_false", "safe_globals", "default")
+    fresh_imports = ("torch", "test.paths.aolike")
+
+    def assertSameScaled(self, expected, loaded):  # noqa: N802
+        self.assertIs(type(loaded), ScaledTensor)
+        self.assertEqual(loaded.scale, expected.scale)
+        self.assertTrue(torch.equal(loaded.as_subclass(torch.Tensor), expected.as_subclass(torch.Tensor)))
+
+    def test_subclass_loads_where_its_package_is_imported(self, device):
+        t = ScaledTensor.of(torch.arange(4.0), 0.5)
+        self.assertSameScaled(t, self.round_trip_fresh(t))
+
+    def test_subclass_refused_without_its_package(self, device):
+        t = ScaledTensor.of(torch.arange(4.0), 0.25)
+        if not weights_only(self.load_mode.value):  # a full load imports the class's module, and the package with it
+            self.assertSameScaled(t, self.round_trip_fresh(t, imports=("torch",)))
+            return
+        with self.assertRaisesRegex(FreshImportError, r"ScaledTensor is allowed in this process because it imported "
+                                    r"test\.paths\.aolike, which registers it") as caught:  # fmt: skip
+            self.round_trip_fresh(t, imports=("torch",))
+        self.assertIn("imports=('torch', 'test.paths.aolike')", str(caught.exception))
+        self.assertSameScaled(t, self.round_trip(t))  # in this process it loads
+
+
+instantiate_round_trip_tests(TestFreshLoadNJT, globals())
+instantiate_round_trip_tests(TestFreshLoadPackageSubclass, globals())
+
+if __name__ == "__main__":
+    run_tests()
