@@ -1,0 +1,29 @@
+"""A multi-rank test file as a user writes one: run as a script, by ``python -m unittest`` and by pytest (with
+xdist), by :mod:`test.paths.test_distributed`.  One test passes, one fails in rank 1."""
+
+import unittest
+
+import torch
+
+from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
+from torch_serial_testing.paths.distributed import MultiRankRoundTrips
+
+
+class TestScript(MultiRankRoundTrips, SerializationRoundTripTestCase, unittest.TestCase):
+    devices = ("cpu",)
+    load_modes = ("default",)
+
+    def test_passes(self, device):
+        from torch.distributed.tensor import Shard, distribute_tensor
+
+        original = distribute_tensor(torch.arange(4.0), self.device_mesh(), [Shard(0)])
+        self.assertDTensorEqual(original, self.round_trip(original))
+
+    def test_fails_in_rank_one(self, device):
+        self.assertNotEqual(self.rank, 1, "rank one says no")
+
+
+instantiate_round_trip_tests(TestScript, globals())
+
+if __name__ == "__main__":
+    unittest.main()
