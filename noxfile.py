@@ -1,4 +1,20 @@
-"""Maintenance sessions: the torch x Python compatibility matrix and the source-distribution check.
+"""Maintenance sessions: tests, lint and docs (what ``.ci/run`` runs), the torch x Python
+compatibility matrix and the source-distribution check.  ``pip install nox`` (or
+``pip install -e ".[dev]"``) to run them::
+
+    nox -l                                          # the sessions
+    nox -s tests                                    # README's python -m pytest -n 2 test
+    nox -s tests -- -n 2 -m "not slow" test         # arguments replace "-n 2 test"
+    nox -s lint docs                                # ruff, ruff format --check, mypy; the site, -W
+    nox --no-venv -s lint docs tests                # the same in the active venv (.ci/run does this)
+    nox -s "compat-3.11(torch='2.8.0')"             # one torch version: pytest -n 2
+    nox -s compat -p 3.11 -- -n 2 -m "not slow"     # every version on 3.11; arguments go to pytest
+    nox -s compat_table -- --csv docs/_data/compat.csv   # the documentation's table, from the results
+    nox -s sdist                                    # check-manifest, then the suite from the sdist
+
+tests, lint and docs each make a venv (``.nox/<name>``) with ``torch==2.13.0`` and the checkout
+with the extras they need; ``-R`` reuses it without installing again.  Under ``--no-venv`` they
+install into the running environment instead, so ``.ci/run`` installs torch once for all three.
 
 Why a matrix: what the library predicts of torch (the ``weights_only`` default, which
 ``TORCH_FORCE_*`` switches are read and how, the allowlist, the ``safe_globals`` context) changes
@@ -6,13 +22,7 @@ between releases, so "supported" is only a claim until the suite has run on each
 ``compat`` session is the Quick start in a fresh venv -- ``torch==VERSION``, the checkout with its
 test extra, pytest -- and deletes the venv afterwards (torch's CUDA builds are several GB), so only
 one exists at a time.  It is separate from ``.ci/run``: one version takes 6 to 17 minutes on two
-CPUs, mostly downloading torch.  ``pip install nox`` (or ``pipx install nox``) to run them::
-
-    nox -l                                          # the sessions
-    nox -s "compat-3.11(torch='2.8.0')"             # one version: pytest -n 2
-    nox -s compat -p 3.11 -- -n 2 -m "not slow"     # every version on 3.11; arguments go to pytest
-    nox -s compat_table -- --csv docs/_data/compat.csv   # the documentation's table, from the results
-    nox -s sdist                                    # check-manifest, then the suite from the sdist
+CPUs, mostly downloading torch.
 """
 
 from __future__ import annotations
@@ -46,7 +56,12 @@ ALL_VERSIONS = [
 # The torch minors with wheels for a Python, where not all of them (PyPI, Linux x86-64).
 TORCH_WITH_WHEELS = {"3.9": ((2, 4), (2, 8)), "3.10": ((2, 4), (2, 14)), "3.13": ((2, 5), (2, 15))}
 RESULTS = os.path.join(".nox", "_results")  # JUnit XML, one file per compat session
-SDIST_TORCH = "2.13.0"  # CI's torch (.ci/run)
+CI_TORCH = "2.13.0"  # the torch of .ci/run and of the tests, lint, docs and sdist sessions
+# What the package imports beyond its dependencies (the pytest plugins; the numpy remedy, when numpy is
+# there): mypy reads their types, so the lint session installs them beside the lint extra.
+TYPED_IMPORTS = ("pytest", "numpy")
+# The README's test command; arguments given to the tests session replace its "-n 2 test".
+SUITE = ["python", "-m", "pytest", "-n", "2", "test"]
 
 
 def _isolate(session: nox.Session) -> None:
@@ -55,6 +70,43 @@ def _isolate(session: nox.Session) -> None:
     for name in os.environ:
         if name.startswith("TORCH_FORCE_"):
             session.env[name] = None
+
+
+def _install(session: nox.Session, extras: str, *more: str) -> None:
+    """CI's torch, then the checkout (editable) with ``extras`` and ``more``; under --no-venv, into the running venv."""
+    for args in ([f"torch=={CI_TORCH}"], ["-e", f".[{extras}]", *more]):
+        if session.venv_backend == "none":  # nox refuses session.install() without a venv of its own
+            session.run("python", "-m", "pip", "install", "--quiet", *args)
+        else:
+            session.install(*args)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The README's test command, python -m pytest -n 2 test (with the docs extra: one test builds the site)."""
+    _isolate(session)
+    _install(session, "test,docs")
+    session.run("python", "-m", "test.npu_backend")  # build the npu test backend once, before the test processes
+    session.run(*SUITE[:3], *(session.posargs or SUITE[3:]))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check and mypy, at the lint extra's pinned versions."""
+    _install(session, "lint", *TYPED_IMPORTS)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("mypy")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site, warnings as errors, rebuilt from nothing into docs/_build/html."""
+    _install(session, "docs")
+    out = os.path.join("docs", "_build")
+    shutil.rmtree(out, ignore_errors=True)  # a kept build would not repeat the warnings of unchanged pages
+    doctrees, html = os.path.join(out, "doctrees"), os.path.join(out, "html")
+    session.run("python", "-m", "sphinx", "-W", "-q", "-b", "html", "-d", doctrees, "docs", html)
 
 
 def _pytest_args(session: nox.Session) -> list[str]:
@@ -104,7 +156,7 @@ def compat_table(session: nox.Session) -> None:
 def sdist(session: nox.Session) -> None:
     """check-manifest, build the sdist, install it with its test extra, run the suite from the unpacked sdist."""
     _isolate(session)
-    session.install("build", "check-manifest", f"torch=={SDIST_TORCH}")
+    session.install("build", "check-manifest", f"torch=={CI_TORCH}")
     session.run("check-manifest")
     tmp = session.create_tmp()
     dist, unpacked = os.path.join(tmp, "dist"), os.path.join(tmp, "unpacked")
