@@ -23,8 +23,16 @@ root_doc = "index"
 nitpicky = False
 
 autodoc_member_order = "bysource"
+# Types in the description, and only where they say something: no "Return type: None".
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_typehints_description_target = "documented_params"
+# docs/reference.rst lists every public name in the order a user meets it; a base class shown would
+# be a private one (the errors' message escaping), so no "Bases:" line.
+autodoc_default_options: dict = {}
+# A default shows as written (``map_location=MISSING``), not as a sentinel object's address.
+autodoc_preserve_defaults = True
+# Blocks written as "::" are transcripts and error messages, never Python.
+highlight_language = "text"
 # The reference documents the public names only; torch is the one heavy import autodoc needs.
 autodoc_mock_imports: list = []
 
@@ -35,3 +43,5 @@ try:
 except ImportError:  # the docs extra installs furo; any Sphinx still builds with its own theme
     html_theme = "alabaster"
 html_title = f"torch_serial_testing {release}"
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]  # long lines wrap; the sidebar title is not broken inside the name

@@ -28,6 +28,12 @@ PAGES = (
     "index",
     "quickstart",
     "tutorial",
+    "howto-declarations",
+    "howto-generated-tests",
+    "howto-subclasses",
+    "howto-fresh-interpreter",
+    "howto-torchscript-export",
+    "howto-distributed",
     "howto-porting",
     "howto-vendoring",
     "howto-devices",
@@ -135,15 +141,14 @@ class TestExamples(unittest.TestCase):
         self.assertIn("Ran 13 tests", proc.stderr)
         self.assertIn("test_required_globals_cpu (__main__.TestTinyNetCPU", proc.stderr)
 
-    def test_readme_example_is_the_tested_file(self):
-        (block,) = [b for b in code_blocks(readme(), "python") if "test_tinynet.py" in b]
-        self.assertEqual(block.rstrip() + "\n", example("test_tinynet"))
-        for name in ("quickstart", "tutorial"):
-            self.assertIn(".. literalinclude:: examples/test_tinynet.py\n", page(name))
+    def test_fuller_example_is_the_tested_file(self):
+        # The README's first test is the tutorial's last file (test/test_tutorial.py); the fuller
+        # example, with engines and a state_dict round trip, is on the generated tests' page.
+        self.assertIn(".. literalinclude:: examples/test_tinynet.py\n", page("howto-generated-tests"))
 
     def test_quantized_example_compares_with_allow_subclasses(self):
         source = example("test_qdynamic")
-        self.assertIn(".. literalinclude:: examples/test_qdynamic.py\n", page("tutorial"))
+        self.assertIn(".. literalinclude:: examples/test_qdynamic.py\n", page("howto-declarations"))
         proc = run_example("test_qdynamic", source)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertIn("Ran 6 tests", proc.stderr)
@@ -167,12 +172,18 @@ class TestExamples(unittest.TestCase):
             "Tensor != expected Parameter"
         )
         self.assertIn(mismatch, proc.stderr)
-        self.assertIn("tensor class Tensor != expected Parameter``", page("tutorial"))  # as the page says
+        self.assertIn("tensor class Tensor != expected Parameter``", page("howto-declarations"))  # as the page says
 
     def test_every_example_file_runs_as_a_script(self):
         # Every docs/examples/*.py is a complete file that exits 0 (OK, skips allowed) when run as
         # ``python FILE -v`` from a folder of its own, with the library only on the import path.
-        names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(EXAMPLES, "*.py")))
+        # (the multi-rank example starts rank processes: test/paths/test_distributed.py::TestTheHowToFile
+        # runs it, and checks the tests it makes against the page's list)
+        names = sorted(
+            os.path.basename(p)
+            for p in glob.glob(os.path.join(EXAMPLES, "*.py"))
+            if os.path.basename(p) != "test_sharded_checkpoints.py"
+        )
         self.assertIn("test_tinynet.py", names)
         # (what two examples show exists only on newer torch: the audit finds the 2.6 default's failures,
         # and pytorch's own instantiation subclasses the generic class since torch 2.5)
@@ -211,31 +222,63 @@ class TestReadme(unittest.TestCase):
     def test_short(self):
         self.assertLessEqual(len(readme().splitlines()), 250)
 
-    def test_quick_start_is_a_venv_then_install_then_run_and_ci_runs_the_suite(self):
-        venv, install, run = code_blocks(readme(), "console")[:3]
-        self.assertEqual(venv.strip().splitlines(), ["python3 -m venv .venv", ". .venv/bin/activate"])
-        torch_line, library_line = install.strip().splitlines()
+    def test_install_is_into_your_own_project_and_never_from_an_index(self):
+        # The first command block installs torch, then the library from a checkout (or a built
+        # wheel or sdist), never by a name an index would resolve: the package is on none.
+        torch_line, library_line = code_blocks(readme(), "console")[0].strip().splitlines()
         pin = re.fullmatch(
             r'python -m pip install "(torch==[\d.]+)" --index-url https://download\.pytorch\.org/whl/cpu', torch_line
         )
         self.assertIsNotNone(pin, torch_line)
+        self.assertEqual(library_line, "python -m pip install /path/to/torch_serial_testing")
+        self.assertLess(readme().index("``torch==2.8.0``"), readme().index("Your first test"))  # the Python 3.9 caveat
+        for name, text in (("README.rst", readme()), *((n, page(n)) for n in ("index", "quickstart"))):
+            with self.subTest(name):
+                self.assertIn("not on PyPI or any other index", text)
+                self.assertIn(torch_line, text)
+                self.assertIn(library_line, text)
+                self.assertNotRegex(
+                    text, r"pip install (-U )?[\"']?torch[_-]serial[_-]testing\b"
+                )  # by name: from an index
+                self.assertIn("torch-serial-testing", text)  # the console script is mentioned
+        for route in ("python -m pip install dist/torch_serial_testing-*.whl", "python -m build"):
+            self.assertIn(route, readme())
+        self.assertIn("   python -m pip install dist/torch_serial_testing-*.tar.gz\n", page("quickstart"))
+        # the console script the pages name is the one installed
+        with open(os.path.join(ROOT, "setup.cfg"), encoding="utf-8") as fh:
+            self.assertIn("\n    torch-serial-testing = torch_serial_testing.tools.cli:main\n", fh.read())
+
+    def test_developing_is_a_venv_then_install_then_run_and_ci_runs_the_suite(self):
+        develop = code_blocks(readme(), "console")[-1].strip().splitlines()
+        venv, activate, torch_line, library_line, fast, suite = develop
+        self.assertEqual([venv, activate], ["python3 -m venv .venv", ". .venv/bin/activate"])
+        self.assertEqual(torch_line, code_blocks(readme(), "console")[0].strip().splitlines()[0])
         self.assertEqual(library_line, 'python -m pip install -e ".[test]"')
-        flagship, suite = run.strip().splitlines()
-        self.assertEqual(flagship, "python -m unittest test.ao.sparsity.test_qlinear_packed_params -v")
-        # The Python 3.9 caveat comes before the first command, and names a torch that exists there.
-        self.assertLess(readme().index("``torch==2.8.0``"), readme().index(torch_line))
+        self.assertEqual(fast, suite.replace(" test", ' -m "not slow" test'))
         # The Quick start page says the same.
         quickstart = page("quickstart")
-        for command in [*venv.strip().splitlines(), torch_line, library_line, flagship, suite]:
+        flagship = "python -m unittest test.ao.sparsity.test_qlinear_packed_params -v"
+        for command in [*develop, flagship]:
             self.assertIn("   " + command + "\n", quickstart)
-        # CI: a fresh venv, the same torch, the library with its extras, the README's suite command.
-        ci = read(".ci", "run")
-        self.assertIn("\npython3 -m venv .ci-venv\n", ci)
-        self.assertIn(f'pip install --quiet "{pin.group(1)}"\n', ci)
-        self.assertIn('pip install --quiet -e ".[test,docs,lint]"\n', ci)
-        self.assertIn("\n" + suite + "\n", ci)
-        fast = re.search(r'``(python -m pytest -n 2 -m "not slow" test)``', readme()).group(1)
-        self.assertEqual(fast, suite.replace(" test", ' -m "not slow" test'))
+        self.assertIn(flagship, readme())
+        # CI: .ci/run runs nox's sessions, whose torch and suite command are the README's.
+        self.assertRegex(read(".ci", "run"), r"\nnox [^\n]*--sessions [^\n]*\btests\b")
+        noxfile = read("noxfile.py")
+        pin = re.search(r'"torch==([\d.]+)"', torch_line).group(1)
+        self.assertIn(f'\nCI_TORCH = "{pin}"', noxfile)
+        self.assertIn("\nSUITE = " + repr(suite.split()).replace("'", '"') + "\n", noxfile)
+
+    def test_every_timing_names_the_script_that_measures_it(self):
+        # A figure of how long the suite takes is only published next to the command measuring it.
+        script = os.path.join(ROOT, "bench", "suite_timing.py")
+        self.assertTrue(os.path.isfile(script))
+        for name, text in (("README.rst", readme()), ("docs/quickstart.rst", page("quickstart"))):
+            with self.subTest(name):
+                figures = list(re.finditer(r"[\d.]+ CPU-(?:minutes|seconds)", text))
+                self.assertGreaterEqual(len(figures), 2, "the fast subset's and the suite's")
+                for figure in figures:
+                    context = text[max(0, figure.start() - 500) : figure.end()]
+                    self.assertIn("python bench/suite_timing.py", context, figure.group(0))
 
     def test_renders_without_warnings(self):
         try:
@@ -281,10 +324,11 @@ class TestDocs(unittest.TestCase):
         )
 
     def test_every_public_name_is_documented(self):
+        # Each public name has its own autodoc entry, in the order a user meets it (the mixin first).
         reference = page("reference")
-        self.assertIn("\n.. automodule:: torch_serial_testing\n   :members:\n", reference)
-        missing = [name for name in torch_serial_testing.__all__ if f"``{name}" not in reference]
-        self.assertEqual(missing, [])
+        entries = re.findall(r"^\.\. auto(?:class|function|exception):: (\w+)", reference, re.M)
+        self.assertEqual(sorted(entries), sorted(torch_serial_testing.__all__))
+        self.assertEqual(entries[:2], ["SerializationRoundTripTestCase", "instantiate_round_trip_tests"])
         undocumented = [n for n in torch_serial_testing.__all__ if not getattr(torch_serial_testing, n).__doc__]
         self.assertEqual(undocumented, [])
 
@@ -327,6 +371,12 @@ class TestDocs(unittest.TestCase):
             html = read_html(os.path.join(out, "html", "reference.html"))
         for name in torch_serial_testing.__all__:  # autodoc rendered each public name
             self.assertIn(f'id="torch_serial_testing.{name}"', html, name)
+        # ... and nothing private: no private parameter or base class, no "Return type: None",
+        # no sentinel's address as a default value
+        text = re.sub(r"<[^>]+>", "", html)
+        for private in ("_owned", "_EscapedMessage", "Bases:", "object object at", "Return type:\nNone"):
+            self.assertNotIn(private, text, private)
+        self.assertNotRegex(text, r"Return type:\s*None\b")
 
 
 def read_html(path):

@@ -66,10 +66,10 @@ class SerializationRoundTripTestCase:
     fail_on_leaked_state: ClassVar[bool] = True
     #: Message regexes of warnings this class's tests provoke on purpose; ignored during its tests only.
     ignore_warnings: ClassVar[Sequence[str]] = ()
-    #: Instantiation dimensions: None means all modes / no engine dimension / available devices.
+    #: Load modes to generate tests for (None: all three), e.g. ``("default",)``.
     load_modes: ClassVar[Optional[Sequence[Any]]] = None
-    qengines: ClassVar[Optional[Sequence[str]]] = None
-    devices: ClassVar[Optional[Sequence[str]]] = None
+    qengines: ClassVar[Optional[Sequence[str]]] = None  #: Quantized engines (None: no engine dimension).
+    devices: ClassVar[Optional[Sequence[str]]] = None  #: Device types (None: the available ones).
 
     _tst_case: ClassVar[Optional[CaseSpec]] = None
     _tst_in_flight: Optional[ExpectedRejection] = None  # raised by a load, not yet caught by the library
@@ -279,12 +279,12 @@ class SerializationRoundTripTestCase:
         return required_globals(obj_or_buffer)
 
     def assertRequiredGlobalsExpectedInline(self, obj_or_buffer: Any, expect: str, skip: int = 0) -> None:  # noqa: N802
-        """Pin the required globals, one per line (none: ``""``, or one empty line), as an expecttest golden
-        record that is the same however the file is run; ``EXPECTTEST_ACCEPT=1`` rewrites it."""
+        """Pin the required globals, one per line, as an expecttest golden record that is the same however the
+        file is run; ``EXPECTTEST_ACCEPT=1`` rewrites it.  Start one as an empty triple-quoted string (expecttest
+        rewrites only those); it also pins "none needed" (as do ``""`` and one empty line)."""
         from expecttest import assert_expected_inline
 
         names = _stable_names(self.required_globals(obj_or_buffer), expect)
-        # No global: "" -- or one empty line, as records written before 0.1.0's final form pinned it.
-        actual = "".join(f"{name}\n" for name in names) or ("\n" if expect == "\n" else "")
+        actual = "".join(f"{name}\n" for name in names) or ("\n" if expect == "\n" else "")  # none: as recorded
         test: Any = self  # a mixin of a TestCase
         assert_expected_inline(actual, expect, skip=skip + 1, assert_eq=test.assertMultiLineEqual, debug_id=test.id())

@@ -80,14 +80,14 @@ def records(test: Any) -> list[RoundTripRecord]:
 
 def rejection_status(recs: Sequence[RoundTripRecord]) -> Optional[tuple[str, str]]:
     """``(status, reasons)`` for a test in which torch refused a load as predicted (``[N of M round trips]
-    rejected as predicted``; each distinct refusal once, with its subTests), else None."""
+    rejected as predicted``; each distinct refusal once, as ``default (why)``, with its subTests), else None."""
     rejected = [r for r in recs if not r.loaded]
     if not rejected:
         return None
     partly = "" if len(rejected) == len(recs) else f"{len(rejected)} of {len(recs)} round trips "
     where: dict[str, list[str]] = {}
     for r in rejected:
-        subs = where.setdefault(r.summary, [])
+        subs = where.setdefault(r.summary.replace(": rejected as expected (", " (", 1), [])  # the status says it
         if r.subtest and r.subtest not in subs:
             subs.append(r.subtest)
     reasons = "; ".join(summary + (f" in subTest {', '.join(subs)}" if subs else "") for summary, subs in where.items())
@@ -109,8 +109,7 @@ def _required_args(fn: Callable[..., Any]) -> list[str]:  # after self, without 
         params = list(inspect.signature(fn).parameters.values())[1:]
     except (TypeError, ValueError):
         return []
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return [p.name for p in params if p.kind in kinds and p.default is inspect.Parameter.empty]
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
 
 
 def ends_on_rejection(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,8 +1,8 @@
 """pytest plugin: a test that passed because torch refused a load, as predicted, stays a pass and says so.
 
 Registered through the ``pytest11`` entry point ``torch_serial_testing`` (``-p torch_serial_testing.pytest_plugin``
-from a source tree).  ``pytest -v``/``-rA`` show ``PASSED (rejected as predicted: default: rejected as expected
-(...))`` or ``PASSED (1 of 3 round trips rejected as predicted: ...)``; JUnit XML gets the properties
+from a source tree).  ``pytest -v``/``-rA`` show ``PASSED (rejected as predicted: default (weights_only=True since
+torch 2.6; ...))`` or ``PASSED (1 of 3 round trips rejected as predicted: ...)``; JUnit XML gets the properties
 ``torch_serial_testing.status`` and ``.rejections`` on a plain pass (no ``<skipped>``: CI counts it as run and
 passed).  Importing this module imports nothing but pytest; the library only for a test that ran round trips."""
 
