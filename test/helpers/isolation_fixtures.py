@@ -124,3 +124,13 @@ def import_registering_modules() -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+
+
+def only_torchs_registrations(test: unittest.TestCase) -> None:
+    """Start *test* with only torch's own safe-global registrations, and give back the others after it.
+
+    Another test module of the run may have imported a package that allowlists its classes at import
+    (``test/paths/aolike``, as torchao does): at collection, before any test.  A test that checks which
+    registrations are reported starts from torch's own, whichever modules the run collected."""
+    test.addCleanup(registry.restore_registry, registry.snapshot_registry())
+    registry.restore_registry([e for e in registry.snapshot_registry() if registry.registered_by_torch(e)])

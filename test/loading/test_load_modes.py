@@ -8,6 +8,7 @@ from unittest import mock
 import torch
 
 import torch_serial_testing as tst
+from test.helpers.isolation_fixtures import only_torchs_registrations
 from test.helpers.roundtrip_fixtures import (
     clean_env,
     torch_sets,
@@ -186,6 +187,9 @@ class TestRealTorchAgrees(unittest.TestCase):
     """The library's load asserts its prediction against real torch in every env state."""
 
     ENV_STATES = [{}, {WO: "1"}, {NO_WO: "1"}, {WO: "TRUE"}, {NO_WO: "Yes"}, {WO: "0"}, {NO_WO: ""}]
+
+    def setUp(self):
+        only_torchs_registrations(self)
 
     def test_every_mode_in_every_env_state(self):
         for env in self.ENV_STATES:

@@ -32,6 +32,7 @@ from torch_serial_testing.registry import registered_globals, restore_registry, 
 from torch_serial_testing.serialization import torch_load_replacement
 
 from npu_backend import fake_torch_npu
+from test.helpers.isolation_fixtures import only_torchs_registrations
 from test.helpers.python_compat import failure_ids, verbose_ids
 from test.helpers.roundtrip_fixtures import (
     clean_env,
@@ -75,6 +76,7 @@ REWORDED_NOTE = re.compile(
 
 class FakeInstalled(unittest.TestCase):
     def setUp(self):
+        only_torchs_registrations(self)
         fake_torch_npu.install()
         self.addCleanup(fake_torch_npu.uninstall)
 
@@ -190,9 +192,8 @@ class TestLibraryUnderTheFake(FakeInstalled):
         # a whole test -- setUp, round trips in every mode, the restore -- starts no process, and its
         # notes list only the replacement's global, not the ones torch registered itself (at import torch;
         # 2.14: every builtin exception, registered here as 2.14 does, before any test).
-        from torch_serial_testing.tools import facts
-
         from test.helpers.isolation_fixtures import run_tests
+        from torch_serial_testing.tools import facts
 
         started = []
 

@@ -50,6 +50,7 @@ from torch_serial_testing.registry import (
 from torch_serial_testing.tools import facts
 from torch_serial_testing.tools.facts import torch_own_registrations, torch_registers_itself
 
+from test.helpers.isolation_fixtures import only_torchs_registrations
 from test.helpers.subprocess_env import child_env
 
 NOTE = "runs with process-wide safe globals "
@@ -90,7 +91,7 @@ def torch_code(name: str, source: str, **bound: Any) -> types.ModuleType:
 
 class RegistryCase(unittest.TestCase):
     def setUp(self) -> None:
-        self.addCleanup(restore_registry, snapshot_registry())
+        only_torchs_registrations(self)
         # who registered what, as this test's recorder sees it only
         patch = mock.patch.dict(registry._registrars, clear=True)
         patch.start()
