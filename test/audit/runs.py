@@ -99,3 +99,22 @@ BEFORE_THE_DEFAULT = (
     else f"a bare torch.load is a full load on torch {torch.__version__} (weights-only by default since 2.6): "
     "the fixtures' bare loads need nothing, so there is nothing for the audit to find"
 )
+
+
+def observed_here(test: Any) -> str:
+    """A temporary report path for an observer in this process; torch's load/save and the observer's state
+    restored after *test*."""
+    from torch_serial_testing.tools.audit import observe
+
+    tmp = tempfile.TemporaryDirectory()
+    test.addCleanup(tmp.cleanup)
+    cls, before = type(torch), (torch.__dict__["load"], torch.__dict__["save"])
+
+    def restore() -> None:
+        torch.__class__ = cls
+        torch.load, torch.save = before
+        observe._State.report = None
+        observe._State.saved.clear()
+
+    test.addCleanup(restore)
+    return os.path.join(tmp.name, "r.jsonl")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import tempfile
 import unittest
 from typing import Any
 from unittest import mock
@@ -17,7 +15,7 @@ from torch_serial_testing.tools.audit import analysis, observe
 from torch_serial_testing.tools.audit.analysis import digest, needs_of, verified_fix
 from torch_serial_testing.tools.audit.summary import verdict
 
-from .runs import BEFORE_THE_DEFAULT
+from .runs import BEFORE_THE_DEFAULT, observed_here
 
 
 def saved(obj: Any) -> bytes:
@@ -106,18 +104,7 @@ class TestVerifiedFix(unittest.TestCase):
 
 class TestObserverInProcess(unittest.TestCase):
     def setUp(self) -> None:
-        tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(tmp.cleanup)
-        self.report = os.path.join(tmp.name, "r.jsonl")
-        cls, before = type(torch), (torch.__dict__["load"], torch.__dict__["save"])
-
-        def restore() -> None:
-            torch.__class__ = cls
-            torch.load, torch.save = before
-            observe._State.report = None
-            observe._State.saved.clear()
-
-        self.addCleanup(restore)
+        self.report = observed_here(self)
         observe._State.report = self.report
         observe.install_torch(torch)
 

@@ -30,7 +30,7 @@ from torch_serial_testing.tools.audit import observe
 from torch_serial_testing.tools.audit.analysis import digest, needs_of, trial, verified_fix
 from torch_serial_testing.tools.audit.summary import FAIL_ON, format_markdown, format_text, markdown_code, verdict
 
-from .runs import BEFORE_THE_DEFAULT, PLUGIN, run
+from .runs import BEFORE_THE_DEFAULT, PLUGIN, observed_here, run
 
 #: What the payloads below ran: an entry means a pickle was unpickled in full in this process.
 FIRED: list[str] = []
@@ -78,18 +78,7 @@ class Observed(unittest.TestCase):
     """This process observed into a temporary report; torch and the observer restored after each test."""
 
     def setUp(self) -> None:
-        tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(tmp.cleanup)
-        self.report = os.path.join(tmp.name, "r.jsonl")
-        cls, before = type(torch), (torch.__dict__["load"], torch.__dict__["save"])
-
-        def restore() -> None:
-            torch.__class__ = cls
-            torch.load, torch.save = before
-            observe._State.report = None
-            observe._State.saved.clear()
-
-        self.addCleanup(restore)
+        self.report = observed_here(self)
         self.addCleanup(FIRED.clear)
         FIRED.clear()
         observe._State.report = self.report
