@@ -133,6 +133,8 @@ class TestExtras(unittest.TestCase):
         run_by_the_suite = {
             "pytest-xdist": "-n" in noxfile_suite(),  # the README's test command: python -m pytest -n 2 test
             "ninja": "is_ninja_available" in read("test", "npu_backend", "__init__.py"),  # builds the npu backend
+            # pytorch's run_tests imports xmlrunner under CI: the suite runs an example so
+            "unittest-xml-reporting": '{"CI": "true"}' in read("test", "test_readme.py"),
         }
         run = {name for name, used in run_by_the_suite.items() if used}
         self.assertEqual(sorted(test - imported - run), [])

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+import xml.etree.ElementTree as ET
 
 import torch_serial_testing
 from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, MODULE_GLOBALS, default_outcome
@@ -83,14 +84,25 @@ def code_blocks(text, language):
     return [textwrap.dedent(m.group(1)) for m in pattern.finditer(text)]
 
 
-def run_example(name, source, script=False):
-    """Write a README example to a fresh directory as NAME.py and run it with ``unittest -v``."""
+def run_example(name, source, script=False, env=None, keep=None):
+    """Write a README example to a fresh directory as NAME.py and run it with ``unittest -v``, as on
+    a developer's machine: without ``CI``, under which pytorch's ``run_tests`` also writes JUnit XML
+    (:meth:`TestExamples.test_pytorch_idiom_example_reports_junit_as_in_pytorch_ci` runs it so).
+    *env* adds variables; *keep(folder)* is called before the folder is removed."""
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, f"{name}.py"), "w") as fh:
             fh.write(source)
-        env = child_env(drop=("TORCH_FORCE_", "EXPECTTEST_"))
         args = [f"{name}.py", "-v"] if script else ["-m", "unittest", name, "-v"]
-        return subprocess.run([sys.executable, *args], cwd=d, env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, *args],
+            cwd=d,
+            env=child_env(env, drop=("TORCH_FORCE_", "EXPECTTEST_", "CI")),
+            capture_output=True,
+            text=True,
+        )
+        if keep is not None:
+            keep(d)
+        return proc
 
 
 def assert_warnings_as_in_twin(test, name, proc, twin_source):
@@ -202,6 +214,41 @@ class TestExamples(unittest.TestCase):
                 if re.search(r"^Ran \d+ tests? in ", proc.stderr, re.M):  # a unittest file ran its tests
                     self.assertRegex(proc.stderr, r"\nOK( \(skipped=\d+\))?\n")
                     self.assertNotRegex(proc.stderr, r"^Ran 0 tests", "a test file that runs nothing")
+
+    def test_pytorch_idiom_example_reports_junit_as_in_pytorch_ci(self):
+        # The example written as a file of pytorch's tree ends in pytorch's run_tests(); under CI (any
+        # non-empty CI, as GitHub sets it) that writes JUnit XML through unittest-xml-reporting, as
+        # pytorch's CI runs its files.  Every generated test is there under the name -v prints, passed,
+        # at the line of the template it was generated from.
+        name = "test_torchscript_export"
+        source = example(name)
+        self.assertIn("\n    run_tests()\n", source)
+        plain = run_example(name, source, script=True)
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        reports = []
+
+        def collect(folder):
+            for path in glob.glob(os.path.join(folder, "test-reports", "**", "*.xml"), recursive=True):
+                reports.append(ET.parse(path).getroot())
+
+        in_ci = run_example(name, source, script=True, env={"CI": "true"}, keep=collect)
+        self.assertEqual(in_ci.returncode, 0, in_ci.stdout + in_ci.stderr)
+        self.assertIn("Generated XML report", in_ci.stdout + in_ci.stderr)
+        cases = [case for suite in reports for case in suite.iter("testcase")]
+        self.assertEqual(
+            sorted(f"__main__.{c.get('classname')}.{c.get('name')}" for c in cases), sorted(verbose_ids(plain.stderr))
+        )
+        self.assertGreater(len(cases), 0)
+        for case in cases:
+            self.assertEqual([child.tag for child in case], [], f"{case.get('name')} did not pass")
+            self.assertEqual(case.get("file"), f"{name}.py")
+        lines = source.splitlines()
+        for case in cases:  # the template's first line: its decorator, or its def
+            start = int(case.get("line")) - 1
+            self.assertRegex(lines[start], r"^    (@|def )", case.get("name"))
+            template = re.match(r"    def (test_\w+)\(self, device\):", next(x for x in lines[start:] if "def " in x))
+            self.assertIsNotNone(template, case.get("name"))
+            self.assertTrue(case.get("name").startswith(template.group(1) + "_"), (case.get("name"), template.group(1)))
 
     def test_every_python_block_of_the_pages_is_a_tested_file_or_checked(self):
         # Examples are included from docs/examples/ (run above); the only inline Python blocks are
