@@ -115,6 +115,21 @@ class TestFreshLoads(unittest.TestCase):
                 self.assertTrue(result.loaded, result.summary)
                 self.assertIs(type(result.value), Plain)
 
+    def test_forced_weights_only_a_declared_global_still_comes_back(self):
+        # the switch decides the load there (weights-only, under the declaration); the object's way back, bytes the
+        # test's own process tree just made, is not a torch.load of the test's and is never refused by it
+        os.environ[WO] = "1"
+        for mode in ("safe_globals", "weights_only_false"):
+            with self.subTest(mode=mode):
+                result = fresh_load(Checkpoint.save(Plain()), mode, ("torch",), safe_globals=[Plain])
+                if mode == "weights_only_false":  # forced weights-only, and the declaration is the safe_globals mode's
+                    self.assertFalse(result.loaded, result.summary)
+                    self.assertIn("forced by TORCH_FORCE_WEIGHTS_ONLY_LOAD", result.summary)
+                    continue
+                self.assertTrue(result.loaded, result.summary)
+                self.assertIs(type(result.value), Plain)
+                self.assertEqual(os.environ.get(WO), "1")  # the switch as the test set it
+
     def test_foreign_bytes_send_back_no_object(self):
         foreign = Checkpoint.from_bytes(Checkpoint.save(torch.ones(1)).rewound().read())
         result = fresh_load(foreign, "default", ("torch",))

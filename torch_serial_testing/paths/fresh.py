@@ -139,10 +139,20 @@ def _findable(checkpoint: Any, entries: Sequence[Any]) -> dict[str, str]:
 
 def _value(payload: bytes) -> Any:
     """The object the fresh interpreter loaded from the test's own bytes, ``torch.save``-d there: bytes this
-    test's own process tree produced from them a moment ago and sent over its private pipe."""
+    test's own process tree produced from them a moment ago and sent over its private pipe.  Loaded in full
+    with the ``TORCH_FORCE_*`` switches lifted: they decided the test's load there, not this transfer (forced
+    weights-only, it would refuse what only the child's declaration allowed)."""
+    from ..modes import set_environ
+    from ..registry import registry_lock
     from ..serialization import genuine
 
-    return genuine("load")(io.BytesIO(payload), weights_only=False)
+    with registry_lock:
+        switches = {name: os.environ.get(name) for name in SWITCHES}
+        set_environ(dict.fromkeys(switches))
+        try:
+            return genuine("load")(io.BytesIO(payload), weights_only=False)
+        finally:
+            set_environ(switches)
 
 
 def _import_message(mode: str, imports: tuple[str, ...], lacking: list[str], summary: str) -> str:
