@@ -3,7 +3,8 @@
 mode: a meta-backed wrapper subclass with ``__slots__``, one overriding ``__getstate__``/``__setstate__``, an empty
 ``torch.Tensor`` subclass, ``TwoTensor`` (imported from pytorch's own module and declared as it is, never copied),
 deep copies, and sets.  Beside them the other subclasses and layouts a pytorch test serializes: a jagged nested
-tensor (torch registers what it needs itself), a strided nested tensor, and the five sparse layouts of upstream's
+tensor and a strided one (declaring only what this torch does not trust itself: nothing on torch 2.6 to 2.14, their
+globals on 2.15, :mod:`test.helpers.torch_trust`), and the five sparse layouts of upstream's
 ``_test_serialization_sparse``.  Each loaded object is compared exactly (``assertRoundTripEqual``): class, state,
 inner tensors, indices and values, where upstream compares one attribute at a time."""
 
@@ -14,6 +15,7 @@ import torch
 from torch.testing._internal.common_utils import TestCase, parametrize, run_tests
 from torch.testing._internal.two_tensor import TwoTensor
 
+from test.helpers.torch_trust import NJT_GLOBALS, STRIDED_NESTED_GLOBALS, beyond_torchs_trust
 from test.ports._instantiate import instantiate
 from torch_serial_testing import SerializationRoundTripTestCase, round_trip_dims
 from torch_serial_testing.comparison import RoundTripMismatch
@@ -144,12 +146,14 @@ class TestSubclassSerialization(SerializationRoundTripTestCase, TestCase):
 
     def test_jagged_nested_tensor(self, device):
         nt = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(5.0) * 2], layout=torch.jagged)
-        loaded = self.round_trip(nt, safe_globals=())  # torch registers NestedTensor and _rebuild_njt itself
+        # nothing declared where torch registers NestedTensor and _rebuild_njt itself (2.6 to 2.14); both on 2.15
+        loaded = self.round_trip(nt, safe_globals=beyond_torchs_trust(*NJT_GLOBALS))
         self.assertRoundTripEqual(nt, loaded)  # values, offsets, cached min/max seqlen, ragged_idx, requires_grad
 
     def test_strided_nested_tensor(self, device):
         nt = torch.nested.nested_tensor([torch.arange(3.0), torch.arange(5.0) * 2])
-        self.assertRoundTripEqual(nt, self.round_trip(nt, safe_globals=()))
+        declared = beyond_torchs_trust(*STRIDED_NESTED_GLOBALS)  # on torch's allowlist before 2.15
+        self.assertRoundTripEqual(nt, self.round_trip(nt, safe_globals=declared))
 
     @parametrize("layout", tuple(SPARSE))
     def test_serialization_sparse(self, device, layout):
