@@ -13,7 +13,10 @@ import textwrap
 import unittest
 import xml.etree.ElementTree as ET
 
+import torch
+
 import torch_serial_testing
+from test.helpers.torch_trust import torch_takes_named_entries
 from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY, MODE_SKIPS, MODULE_GLOBALS, default_outcome
 from test.helpers.python_compat import verbose_ids, warnings_by_test
 from test.helpers.example_twins import QDYNAMIC_TWIN, TINYNET_TWIN
@@ -202,6 +205,8 @@ class TestExamples(unittest.TestCase):
         needs = {"audit_run.py": BEFORE_THE_DEFAULT}
         if not pytorch_subclasses_the_generic_class():
             needs["pytorch_composition.py"] = PYTORCH_COPIES_METHODS
+        if not (torch_takes_named_entries() and hasattr(torch.serialization, "safe_globals")):
+            needs["numpy1_checkpoint.py"] = f"torch {torch.__version__} lacks safe_globals or (obj, name) entries"
         for name in names:
             with self.subTest(example=name):
                 if needs.get(name):

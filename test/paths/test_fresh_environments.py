@@ -16,6 +16,7 @@ import unittest
 from test.helpers.subprocess_env import child_env
 from test.helpers.torch_trust import NJT_GLOBALS, torch_trusts
 from test.paths.test_fresh_ports import jagged, names_a_dynamo_global
+from test.test_flagship_environments import effective_weights_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODULE = "test.paths.test_fresh_ports"
@@ -36,7 +37,7 @@ TESTS = {
 
 
 def weights_only(mode, env):
-    return bool(env.get(WO)) or mode == "safe_globals" or (mode == "default" and not env.get(NO_WO))
+    return effective_weights_only(mode, env)
 
 
 def run(runner, env):

@@ -18,19 +18,14 @@ from torch.testing._internal.common_utils import TestCase, parametrize, run_test
 
 from test.helpers.torch_trust import NJT_GLOBALS, pickled_globals, torch_trusts
 from test.paths.aolike import ScaledTensor
+from test.test_flagship_environments import effective_weights_only
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests
 from torch_serial_testing.paths.fresh import FreshImportError, FreshInterpreterLoads
 
 
 def weights_only(mode: str) -> bool:
-    """torch.load's precedence (torch >= 2.6): the force-on switch, the argument, the force-off switch, the default."""
-    if os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") not in (None, "", "0"):
-        return True
-    if mode == "weights_only_false":
-        return False
-    if mode == "safe_globals":
-        return True
-    return os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD") in (None, "", "0")
+    """torch.load's precedence: the force-on switch, the argument, the force-off switch, this torch's default."""
+    return effective_weights_only(mode, {k: v for k, v in os.environ.items() if v not in ("", "0")})
 
 
 def njt_refused_everywhere(mode: str) -> bool:
