@@ -82,6 +82,18 @@ def tinynet_for_this_torch(source):
     return source.replace(TINYNET_RECORD, '"""\\\n' + "".join(f"{g}\n" for g in needed) + '"""')
 
 
+def export_rewrites_code():
+    """Why the example's torch.export round trip cannot pass here, or None: torch 2.4's serializer writes a positional
+    argument back as a keyword, and ``round_trip_export`` compares the graph code exactly (it fails naming ['code'])."""
+    from test.paths.test_export import code_after_torchs_own_round_trip, program
+
+    if code_after_torchs_own_round_trip() != program().graph_module.code:
+        return (
+            f"torch {torch.__version__}'s torch.export.load changes the graph code (positional arguments as keywords)"
+        )
+    return None
+
+
 def code_blocks(text, language):
     pattern = re.compile(r"^\.\. code-block:: %s\n\n((?:(?:   .*)?\n)+)" % language, re.M)
     return [textwrap.dedent(m.group(1)) for m in pattern.finditer(text)]
@@ -205,6 +217,8 @@ class TestExamples(unittest.TestCase):
         needs = {"audit_run.py": BEFORE_THE_DEFAULT}
         if not pytorch_subclasses_the_generic_class():
             needs["pytorch_composition.py"] = PYTORCH_COPIES_METHODS
+        if reason := export_rewrites_code():
+            needs["test_torchscript_export.py"] = reason
         if not (torch_takes_named_entries() and hasattr(torch.serialization, "safe_globals")):
             needs["numpy1_checkpoint.py"] = f"torch {torch.__version__} lacks safe_globals or (obj, name) entries"
         for name in names:
@@ -225,6 +239,8 @@ class TestExamples(unittest.TestCase):
         # non-empty CI, as GitHub sets it) that writes JUnit XML through unittest-xml-reporting, as
         # pytorch's CI runs its files.  Every generated test is there under the name -v prints, passed,
         # at the line of the template it was generated from.
+        if reason := export_rewrites_code():
+            self.skipTest(reason)
         name = "test_torchscript_export"
         source = example(name)
         self.assertIn("\n    run_tests()\n", source)

@@ -20,6 +20,10 @@ from test.test_flagship_environments import FORCE_NO_WO, FORCE_WO, REPORT_ENV, e
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PORT = "test.ports.test_subclass_serialization"
 MODES = ("weights_only_false", "safe_globals", "default")
+TESTS = 46
+#: the port's tests of a mode this torch lacks (the safe_globals mode before torch 2.5): 15 tests run per mode, and
+#: one, test_safe_globals_undeclared_is_rejected_as_torch_does, in none
+SKIPPED = 15 * len(MODE_SKIPS)
 
 
 def run(args, extra_env):
@@ -56,7 +60,7 @@ class TestSubclassPortEnvironments(unittest.TestCase):
                 proc, records = run(["-m", "unittest", "-v", PORT], env)
                 self.check(proc, records, env)
                 ran = re.findall(r"^Ran (\d+) tests? in ", proc.stderr, re.M)
-                self.assertEqual(ran, ["46"], proc.stderr[-3000:])
+                self.assertEqual(ran, [str(TESTS)], proc.stderr[-3000:])
                 if env.get(FORCE_WO):  # the full-load mode is forced weights-only: undeclared subclasses rejected
                     self.assertTrue(any(not r["loaded"] and r["mode"] == "weights_only_false" for r in records))
 
@@ -65,7 +69,9 @@ class TestSubclassPortEnvironments(unittest.TestCase):
             ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", PORT.replace(".", "/") + ".py"], {}
         )
         self.check(proc, records, {})
-        self.assertRegex(proc.stdout, r"\b46 passed\b")
+        # every test passes, but those of a load mode this torch lacks (skipped, saying so)
+        passed = f"{TESTS - SKIPPED} passed" + (f", {SKIPPED} skipped" if SKIPPED else "")
+        self.assertRegex(proc.stdout, rf"\b{passed}\b")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the project root
 
+from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY  # noqa: E402
 from torch_serial_testing import Checkpoint, CheckpointFormatError, predict, scan_checkpoint  # noqa: E402
 from torch_serial_testing.tools import scan_checkpoint as tools_scan_checkpoint  # noqa: E402
 from torch_serial_testing.tools.cli import main  # noqa: E402
@@ -104,6 +105,10 @@ class TestRecordsTorchChecks(unittest.TestCase):
             with self.subTest(label):
                 data = with_record(name, raw)
                 outcomes = torch_outcomes(data)
+                if name == ".storage_alignment" and set(outcomes.values()) == {"loaded"}:
+                    # torch 2.4 neither writes nor reads the record; the scan checks it as later torches do (a known
+                    # disagreement on such a crafted file, docs/compatibility.rst)
+                    self.skipTest("this torch does not read .storage_alignment")
                 self.assertNotIn("loaded", outcomes.values(), outcomes)
                 self.assertTrue(all(o.startswith(("ValueError", "UnicodeDecodeError")) for o in outcomes.values()))
                 for scan in (scan_checkpoint, tools_scan_checkpoint):
@@ -114,7 +119,8 @@ class TestRecordsTorchChecks(unittest.TestCase):
                     self.assertIn("in every mode, before it unpickles anything", message)
                     self.assertEqual(len(message.splitlines()), 1)
                     self.assertLess(len(message), 400)  # a long record is shown by its start only
-                for mode in ("default", "safe_globals"):
+                # the weights-only modes (a full load's prediction does not scan: foreign bytes never load fully)
+                for mode in ("default", "safe_globals")[0 if DEFAULT_WEIGHTS_ONLY else 1 :]:
                     with self.assertRaises(CheckpointFormatError):
                         predict(mode, Checkpoint.from_bytes(data))
 

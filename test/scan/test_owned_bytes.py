@@ -19,7 +19,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the project root
 
 from test.helpers import hostile_checkpoints as H  # noqa: E402
+from test.helpers.roundtrip_fixtures import DEFAULT_WEIGHTS_ONLY  # noqa: E402
 from torch_serial_testing import Checkpoint  # noqa: E402
+from torch_serial_testing.errors import UnsafeLoadRefused  # noqa: E402
 from torch_serial_testing.loading import load  # noqa: E402
 from torch_serial_testing.modes import LoadMode  # noqa: E402
 
@@ -86,6 +88,10 @@ class TestOwnedBytes(unittest.TestCase):
         self.assertFalse(checkpoint.owned)
         self.assertNotEqual(checkpoint.rewound().getvalue()[: len(self.evil)], self.evil)
         for mode in (LoadMode.DEFAULT, LoadMode.SAFE_GLOBALS):
+            if mode is LoadMode.DEFAULT and not DEFAULT_WEIGHTS_ONLY:  # a bare load is a full load before torch 2.6
+                with self.assertRaisesRegex(UnsafeLoadRefused, "refusing a weights_only=False load"):
+                    load(checkpoint, mode)
+                continue
             self.assertTrue(load(checkpoint, mode).loaded)
         self.assertFalse(os.path.exists(self.sentinel))
 

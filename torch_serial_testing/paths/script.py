@@ -46,6 +46,8 @@ if TYPE_CHECKING:  # the class the paths' mixins add methods to, as the type che
     WithTheMixin = SerializationRoundTripTestCase
 else:
     WithTheMixin = object
+#: What torch raises refusing an archive: the exception's type and its exact message.
+Refusal = tuple[type, str]
 #: Example inputs as calls: (args, kwargs) each.
 _Calls = list[tuple[tuple[Any, ...], dict[str, Any]]]
 #: What ``torch.load`` does with a TorchScript archive, as the test's outcome says it.
@@ -55,20 +57,29 @@ REFUSED_WEIGHTS_ONLY = (
 )
 
 
-def probe_archive(records: Sequence[str]) -> tuple[Optional[BaseException], str]:
-    """``torch.load(weights_only=True)`` of a tiny zip archive holding *records* (each a pickled ``None``), with
-    neither switch set: (what torch raised, or None; where).  Weights-only: nothing in it is ever executed."""
+def probe_archive(
+    records: Sequence[str], weights_only: bool = True, *, paths: Optional[Sequence[str]] = None, contents: bytes = b""
+) -> tuple[Optional[BaseException], str]:
+    """``torch.load(weights_only=...)`` of a tiny zip archive holding *records* (each a pickled ``None``) under a
+    ``probe/`` folder with a version record -- or, given *paths*, exactly those names each holding *contents* (the
+    layout of an archive the test wrote) -- with neither switch set: (what torch raised, or None; where).  The
+    archive is the probe's own; a full load is asked only of an archive with no ``data.pkl`` (nothing to unpickle)."""
+    names = list(paths) if paths is not None else ["probe/version", *(f"probe/{name}" for name in records)]
+    if not weights_only and any(name.rpartition("/")[2] == "data.pkl" for name in names):
+        raise ValueError("a full-load probe reads only an archive without data.pkl")
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:
-        archive.writestr("probe/version", b"3\n")
-        for name in records:
-            archive.writestr(f"probe/{name}", pickle.dumps(None, protocol=2))
+        for name in names:
+            archive.writestr(
+                name,
+                b"3\n" if name == "probe/version" else pickle.dumps(None, protocol=2) if paths is None else contents,
+            )
     buf.seek(0)
     with registry_lock, observe_serialization_warnings(consume_all=True):  # torch warns that it dispatches to jit
         switches = {name: os.environ.get(name) for name in (FORCE_WO, FORCE_NO_WO)}
         set_environ(dict.fromkeys(switches))
         try:
-            genuine("load")(buf, weights_only=True)
+            genuine("load")(buf, weights_only=weights_only)
         except Exception as e:  # noqa: BLE001 - what and where are the answer
             return e, raiser(e)
         finally:
@@ -120,13 +131,13 @@ def load_archive(
     mode: Any,
     map_location: Any,
     *,
-    refusals: tuple[Optional[str], Optional[str]],
+    refusals: tuple[Optional[Refusal], Optional[Refusal]],
     why: Callable[[bool], str],
 ) -> Any:
     """``torch.load`` of *data* (an archive *test* just wrote, never anything else) in *test*'s mode (or *mode*),
-    asserted to do what torch's rules say: *refusals* are torch's exact ``RuntimeError`` message for a full and for a
-    weights-only load (None: it loads), ``why(loaded)`` the reason the outcome gives.  The loaded object, or
-    :class:`~torch_serial_testing.outcomes.ExpectedRejection` (the test passes)."""
+    asserted to do what torch's rules say: *refusals* are the exception type and exact message torch raises for a
+    full and for a weights-only load (None: it loads), ``why(loaded)`` the reason the outcome gives.  The loaded
+    object, or :class:`~torch_serial_testing.outcomes.ExpectedRejection` (the test passes)."""
     resolved = LoadMode.parse(mode) if mode is not None else test.load_mode
     if resolved is None:
         raise RoundTripConfigError(
@@ -167,8 +178,8 @@ def load_archive(
     if loaded != loads:
         did = "loaded it" if loaded else f"raised {error!r}"
         problem = f"expected torch.load to {'load' if loads else 'refuse'} it ({said}); it {did}"
-    elif not loaded and (type(error) is not RuntimeError or str(error) != refusal):
-        problem = f"expected torch.load to raise RuntimeError({refusal!r}) ({said}); it raised {error!r}"
+    elif not loaded and refusal is not None and (type(error) is not refusal[0] or str(error) != refusal[1]):
+        problem = f"expected torch.load to raise {refusal[0].__name__}({refusal[1]!r}) ({said}); it raised {error!r}"
     elif decision.replaced_by is None and observed.seen != decision.warns:
         problem = f"expected torch {'to' if decision.warns else 'not to'} warn about {FORCE_NO_WO}; it did the opposite"
     if problem is not None:
@@ -270,6 +281,7 @@ class TorchScriptRoundTrips(WithTheMixin):
                 return "a TorchScript archive: this torch hands it to torch.jit.load whatever weights_only says"
             return HANDED_TO_JIT if loaded else REFUSED_WEIGHTS_ONLY
 
-        loaded = load_archive(self, data, mode, map_location, refusals=(None, refusal), why=why)
+        refused = None if refusal is None else (RuntimeError, refusal)
+        loaded = load_archive(self, data, mode, map_location, refusals=(None, refused), why=why)
         _compare(self, expected, loaded, calls, checks)
         return loaded
