@@ -12,8 +12,10 @@ from unittest import mock
 
 import torch
 
+from test.helpers.roundtrip_fixtures import WEIGHTS_ONLY_BARE_ENV
 from test.helpers.subprocess_env import child_env
 from test.paths.aolike import ScaledTensor
+from test.test_flagship_environments import effective_weights_only
 from torch_serial_testing import SerializationRoundTripTestCase
 from torch_serial_testing.checkpoint import Checkpoint
 from torch_serial_testing.errors import AllowlistError, RoundTripConfigError, UnexpectedLoadOutcome, UnsafeLoadRefused
@@ -25,6 +27,8 @@ from torch_serial_testing.registry import restore_registry, snapshot_registry
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WO = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
 NO_SWITCHES = {WO: None, "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": None}
+# A test of what a weights-only load in the "default" mode does sets WEIGHTS_ONLY_BARE_ENV: nothing from torch 2.6
+# (a bare load is weights-only), the force-on switch before (torch 2.4 reads it; its bare load is a full load)
 
 
 class Plain:
@@ -88,6 +92,7 @@ class TestFreshLoads(unittest.TestCase):
         t = ScaledTensor.of(torch.ones(2), 2.0)
         # a full load imports test.paths.aolike, which registers ScaledTensor -- in that child only
         self.assertTrue(fresh_load(Checkpoint.save(t), "weights_only_false", ("torch",)).loaded)
+        os.environ.update(WEIGHTS_ONLY_BARE_ENV)  # after: the force-on switch would make that load weights-only too
         with self.assertRaisesRegex(FreshImportError, r"because it imported test\.paths\.aolike, which registers it"):
             fresh_load(Checkpoint.save(t), "default", ("torch",))
 
@@ -99,11 +104,13 @@ class TestFreshLoads(unittest.TestCase):
             fresh_load(Checkpoint.save(t), "weights_only_false", ("torch",))
 
     def test_a_global_the_test_registered_is_named_as_no_import_s(self):
+        os.environ.update(WEIGHTS_ONLY_BARE_ENV)
         torch.serialization.add_safe_globals([Plain])
         with self.assertRaisesRegex(FreshImportError, r"test_fresh\.Plain is allowed in this process, but no module"):
             fresh_load(Checkpoint.save(Plain()), "default", ("torch",))
 
     def test_a_rejection_both_make_is_a_rejection_not_a_failure(self):
+        os.environ.update(WEIGHTS_ONLY_BARE_ENV)
         result = fresh_load(Checkpoint.save(Plain()), "default", ("torch",))
         self.assertFalse(result.loaded)
         self.assertIn("test.paths.test_fresh.Plain not allowlisted", result.summary)
@@ -131,6 +138,7 @@ class TestFreshLoads(unittest.TestCase):
                 self.assertEqual(os.environ.get(WO), "1")  # the switch as the test set it
 
     def test_foreign_bytes_send_back_no_object(self):
+        os.environ.update(WEIGHTS_ONLY_BARE_ENV)  # a full load of them is refused (the next test)
         foreign = Checkpoint.from_bytes(Checkpoint.save(torch.ones(1)).rewound().read())
         result = fresh_load(foreign, "default", ("torch",))
         self.assertTrue(result.loaded)
@@ -150,8 +158,10 @@ class TestFreshLoads(unittest.TestCase):
 
     def test_foreign_bytes_are_never_fully_loaded_there(self):
         foreign = Checkpoint.from_bytes(Checkpoint.save(torch.ones(1)).rewound().read())
-        with self.assertRaisesRegex(UnsafeLoadRefused, "only Checkpoint.save"):
-            fresh_load(foreign, "weights_only_false", ("torch",))
+        # weights_only_false, and the default mode where this torch's bare load is a full load (before torch 2.6)
+        for mode in (m for m in ("weights_only_false", "default") if not effective_weights_only(m, {})):
+            with self.subTest(mode=mode), self.assertRaisesRegex(UnsafeLoadRefused, "only Checkpoint.save"):
+                fresh_load(foreign, mode, ("torch",))
 
     def test_bad_imports_say_how_to_write_them(self):
         cp = Checkpoint.save(torch.ones(1))
@@ -182,6 +192,7 @@ class TestTheMixin(unittest.TestCase):
         return case
 
     def test_a_shared_rejection_ends_the_test_as_a_pass_and_is_recorded(self):
+        self.addCleanup(env(**WEIGHTS_ONLY_BARE_ENV).stop)
         case = self.case()
         with self.assertRaises(ExpectedRejection):
             case.round_trip_fresh(Plain(), mode="default")

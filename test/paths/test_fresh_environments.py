@@ -3,7 +3,9 @@ state (no switch, ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1``, ``TORCH_FORCE_NO_WEIGHTS_
 process reporting its loads (``TORCH_SERIAL_TESTING_REPORT``).  What each load does is derived from the mode and
 the switches: a weights-only load in a fresh interpreter lacking the import fails the load (the test asserts that
 failure, so no record), every other fresh load loads; on a torch that trusts no jagged nested tensor class itself
-(2.15), a weights-only load the class's declaration does not reach is a predicted rejection, reported."""
+(2.4, 2.15), a weights-only load the class's declaration does not reach is a predicted rejection, reported.  A test
+whose mode this torch cannot run (the ``safe_globals`` mode before torch 2.5) skips with the library's reason and
+reports nothing."""
 
 import json
 import os
@@ -13,6 +15,7 @@ import sys
 import tempfile
 import unittest
 
+from test.helpers.roundtrip_fixtures import MODE_SKIPS
 from test.helpers.subprocess_env import child_env
 from test.helpers.torch_trust import NJT_GLOBALS, torch_trusts
 from test.paths.test_fresh_ports import jagged, names_a_dynamo_global
@@ -44,8 +47,8 @@ def run(runner, env):
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.jsonl")
         child = child_env({**env, REPORT: report, "PYTHONDONTWRITEBYTECODE": "1"}, path_first=(ROOT,))
-        args = ["-m", "unittest", "-v", MODULE] if runner == "unittest" else ["-m", "pytest", "-v", "-p", "no:cacheprovider",
-                "test/paths/test_fresh_ports.py"]  # fmt: skip
+        args = ["-m", "unittest", "-v", MODULE] if runner == "unittest" else ["-m", "pytest", "-v", "-rs", "-p",
+                "no:cacheprovider", "test/paths/test_fresh_ports.py"]  # fmt: skip
         proc = subprocess.run(
             [sys.executable, *args], cwd=ROOT, env=child, capture_output=True, text=True, timeout=1800
         )
@@ -60,8 +63,17 @@ class TestFreshPortsEnvironments(unittest.TestCase):
         proc, records = run(runner, env)
         out = proc.stdout + proc.stderr
         self.assertEqual(proc.returncode, 0, out[-5000:])
-        ran = re.findall(r"^Ran (\d+) tests", out, re.M) if runner == "unittest" else re.findall(r"(\d+) passed", out)
-        self.assertEqual(ran, ["12"], out[-3000:])
+        # the tests whose mode this torch cannot run: each skips with the library's reason
+        skipped = {f"{name}_{mode}_cpu": MODE_SKIPS[mode] for name in TESTS for mode in MODES if mode in MODE_SKIPS}
+        total, skips = len(TESTS) * len(MODES), [str(len(skipped))] if skipped else []
+        if runner == "unittest":  # a skipped test ran, as unittest counts
+            self.assertEqual(re.findall(r"^Ran (\d+) tests", out, re.M), [str(total)], out[-3000:])
+            self.assertEqual(re.findall(r"^OK \(skipped=(\d+)\)$", out, re.M), skips, out[-3000:])
+        else:
+            self.assertEqual(re.findall(r"(\d+) passed", out), [str(total - len(skipped))], out[-3000:])
+            self.assertEqual(re.findall(r"(\d+) skipped", out), skips, out[-3000:])
+        for reason in set(skipped.values()):  # the library's reason, in both runners' output
+            self.assertIn(reason, out)
         fresh = {}
         for r in records:
             if r["kind"].startswith(FRESH):
@@ -70,8 +82,11 @@ class TestFreshPortsEnvironments(unittest.TestCase):
         for name, (imports, lacking) in TESTS.items():
             for mode in MODES:
                 test_id = f"{name}_{mode}_cpu"
-                # torch 2.15 trusts no NestedTensor itself: a weights-only load the declaration does not reach is
-                # refused in every process, a predicted rejection (reported), not a missing import
+                if test_id in skipped:
+                    self.assertNotIn(test_id, fresh, "skipped: no load")
+                    continue
+                # torch 2.4 and 2.15 trust no NestedTensor themselves: a weights-only load the declaration does
+                # not reach is refused in every process, a predicted rejection (reported), not a missing import
                 everywhere = "NJT" in name and weights_only(mode, env) and mode != "safe_globals"
                 refused = everywhere and not torch_trusts(*NJT_GLOBALS)
                 if lacking and weights_only(mode, env) and not refused:

@@ -30,12 +30,12 @@ def weights_only(mode: str) -> bool:
 
 def njt_refused_everywhere(mode: str) -> bool:
     """A weights-only load that the class's declaration does not reach (every mode but ``safe_globals``), on a torch
-    that does not trust a jagged nested tensor's own classes itself (torch 2.15)."""
+    that does not trust a jagged nested tensor's own classes itself (torch 2.4, torch 2.15)."""
     return weights_only(mode) and mode != "safe_globals" and not torch_trusts(*NJT_GLOBALS)
 
 
 def names_a_dynamo_global(nt) -> bool:
-    """Whether the tensor's pickle names a global of ``torch._dynamo`` (its ``_DimRange``, before torch 2.15): then
+    """Whether the tensor's pickle names a global of ``torch._dynamo`` (its ``_DimRange``, torch 2.6 to 2.14): then
     only an interpreter that imported torch._dynamo loads it weights-only."""
     return any(name.startswith("torch._dynamo.") for name in pickled_globals(nt))
 
