@@ -14,10 +14,10 @@ class TestScript(MultiRankRoundTrips, SerializationRoundTripTestCase, unittest.T
     load_modes = ("default",)
 
     def test_passes(self, device):
-        from torch.distributed.tensor import Shard, distribute_tensor
-
-        original = distribute_tensor(torch.arange(4.0), self.device_mesh(), [Shard(0)])
-        self.assertDTensorEqual(original, self.round_trip(original))
+        # each rank its own plain tensor: the runners are what is tested here, on any torch with gloo (the ports
+        # round-trip DTensors)
+        original = torch.arange(4.0) + 10 * self.rank
+        self.assertRoundTripEqual(original, self.round_trip(original))
 
     def test_fails_in_rank_one(self, device):
         self.assertNotEqual(self.rank, 1, "rank one says no")

@@ -4,7 +4,8 @@ process reporting its loads (``TORCH_SERIAL_TESTING_REPORT``, written by each te
 of every rank).  What each load does is derived from the mode and the switches: torch allowlists DTensor's classes
 and a sharded state dict needs nothing more, so every load loads, weights-only or not as torch decides.  The
 two four-rank tests run in every state under unittest, and under pytest in the default state (two cores: each of
-them starts four processes)."""
+them starts four processes).  A port this torch cannot run (no public DTensor, ``_StridedShard`` or FSDP2, as the
+ports' own probes say) is expected skipped, with the ports' reason, and to load nothing."""
 
 import json
 import os
@@ -16,6 +17,7 @@ import unittest
 from collections import Counter
 
 from test.helpers.subprocess_env import child_env
+from test.paths.test_distributed_ports import NO_DTENSOR, NO_FSDP2, NO_STRIDED_SHARD
 from torch_serial_testing.paths.distributed import unavailable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,15 +25,20 @@ MODULE, FILE = "test.paths.test_distributed_ports", "test/paths/test_distributed
 WO, NO_WO, REPORT = "TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "TORCH_SERIAL_TESTING_REPORT"
 MODES = ("weights_only_false", "safe_globals", "default")
 PLACEMENTS_1D = 5
-#: test id -> how many loads each rank makes in each mode (a test generated per mode makes one, in its own)
+#: test id -> how many loads each rank makes in each mode (a test generated per mode makes one, in its own), and
+#: why it skips on this torch (the ports' probe) or None
 TESTS = {
-    **{f"TestDTensorSaveLoadCPU.test_dtensor_save_load_world_size_2_{m}_cpu": (2, {m: 1}) for m in MODES},
-    "TestDTensorPlacementsCPU.test_every_placement_1d_world_size_2_cpu": (2, dict.fromkeys(MODES, PLACEMENTS_1D)),
-    "TestShardedStateDictCPU.test_model_and_optimizer_state_dict_world_size_2_cpu": (2, dict.fromkeys(MODES, 1)),
-}
+    **{f"TestDTensorSaveLoadCPU.test_dtensor_save_load_world_size_2_{m}_cpu": (2, {m: 1}, NO_DTENSOR) for m in MODES},
+    "TestDTensorPlacementsCPU.test_every_placement_1d_world_size_2_cpu": (
+        2, dict.fromkeys(MODES, PLACEMENTS_1D), NO_STRIDED_SHARD
+    ),
+    "TestShardedStateDictCPU.test_model_and_optimizer_state_dict_world_size_2_cpu": (
+        2, dict.fromkeys(MODES, 1), NO_FSDP2
+    ),
+}  # fmt: skip
 FOUR = {
-    "TestDTensorPlacementsCPU.test_placements_2d_world_size_4_cpu": (4, dict.fromkeys(MODES, 4)),
-    "TestDCPReshard.test_saved_by_two_loaded_by_four_and_one_world_size_4": (4, {}),  # DCP: no torch.load
+    "TestDTensorPlacementsCPU.test_placements_2d_world_size_4_cpu": (4, dict.fromkeys(MODES, 4), NO_STRIDED_SHARD),
+    "TestDCPReshard.test_saved_by_two_loaded_by_four_and_one_world_size_4": (4, {}, NO_DTENSOR),  # DCP: no torch.load
 }
 
 
@@ -46,7 +53,8 @@ def run(runner, env, four):
         if runner == "unittest":
             args = ["-m", "unittest", "-v", *([] if four else ["-k", "world_size_2"]), MODULE]
         else:
-            args = ["-m", "pytest", "-v", "-p", "no:cacheprovider", *([] if four else ["-k", "world_size_2"]), FILE]
+            args = ["-m", "pytest", "-v", "-rs", "-p", "no:cacheprovider", *([] if four else ["-k", "world_size_2"]),
+                    FILE]  # fmt: skip
         proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=child, capture_output=True, text=True,
                               timeout=3600)  # fmt: skip
         records = [json.loads(line) for line in open(report)] if os.path.exists(report) else []
@@ -62,13 +70,28 @@ class TestDistributedPortsEnvironments(unittest.TestCase):
         proc, records = run(runner, env, four)
         out = proc.stdout + proc.stderr
         self.assertEqual(proc.returncode, 0, out[-5000:])
-        ran = re.findall(r"^Ran (\d+) tests", out, re.M) if runner == "unittest" else re.findall(r"(\d+) passed", out)
-        self.assertEqual(ran, [str(len(tests))], out[-3000:])
+        skips = {test_id: why for test_id, (_n, _loads, why) in tests.items() if why}
+        outcomes = {"passed": len(tests) - len(skips), "skipped": len(skips)}
+        if runner == "unittest":  # "Ran 7 tests" counts the skipped ones; "OK (skipped=2)"
+            ran = re.findall(r"^Ran (\d+) tests", out, re.M) + re.findall(r"^OK(?: \(skipped=(\d+)\))?$", out, re.M)
+            self.assertEqual(ran, [str(len(tests)), str(len(skips) or "")], out[-3000:])
+        else:
+            ran = {what: re.findall(rf"\b(\d+) {what}\b", out) for what in outcomes}
+            self.assertEqual(ran, {what: [str(n)] if n else [] for what, n in outcomes.items()}, out[-3000:])
+        for test_id, why in skips.items():  # skipped before any rank started, saying what this torch lacks
+            cls, name = test_id.split(".")
+            unittest_line = rf"{name} \(\S+\.{cls}\.{name}\) \.\.\. skipped"
+            self.assertRegex(out, unittest_line if runner == "unittest" else rf"::{cls}::{name} SKIPPED", out[-3000:])
+            self.assertIn(why, out)
+        self.assertNotIn("skipped in every rank", out)  # the parent skipped it: no rank was started
         loads = {}
         for r in records:
             loads.setdefault(r["test"].rsplit(".", 2)[-2] + "." + r["test"].rsplit(".", 1)[-1], []).append(r)
-        for test_id, (world_size, per_mode) in tests.items():
+        for test_id, (world_size, per_mode, why) in tests.items():
             got = loads.pop(test_id, [])
+            if why:
+                self.assertEqual(got, [], f"{test_id} skipped here, yet loaded")
+                continue
             counted = Counter((int(r["summary"].split(":")[0].split()[1]), r["mode"]) for r in got)
             expected = Counter({(rank, m): n for rank in range(world_size) for m, n in per_mode.items()})
             self.assertEqual(counted, expected, test_id)

@@ -11,18 +11,40 @@
 * An FSDP2-sharded model's and its optimizer's state dicts (``get_model_state_dict``/``get_optimizer_state_dict``)
   round-tripped in every mode and loaded back into a fresh sharded model.
 
-Every load is predicted and asserted in its rank by the core; the comparisons are exact."""
+Every load is predicted and asserted in its rank by the core; the comparisons are exact.  A test needing what this
+torch lacks (a public DTensor, ``_StridedShard``, FSDP2's ``fully_shard``), asked of torch by importing it, is
+skipped before any rank starts, the reason naming what is missing."""
 
+import importlib
 import pathlib
+import unittest
 
 import torch
 import torch.distributed as dist
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from torch_serial_testing import SerializationRoundTripTestCase, instantiate_round_trip_tests, round_trip_dims
-from torch_serial_testing.paths.distributed import MultiRankRoundTrips, at_world_sizes, scan_dcp_metadata
+from torch_serial_testing.paths.distributed import MultiRankRoundTrips, at_world_sizes, scan_dcp_metadata, unavailable
 
 
+def lacks(module, name, what):
+    """Why a test needing ``module.name`` (*what*) cannot run on this torch, or None: asked by importing it."""
+    try:
+        getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return f"torch {torch.__version__} has no {what}: {module}.{name} cannot be imported"
+    return None
+
+
+#: Why each kind of test cannot run here, or None (the DTensor one is also the others' first need).
+NO_DTENSOR = unavailable() or lacks("torch.distributed.tensor", "DTensor", "public DTensor")
+NO_STRIDED_SHARD = NO_DTENSOR or lacks(
+    "torch.distributed.tensor.placement_types", "_StridedShard", "_StridedShard placement"
+)
+NO_FSDP2 = NO_DTENSOR or lacks("torch.distributed.fsdp", "fully_shard", "FSDP2 fully_shard")
+
+
+@unittest.skipIf(NO_DTENSOR, NO_DTENSOR or "")
 class TestDTensorSaveLoad(MultiRankRoundTrips, SerializationRoundTripTestCase, TestCase):
     devices = ("cpu",)
 
@@ -46,6 +68,7 @@ def placements_1d():
     return [[Shard(0)], [Shard(1)], [Replicate()], [Partial()], [_StridedShard(0, split_factor=2)]]
 
 
+@unittest.skipIf(NO_STRIDED_SHARD, NO_STRIDED_SHARD or "")
 class TestDTensorPlacements(MultiRankRoundTrips, SerializationRoundTripTestCase, TestCase):
     devices = ("cpu",)
 
@@ -81,6 +104,7 @@ class TestDTensorPlacements(MultiRankRoundTrips, SerializationRoundTripTestCase,
 instantiate_round_trip_tests(TestDTensorPlacements, globals())
 
 
+@unittest.skipIf(NO_DTENSOR, NO_DTENSOR or "")
 class TestDCPReshard(MultiRankRoundTrips, SerializationRoundTripTestCase, TestCase):
     """Saved by two ranks, loaded by four and by one: DCP reshards; torch.save is not involved."""
 
@@ -128,6 +152,7 @@ def sharded_model(mesh):
     return model
 
 
+@unittest.skipIf(NO_FSDP2, NO_FSDP2 or "")
 class TestShardedStateDict(MultiRankRoundTrips, SerializationRoundTripTestCase, TestCase):
     devices = ("cpu",)
 
