@@ -39,10 +39,6 @@ TESTS = {
 }
 
 
-def weights_only(mode, env):
-    return effective_weights_only(mode, env)
-
-
 def run(runner, env):
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.jsonl")
@@ -87,16 +83,16 @@ class TestFreshPortsEnvironments(unittest.TestCase):
                     continue
                 # torch 2.4 and 2.15 trust no NestedTensor themselves: a weights-only load the declaration does
                 # not reach is refused in every process, a predicted rejection (reported), not a missing import
-                everywhere = "NJT" in name and weights_only(mode, env) and mode != "safe_globals"
+                everywhere = "NJT" in name and effective_weights_only(mode, env) and mode != "safe_globals"
                 refused = everywhere and not torch_trusts(*NJT_GLOBALS)
-                if lacking and weights_only(mode, env) and not refused:
+                if lacking and effective_weights_only(mode, env) and not refused:
                     self.assertNotIn(test_id, fresh, "refused by the fresh interpreter: the test asserts the failure")
                     continue
                 expected.add(test_id)
                 (record,) = fresh[test_id]
                 self.assertEqual(record["kind"], f"{FRESH} ({imports})")
                 self.assertIs(record["loaded"], not refused, record["summary"])
-                self.assertIs(record["weights_only"], weights_only(mode, env), record["summary"])
+                self.assertIs(record["weights_only"], effective_weights_only(mode, env), record["summary"])
                 outcome = "rejected" if refused else "loaded"
                 self.assertTrue(record["summary"].startswith(f"{mode}: {outcome} as expected ("), record["summary"])
                 self.assertTrue(record["summary"].endswith(f" in a fresh interpreter importing {imports}"))

@@ -51,6 +51,13 @@ def export_skip_reason() -> Optional[str]:
 _no_data_pkl: dict[tuple[bool, tuple[str, ...]], Refusal] = {}
 
 
+def probe_layout(names: Sequence[str]) -> Sequence[str]:
+    """The *layout* :func:`no_data_pkl_refusal` asks about for an archive of these record names: torch's reader opens
+    one whose records share a folder (then it lacks data.pkl: the plain probe, ``()``); a flat one (torch 2.4's
+    ``torch.export.save``) it refuses at once, naming its first record: the names, never the contents."""
+    return () if len({name.partition("/")[0] for name in names if "/" in name}) == 1 else names
+
+
 def no_data_pkl_refusal(weights_only: bool = True, layout: Sequence[str] = ()) -> Refusal:
     """What torch raises loading a zip archive that has no ``data.pkl`` record, weights-only or not: the exception's
     type and exact message, asked of torch once per ``weights_only`` and *layout* (the record names of a flat
@@ -137,10 +144,6 @@ class ExportRoundTrips(WithTheMixin):
         as a pass saying so; it fails if torch loads it, or refuses it otherwise."""
         data = _export_save(program, "round_trip_export_torch_load")
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            names = archive.namelist()
-        # torch's reader opens an archive whose records share one folder (then it lacks data.pkl: the plain probe); a
-        # flat one (torch 2.4's torch.export.save) it refuses at once, naming its first record: the probe copies the
-        # names, never the contents
-        layout = () if len({name.partition("/")[0] for name in names if "/" in name}) == 1 else names
+            layout = probe_layout(archive.namelist())
         refusals = (no_data_pkl_refusal(False, layout), no_data_pkl_refusal(True, layout))
         load_archive(self, data, mode, None, refusals=refusals, why=lambda loaded: NOT_A_CHECKPOINT)
